@@ -1,0 +1,224 @@
+//! Checks of kiln's ABI declarations and exports:
+//! - every OrtApi slot kiln declares sits where ort-sys 2.0.0-rc.15 (api-31) has it;
+//! - every slot kiln declares is populated in the real 1.31.1 runtime;
+//! - the cdylib exports only what kiln means to export;
+//! - the committed cbindgen header matches the code.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::mem::offset_of;
+use std::process::Command;
+
+use kiln_ep::ffi::sys;
+
+/// Calls `$m!(Name)` for every OrtApi member kiln declares.
+macro_rules! ort_api_slots {
+    ($m:ident) => {
+        $m!(
+            CreateStatus,
+            GetErrorCode,
+            GetErrorMessage,
+            CreateEnv,
+            CreateSession,
+            CreateSessionFromArray,
+            Run,
+            CreateSessionOptions,
+            SetIntraOpNumThreads,
+            CreateTensorWithDataAsOrtValue,
+            GetTensorMutableData,
+            CastTypeInfoToTensorInfo,
+            GetOnnxTypeFromTypeInfo,
+            GetTensorElementType,
+            GetDimensionsCount,
+            GetDimensions,
+            GetTensorShapeElementCount,
+            GetTensorTypeAndShape,
+            CreateCpuMemoryInfo,
+            KernelContext_GetInputCount,
+            KernelContext_GetOutputCount,
+            KernelContext_GetInput,
+            KernelContext_GetOutput,
+            ReleaseEnv,
+            ReleaseStatus,
+            ReleaseMemoryInfo,
+            ReleaseSession,
+            ReleaseValue,
+            ReleaseTensorTypeAndShapeInfo,
+            ReleaseSessionOptions,
+            AddSessionConfigEntry,
+            HasSessionConfigEntry,
+            GetSessionConfigEntry,
+            KernelContext_GetLogger,
+            Logger_LogMessage,
+            Logger_GetLoggingSeverityLevel,
+            GetValueInfoName,
+            GetValueInfoTypeInfo,
+            CreateKeyValuePairs,
+            AddKeyValuePair,
+            GetKeyValue,
+            GetKeyValuePairs,
+            ReleaseKeyValuePairs,
+            RegisterExecutionProviderLibrary,
+            UnregisterExecutionProviderLibrary,
+            GetEpDevices,
+            SessionOptionsAppendExecutionProvider_V2,
+            HardwareDevice_Type,
+            HardwareDevice_VendorId,
+            HardwareDevice_Vendor,
+            HardwareDevice_DeviceId,
+            HardwareDevice_Metadata,
+            EpDevice_EpName,
+            EpDevice_EpVendor,
+            EpDevice_EpMetadata,
+            EpDevice_EpOptions,
+            EpDevice_Device,
+            GetEpApi,
+            ValueInfo_GetValueProducer,
+            ValueInfo_GetInitializerValue,
+            ValueInfo_IsConstantInitializer,
+            Graph_GetName,
+            Graph_GetNumInputs,
+            Graph_GetInputs,
+            Graph_GetNumOutputs,
+            Graph_GetOutputs,
+            Graph_GetNumInitializers,
+            Graph_GetInitializers,
+            Graph_GetNumNodes,
+            Graph_GetNodes,
+            Node_GetId,
+            Node_GetName,
+            Node_GetOperatorType,
+            Node_GetDomain,
+            Node_GetNumInputs,
+            Node_GetInputs,
+            Node_GetNumOutputs,
+            Node_GetOutputs,
+            Node_GetNumAttributes,
+            GetTensorData,
+            GetSessionOptionsConfigEntries,
+            CreateEnvWithOptions
+        )
+    };
+}
+
+/// Calls `$m!(Name)` for every OrtEpApi member kiln declares.
+macro_rules! ep_api_slots {
+    ($m:ident) => {
+        $m!(
+            CreateEpDevice,
+            ReleaseEpDevice,
+            EpGraphSupportInfo_AddNodesToFuse,
+            NodeComputeContext_NodeName,
+            CreateHardwareDevice,
+            ReleaseHardwareDevice,
+            GetEnvConfigEntries
+        )
+    };
+}
+
+macro_rules! names {
+    ($($name:ident),* $(,)?) => { [$(stringify!($name)),*].into_iter().map(String::from).collect::<BTreeSet<String>>() };
+}
+
+/// Member names declared inside `struct <name> { ... }` of kiln's header.
+fn declared_members(table: &str) -> BTreeSet<String> {
+    let header = std::fs::read_to_string(common::repo().join("include/kiln_ort_abi.h")).unwrap();
+    let start = header.find(&format!("struct {table} {{")).expect("table in header");
+    let body = &header[start..start + header[start..].find("};").unwrap()];
+    body.split("(*")
+        .skip(1)
+        .map(|s| s[..s.find(')').unwrap()].to_string())
+        .collect()
+}
+
+#[test]
+fn test_lists_cover_every_declared_slot() {
+    assert_eq!(ort_api_slots!(names), declared_members("OrtApi"));
+    assert_eq!(ep_api_slots!(names), declared_members("OrtEpApi"));
+}
+
+#[test]
+fn ort_api_slots_match_ort_sys() {
+    macro_rules! same_offset {
+        ($($name:ident),* $(,)?) => {$(
+            assert_eq!(
+                offset_of!(sys::OrtApi, $name),
+                offset_of!(ort_sys::OrtApi, $name),
+                concat!("OrtApi::", stringify!($name), " differs from ort-sys")
+            );
+        )*};
+    }
+    ort_api_slots!(same_offset);
+}
+
+#[test]
+fn declared_slots_are_populated_in_ort_1_31_1() {
+    let api = common::ort().api;
+    macro_rules! present {
+        ($($name:ident),* $(,)?) => {$( assert!(api.$name.is_some(), concat!("OrtApi::", stringify!($name), " is NULL")); )*};
+    }
+    ort_api_slots!(present);
+    // SAFETY: GetEpApi returns ORT's static table.
+    let ep = unsafe { &*(api.GetEpApi.unwrap())() };
+    macro_rules! ep_present {
+        ($($name:ident),* $(,)?) => {$( assert!(ep.$name.is_some(), concat!("OrtEpApi::", stringify!($name), " is NULL")); )*};
+    }
+    ep_api_slots!(ep_present);
+}
+
+#[test]
+fn implemented_structs_have_v23_layouts() {
+    assert_eq!(std::mem::size_of::<sys::OrtEpFactory>(), 112);
+    assert_eq!(offset_of!(sys::OrtEpFactory, CreateDataTransfer), 88);
+    assert_eq!(std::mem::size_of::<sys::OrtEp>(), 104);
+    assert_eq!(offset_of!(sys::OrtEp, GetCompiledModelCompatibilityInfo), 96);
+    assert_eq!(std::mem::size_of::<sys::OrtNodeComputeInfo>(), 32);
+    assert_eq!(std::mem::size_of::<sys::OrtNodeFusionOptions>(), 8);
+    assert_eq!(std::mem::size_of::<sys::OrtEnvCreationOptions>(), 48);
+}
+
+#[test]
+fn cdylib_exports_only_kiln_symbols() {
+    let lib = common::kiln_library_path();
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib)
+        .output()
+        .expect("run nm");
+    assert!(out.status.success());
+    let exported: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let parts: Vec<_> = l.split_whitespace().collect();
+            (parts.len() == 3 && matches!(parts[1], "T" | "D" | "B" | "R")).then(|| parts[2].to_string())
+        })
+        .collect();
+    let expected: BTreeSet<String> = ["CreateEpFactories", "ReleaseEpFactory", "kiln_ep_stats"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(exported, expected);
+}
+
+#[test]
+fn committed_header_matches_cbindgen() {
+    let root = common::repo();
+    let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).unwrap();
+    let mut generated = Vec::new();
+    cbindgen::Builder::new()
+        .with_crate(&root)
+        .with_config(config)
+        .generate()
+        .expect("cbindgen")
+        .write(&mut generated);
+    let path = root.join("include/kiln_ep.h");
+    if std::env::var_os("KILN_BLESS").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let committed = std::fs::read(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "include/kiln_ep.h is out of date; regenerate with `make header` (KILN_BLESS=1 cargo test --test abi)"
+    );
+}

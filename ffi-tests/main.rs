@@ -1,0 +1,391 @@
+//! kiln driven through ONNX Runtime 1.31.1's C API, as a C application would.
+//! ORT's environment is a process singleton, so these tests share one and
+//! run one at a time (`serial`).
+
+mod common;
+
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use common::*;
+use kiln_ep::ffi::sys;
+use kiln_ep::target::Target;
+
+fn env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| Env::with_options(sys::ORT_LOGGING_LEVEL_INFO, &[]))
+}
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Registers kiln under `name` for the guard's lifetime.
+struct Registered(&'static str);
+
+impl Registered {
+    fn new(name: &'static str) -> Registered {
+        env().register(name, &kiln_library_path()).expect("register kiln");
+        Registered(name)
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        env().unregister(self.0).expect("unregister kiln");
+    }
+}
+
+fn host_device() -> EpDevice {
+    let devices: Vec<_> = env().kiln_devices().into_iter().filter(|d| !d.is_virtual()).collect();
+    assert_eq!(devices.len(), 1, "kiln offers exactly one host device: {devices:?}");
+    devices[0].clone()
+}
+
+fn inputs_2x3x4() -> (Tensor, Tensor) {
+    (Tensor::pattern(&[2, 3, 4], 1), Tensor::pattern(&[2, 3, 4], 2))
+}
+
+fn cpu_session(model: &str) -> Session {
+    SessionOptions::new()
+        .session(env(), &common::model(model))
+        .expect("CPU EP session")
+}
+
+fn kiln_session(model: &str, device: &EpDevice, options: &[(&str, &str)]) -> OrtResult<Session> {
+    SessionOptions::new()
+        .with_devices(env(), &[device], options)?
+        .session(env(), &common::model(model))
+}
+
+fn expected_host() -> Target {
+    Target::cpu_best()
+}
+
+#[test]
+fn runtime_is_1_31_1() {
+    assert_eq!(ort().version, "1.31.1");
+}
+
+#[test]
+fn register_list_unregister_cycles() {
+    let _s = serial();
+    for _ in 0..5 {
+        assert!(env().kiln_devices().is_empty());
+        let reg = Registered::new("kiln_cycle");
+        assert_eq!(env().kiln_devices().len(), 1);
+        drop(reg);
+        assert!(env().kiln_devices().is_empty());
+    }
+}
+
+#[test]
+fn registering_one_name_twice_fails() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_twice");
+    let err = env().register("kiln_twice", &kiln_library_path()).unwrap_err();
+    assert_eq!(err.code, sys::ORT_FAIL);
+    assert!(err.message.contains("already registered"), "{}", err.message);
+}
+
+#[test]
+fn host_device_metadata_and_options() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_meta");
+    let d = host_device();
+    assert_eq!(d.ep_name, "KilnExecutionProvider");
+    assert_eq!(d.ep_vendor, "kiln");
+    assert_eq!(
+        d.ep_metadata.get("version").map(String::as_str),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
+    assert!(d.ep_metadata.contains_key("library_path"));
+    assert_eq!(d.target(), expected_host().name());
+    assert_eq!(d.ep_metadata["kiln.target_features"], expected_host().description());
+    assert_eq!(
+        d.ep_options.get("target").map(String::as_str),
+        Some(expected_host().name())
+    );
+    assert_eq!(d.ep_options.get("disabled_ops").map(String::as_str), Some(""));
+    assert_eq!(d.hw_type, sys::OrtHardwareDeviceType_CPU as u32);
+    assert!(!d.is_virtual());
+}
+
+#[test]
+fn no_virtual_devices_without_virtual_name() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_plain");
+    assert!(env().kiln_devices().iter().all(|d| !d.is_virtual()));
+}
+
+#[test]
+fn virtual_devices_via_registration_name() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_cross.virtual");
+    let devices = env().kiln_devices();
+    assert_eq!(devices.len(), 3, "{devices:?}");
+    let virtuals: Vec<_> = devices.iter().filter(|d| d.is_virtual()).collect();
+    let mut targets: Vec<_> = virtuals.iter().map(|d| d.target().to_string()).collect();
+    targets.sort();
+    let mut expected: Vec<_> = Target::ALL
+        .iter()
+        .filter(|t| **t != expected_host())
+        .map(|t| t.name().to_string())
+        .collect();
+    expected.sort();
+    assert_eq!(targets, expected);
+    for d in &virtuals {
+        assert_eq!(d.hw_metadata["kiln.target"], d.target());
+        assert_eq!(d.hw_vendor, "kiln");
+        assert_eq!(d.hw_vendor_id, kiln_ep::ep::VENDOR_ID);
+        assert_eq!(d.ep_options["target"], d.target());
+    }
+}
+
+#[test]
+fn add_mul_relu_matches_cpu_ep_and_runs_on_kiln() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_amr");
+    let before = kiln_stats();
+    let (a, b) = inputs_2x3x4();
+    {
+        // With CPU fallback disabled, the session only exists if kiln took every node.
+        let session = SessionOptions::new()
+            .config("session.disable_cpu_ep_fallback", "1")
+            .with_devices(env(), &[&host_device()], &[])
+            .unwrap()
+            .session(env(), &model("add_mul_relu.onnx"))
+            .expect("kiln session without CPU fallback");
+        let got = session.run(&[("A", &a), ("B", &b)], &["Y"]).unwrap();
+        let want = cpu_session("add_mul_relu.onnx")
+            .run(&[("A", &a), ("B", &b)], &["Y"])
+            .unwrap();
+        assert_close(&got[0], &want[0]);
+        assert!(got[0].data.iter().any(|&x| x > 0.0) && got[0].data.iter().any(|&x| x == 0.0));
+    }
+    let after = kiln_stats();
+    assert_eq!(after.partitions_compiled - before.partitions_compiled, 1);
+    assert_eq!(after.nodes_compiled - before.nodes_compiled, 3);
+    assert_eq!(after.compute_calls - before.compute_calls, 1);
+}
+
+#[test]
+fn unsupported_op_in_the_middle_splits_partitions() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_split");
+    let x = Tensor::pattern(&[2, 3, 4], 3);
+    let before = kiln_stats();
+    {
+        let session = kiln_session("split.onnx", &host_device(), &[]).unwrap();
+        let got = session.run(&[("X", &x)], &["Y", "Z"]).unwrap();
+        let want = cpu_session("split.onnx").run(&[("X", &x)], &["Y", "Z"]).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert_close(g, w);
+        }
+    }
+    let after = kiln_stats();
+    assert!(after.partitions_compiled - before.partitions_compiled >= 2);
+    assert!(after.compute_calls - before.compute_calls >= 2);
+    let err = SessionOptions::new()
+        .config("session.disable_cpu_ep_fallback", "1")
+        .with_devices(env(), &[&host_device()], &[])
+        .unwrap()
+        .session(env(), &model("split.onnx"))
+        .err()
+        .expect("the CPU EP must run Sin and Floor");
+    assert_eq!(err.code, sys::ORT_FAIL);
+}
+
+#[test]
+fn model_kiln_cannot_claim_runs_on_cpu() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_unsup");
+    let x = Tensor::pattern(&[2, 3, 4], 4);
+    let before = kiln_stats();
+    {
+        let session = kiln_session("unsupported.onnx", &host_device(), &[]).unwrap();
+        let got = session.run(&[("X", &x)], &["Y", "Z"]).unwrap();
+        let want = cpu_session("unsupported.onnx").run(&[("X", &x)], &["Y", "Z"]).unwrap();
+        assert_eq!(got, want);
+    }
+    let after = kiln_stats();
+    assert_eq!(after.partitions_compiled, before.partitions_compiled);
+    assert_eq!(after.compute_calls, before.compute_calls);
+}
+
+#[test]
+fn all_ops_with_broadcasting_match_cpu_ep() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_allops");
+    let (x, g, h) = (
+        Tensor::pattern(&[2, 3, 4], 5),
+        Tensor::pattern(&[3, 1], 6),
+        Tensor::pattern(&[2, 1, 4], 7),
+    );
+    let feeds = [("X", &x), ("G", &g), ("H", &h)];
+    let session = kiln_session("all_ops.onnx", &host_device(), &[]).unwrap();
+    let got = session.run(&feeds, &["Y", "R", "GH"]).unwrap();
+    let want = cpu_session("all_ops.onnx").run(&feeds, &["Y", "R", "GH"]).unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        assert_close(g, w);
+    }
+}
+
+#[test]
+fn disabled_ops_option_leaves_ops_to_cpu() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_disabled");
+    let (a, b) = inputs_2x3x4();
+    let before = kiln_stats();
+    {
+        let session = kiln_session("add_mul_relu.onnx", &host_device(), &[("disabled_ops", "Mul")]).unwrap();
+        let got = session.run(&[("A", &a), ("B", &b)], &["Y"]).unwrap();
+        let want = cpu_session("add_mul_relu.onnx")
+            .run(&[("A", &a), ("B", &b)], &["Y"])
+            .unwrap();
+        assert_close(&got[0], &want[0]);
+    }
+    let after = kiln_stats();
+    assert_eq!(
+        after.partitions_compiled - before.partitions_compiled,
+        2,
+        "Add and Relu, split by Mul"
+    );
+    assert_eq!(after.nodes_compiled - before.nodes_compiled, 2);
+}
+
+#[test]
+fn bad_options_are_invalid_argument_naming_the_option() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_badopt");
+    let device = host_device();
+    let cases: [(&[(&str, &str)], &[&str]); 3] = [
+        (&[("target", "riscv64")], &["'target'", "riscv64", "x86_64-generic"]),
+        (&[("disabled_ops", "Relu,Conv")], &["'disabled_ops'", "Conv", "Sigmoid"]),
+        (
+            &[("fast_math", "1")],
+            &["unknown kiln option 'fast_math'", "target", "disabled_ops"],
+        ),
+    ];
+    for (options, needles) in cases {
+        let err = kiln_session("add_mul_relu.onnx", &device, options)
+            .err()
+            .expect("must fail");
+        assert_eq!(err.code, sys::ORT_INVALID_ARGUMENT, "{}", err.message);
+        for n in needles {
+            assert!(err.message.contains(n), "{:?} missing from {}", n, err.message);
+        }
+    }
+}
+
+#[test]
+fn virtual_device_targets_run_here() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_vrun.virtual");
+    let (a, b) = inputs_2x3x4();
+    let want = cpu_session("add_mul_relu.onnx")
+        .run(&[("A", &a), ("B", &b)], &["Y"])
+        .unwrap();
+    for d in env().kiln_devices() {
+        let target = Target::parse(d.target()).unwrap();
+        let result = kiln_session("add_mul_relu.onnx", &d, &[]);
+        if target.can_run_on(expected_host()) {
+            let got = result.unwrap().run(&[("A", &a), ("B", &b)], &["Y"]).unwrap();
+            assert_close(&got[0], &want[0]);
+        } else {
+            let err = result.err().expect("a target above the host only compiles");
+            assert_eq!(err.code, sys::ORT_INVALID_ARGUMENT);
+            assert!(err.message.contains("cannot run on this host"), "{}", err.message);
+        }
+    }
+}
+
+#[test]
+fn max_target_env_lowers_the_host_target() {
+    let _s = serial();
+    std::env::set_var(kiln_ep::target::MAX_TARGET_ENV, "x86_64-avx2");
+    let reg = Registered::new("kiln_capped.virtual");
+    std::env::remove_var(kiln_ep::target::MAX_TARGET_ENV);
+    let capped = Target::Avx2.min(expected_host());
+    assert_eq!(host_device().target(), capped.name());
+    let avx512 = env()
+        .kiln_devices()
+        .into_iter()
+        .find(|d| d.target() == "x86_64-avx512")
+        .unwrap();
+    assert!(avx512.is_virtual());
+    let err = kiln_session("add_mul_relu.onnx", &avx512, &[]).err().unwrap();
+    assert_eq!(err.code, sys::ORT_INVALID_ARGUMENT);
+    assert!(
+        err.message.contains("x86_64-avx512 cannot run on this host"),
+        "{}",
+        err.message
+    );
+    drop(reg);
+}
+
+#[test]
+fn concurrent_runs_on_one_session() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_threads");
+    let (a, b) = inputs_2x3x4();
+    let want = cpu_session("add_mul_relu.onnx")
+        .run(&[("A", &a), ("B", &b)], &["Y"])
+        .unwrap();
+    {
+        let session = SessionOptions::new()
+            .threads(2)
+            .with_devices(env(), &[&host_device()], &[])
+            .unwrap()
+            .session(env(), &model("add_mul_relu.onnx"))
+            .unwrap();
+        let session = &session;
+        struct Shared<'a>(&'a Session);
+        unsafe impl Sync for Shared<'_> {}
+        let shared = Shared(session);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..25 {
+                        let got = shared.0.run(&[("A", &a), ("B", &b)], &["Y"]).unwrap();
+                        assert_close(&got[0], &want[0]);
+                    }
+                });
+            }
+        });
+    }
+}
+
+#[test]
+fn kiln_logs_through_ort_logger() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_log");
+    drop(kiln_session("add_mul_relu.onnx", &host_device(), &[]).unwrap());
+    let lines = log_lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("[kiln] GetCapability: kiln claims 3 of 3 nodes in 1 partition(s)")),
+        "no kiln line among {} captured ORT log lines",
+        lines.len()
+    );
+    assert!(lines.iter().any(|l| l.contains("[kiln] compiled partition")));
+}
+
+#[test]
+fn model_from_bytes_runs() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_bytes");
+    let bytes = std::fs::read(model("add_mul_relu.onnx")).unwrap();
+    let (a, b) = inputs_2x3x4();
+    let session = SessionOptions::new()
+        .with_devices(env(), &[&host_device()], &[])
+        .unwrap()
+        .session_from_bytes(env(), &bytes)
+        .unwrap();
+    let got = session.run(&[("A", &a), ("B", &b)], &["Y"]).unwrap();
+    let want = cpu_session("add_mul_relu.onnx")
+        .run(&[("A", &a), ("B", &b)], &["Y"])
+        .unwrap();
+    assert_close(&got[0], &want[0]);
+}

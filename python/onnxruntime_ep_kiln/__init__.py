@@ -1,0 +1,270 @@
+"""Python helpers for kiln, an ONNX Runtime plugin execution provider.
+
+Typical use::
+
+    import onnxruntime as ort
+    import onnxruntime_ep_kiln as kiln
+
+    name = kiln.register()                 # loads libkiln_ep.so into ONNX Runtime
+    dev = kiln.devices()[0]                # kiln's OrtEpDevice for this CPU
+    so = ort.SessionOptions()
+    so.add_provider_for_devices([dev], {})  # options, e.g. {"disabled_ops": "Tanh"}
+    sess = ort.InferenceSession("model.onnx", so)
+    ...
+    del sess                               # every kiln session must be gone ...
+    kiln.unregister(name)                  # ... before unregistering
+
+``stats()`` reads kiln's process-wide counters (EPs created, partitions and
+nodes compiled, compute calls), which is the simplest way to see that kiln
+actually ran something.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import threading
+from typing import Dict, List, Optional
+
+import onnxruntime as ort
+
+__version__ = "0.1.0"
+
+#: Name of the execution provider as ONNX Runtime reports it.
+EP_NAME = "KilnExecutionProvider"
+#: Vendor string of kiln's EP factory.
+EP_VENDOR = "kiln"
+#: File name of the shared library.
+LIBRARY_FILE = "libkiln_ep.so"
+#: Environment variable that overrides the library location.
+LIBRARY_ENV = "KILN_EP_LIBRARY"
+#: Environment variable that caps the target kiln believes the host supports.
+MAX_TARGET_ENV = "KILN_MAX_TARGET"
+#: Code-generation targets, best first.
+TARGETS = ("x86_64-avx512", "x86_64-avx2", "x86_64-generic")
+#: Registering under a name ending in this suffix also offers virtual devices.
+VIRTUAL_SUFFIX = ".virtual"
+#: Default registration name.
+DEFAULT_NAME = "kiln"
+
+__all__ = [
+    "EP_NAME",
+    "EP_VENDOR",
+    "TARGETS",
+    "VIRTUAL_SUFFIX",
+    "get_library_path",
+    "register",
+    "unregister",
+    "registered_names",
+    "devices",
+    "kiln_devices",
+    "host_device",
+    "device_target",
+    "is_virtual",
+    "stats",
+]
+
+_lock = threading.Lock()
+# registration name -> library path, for registrations made through register()
+_registered: Dict[str, str] = {}
+# path -> ctypes handle (kept open so the counters survive unregistering)
+_cdlls: Dict[str, ctypes.CDLL] = {}
+
+
+# --------------------------------------------------------------------------
+# library location
+# --------------------------------------------------------------------------
+def _repo_library_candidates(start_dir: str) -> List[str]:
+    """``target/release/libkiln_ep.so`` in ``start_dir`` and every parent."""
+    found = []
+    d = os.path.abspath(start_dir)
+    while True:
+        found.append(os.path.join(d, "target", "release", LIBRARY_FILE))
+        parent = os.path.dirname(d)
+        if parent == d:
+            return found
+        d = parent
+
+
+def get_library_path() -> str:
+    """Absolute path of ``libkiln_ep.so``.
+
+    Looked up in this order:
+
+    1. the ``KILN_EP_LIBRARY`` environment variable (must name an existing file),
+    2. a ``libkiln_ep.so`` bundled inside this package's directory (wheels),
+    3. ``target/release/libkiln_ep.so`` of the source checkout, found by walking
+       up from this file (development installs / running from the repo).
+
+    Raises ``FileNotFoundError`` explaining what was tried.
+    """
+    env = os.environ.get(LIBRARY_ENV)
+    if env:
+        path = os.path.abspath(os.path.expanduser(env))
+        if os.path.isfile(path):
+            return path
+        raise FileNotFoundError(
+            f"{LIBRARY_ENV} is set to {env!r}, but no such file exists. "
+            f"Point it at a built {LIBRARY_FILE} or unset it."
+        )
+
+    pkg_dir = os.path.dirname(os.path.abspath(__file__))
+    bundled = os.path.join(pkg_dir, LIBRARY_FILE)
+    if os.path.isfile(bundled):
+        return bundled
+
+    candidates = _repo_library_candidates(pkg_dir)
+    for path in candidates:
+        if os.path.isfile(path):
+            return path
+
+    raise FileNotFoundError(
+        f"cannot find the kiln library {LIBRARY_FILE}. Tried: ${LIBRARY_ENV} (not set), "
+        f"{bundled} (not bundled), and target/release/{LIBRARY_FILE} in {pkg_dir} and its "
+        f"parents. Build it with `cargo build --release` in the kiln repository, or set "
+        f"{LIBRARY_ENV}=/path/to/{LIBRARY_FILE}."
+    )
+
+
+# --------------------------------------------------------------------------
+# registration
+# --------------------------------------------------------------------------
+def register(name: str = DEFAULT_NAME, library_path: Optional[str] = None) -> str:
+    """Register kiln with ONNX Runtime under ``name`` and return ``name``.
+
+    Safe to call repeatedly: if ``name`` is already registered (through this
+    helper or directly), nothing happens. A name ending in ``.virtual`` (e.g.
+    ``"kiln.virtual"``) makes kiln also offer one virtual device per other
+    target. ``KILN_MAX_TARGET`` is read by kiln at registration time.
+    """
+    path = os.path.abspath(library_path) if library_path else get_library_path()
+    with _lock:
+        if name in _registered:
+            return name
+        try:
+            ort.register_execution_provider_library(name, path)
+        except Exception as exc:  # ORT raises ...Fail for a duplicate name
+            if "already registered" in str(exc):
+                return name
+            raise
+        _registered[name] = path
+    return name
+
+
+def unregister(name: str = DEFAULT_NAME) -> None:
+    """Unregister the kiln library registered under ``name``.
+
+    Every InferenceSession that uses kiln (including a session kept alive by
+    an exception traceback) must be gone first, otherwise ONNX Runtime
+    crashes later. This function runs the garbage collector to release
+    sessions caught in reference cycles, but it cannot free sessions you
+    still reference.
+    """
+    gc.collect()
+    with _lock:
+        ort.unregister_execution_provider_library(name)
+        _registered.pop(name, None)
+
+
+def registered_names() -> List[str]:
+    """Names registered through :func:`register` and not yet unregistered."""
+    with _lock:
+        return list(_registered)
+
+
+# --------------------------------------------------------------------------
+# devices
+# --------------------------------------------------------------------------
+def is_virtual(dev) -> bool:
+    """True for a virtual (non-host) device offered under a ``.virtual`` registration."""
+    return dev.device.metadata.get("is_virtual") == "1"
+
+
+def device_target(dev) -> str:
+    """The kiln target a device compiles for (EP metadata ``kiln.target``)."""
+    return dev.ep_metadata.get("kiln.target", "")
+
+
+def devices(name_suffix: Optional[str] = None, *, target: Optional[str] = None,
+            virtual: Optional[bool] = None) -> list:
+    """kiln's ``OrtEpDevice`` objects from ``onnxruntime.get_ep_devices()``.
+
+    ``name_suffix``: match EP name ``KilnExecutionProvider + name_suffix``
+    instead of exactly ``KilnExecutionProvider`` (for builds that register the
+    EP under a suffixed name). ``target``: keep only devices whose
+    ``kiln.target`` equals it. ``virtual``: True / False keeps only virtual /
+    host devices. The host device comes first.
+    """
+    wanted = EP_NAME + (name_suffix or "")
+    out = [d for d in ort.get_ep_devices() if d.ep_name == wanted]
+    if target is not None:
+        out = [d for d in out if device_target(d) == target]
+    if virtual is not None:
+        out = [d for d in out if is_virtual(d) == bool(virtual)]
+    out.sort(key=is_virtual)  # stable: host device(s) first
+    return out
+
+
+def kiln_devices() -> list:
+    """All of kiln's devices (host device first, then any virtual ones)."""
+    return devices()
+
+
+def host_device():
+    """kiln's (non-virtual) device for this machine; RuntimeError if kiln is not registered."""
+    host = devices(virtual=False)
+    if not host:
+        raise RuntimeError(
+            f"no {EP_NAME} device found; call onnxruntime_ep_kiln.register() first"
+        )
+    return host[0]
+
+
+# --------------------------------------------------------------------------
+# stats
+# --------------------------------------------------------------------------
+class KilnStats(ctypes.Structure):
+    """Mirror of ``struct KilnStats`` returned by ``kiln_ep_stats()``."""
+
+    _fields_ = [
+        ("eps_created", ctypes.c_uint64),
+        ("partitions_compiled", ctypes.c_uint64),
+        ("nodes_compiled", ctypes.c_uint64),
+        ("compute_calls", ctypes.c_uint64),
+    ]
+
+
+STAT_FIELDS = tuple(f for f, _ in KilnStats._fields_)
+
+
+def _stats_function(path: str):
+    with _lock:
+        lib = _cdlls.get(path)
+        if lib is None:
+            lib = ctypes.CDLL(path)
+            _cdlls[path] = lib
+    try:
+        fn = lib.kiln_ep_stats
+    except AttributeError as exc:
+        raise RuntimeError(f"{path} does not export kiln_ep_stats()") from exc
+    fn.argtypes = []
+    fn.restype = KilnStats
+    return fn
+
+
+def stats(library_path: Optional[str] = None) -> Dict[str, int]:
+    """kiln's process-wide counters as a dict.
+
+    Keys: ``eps_created``, ``partitions_compiled``, ``nodes_compiled``,
+    ``compute_calls``. Counts since the library was loaded into this process.
+    Reads the library registered most recently through :func:`register` (or
+    ``library_path``, or :func:`get_library_path`); the dynamic loader hands
+    back the very instance ONNX Runtime loaded, so the counters include work
+    done by ONNX Runtime sessions.
+    """
+    if library_path is None:
+        with _lock:
+            paths = list(_registered.values())
+        library_path = paths[-1] if paths else get_library_path()
+    s = _stats_function(os.path.abspath(library_path))()
+    return {f: int(getattr(s, f)) for f in STAT_FIELDS}

@@ -1,0 +1,146 @@
+//! kiln's factory and EP: the glue between ORT's callbacks (`ffi`) and the
+//! ORT-free compiler. Devices, targets, options, GetCapability and Compile.
+
+mod capability;
+mod compile;
+pub mod options;
+pub mod partition;
+
+use std::ffi::CStr;
+
+use crate::error::{Error, Result};
+use crate::ffi::compute::ComputeImpl;
+use crate::ffi::ep::{EpImpl, SupportInfo};
+use crate::ffi::factory::{env_config_entries, DeviceSink, DeviceType, FactoryImpl, HardwareDevice, SelectedDevice};
+use crate::ffi::graph::{Graph, Node};
+use crate::ffi::logger::Logger;
+use crate::stats;
+use crate::target::Target;
+use options::SessionConfig;
+
+pub const EP_NAME: &CStr = c"KilnExecutionProvider";
+pub const VENDOR: &CStr = c"kiln";
+/// ASCII "KILN": kiln has no PCI vendor id, so it uses a fixed tag.
+pub const VENDOR_ID: u32 = 0x4B49_4C4E;
+pub const VERSION: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+    Ok(v) => v,
+    Err(_) => panic!("crate version holds a NUL"),
+};
+
+/// EP metadata key naming the target a device compiles for.
+pub const META_TARGET: &str = "kiln.target";
+pub const META_FEATURES: &str = "kiln.target_features";
+/// Hardware-device metadata ORT and users read to spot a virtual device.
+pub const META_IS_VIRTUAL: &str = "is_virtual";
+
+/// One per `RegisterExecutionProviderLibrary`.
+pub struct KilnFactory {
+    host: Target,
+    logger: Logger,
+}
+
+impl KilnFactory {
+    pub fn new(registered_name: &str, logger: Logger) -> Result<KilnFactory> {
+        let host = Target::detect_host()?;
+        logger.info(|| format!("registered as '{registered_name}'; host target {}", host.name()));
+        Ok(KilnFactory { host, logger })
+    }
+
+    fn offer(&self, sink: &mut DeviceSink<'_>, device: HardwareDevice, target: Target) -> Result<()> {
+        sink.add(
+            device,
+            &[(META_TARGET, target.name()), (META_FEATURES, target.description())],
+            &[("target", target.name()), ("disabled_ops", "")],
+        )
+    }
+}
+
+fn allow_virtual_devices() -> Result<bool> {
+    Ok(env_config_entries()?
+        .iter()
+        .any(|(k, v)| k == "allow_virtual_devices" && v == "1"))
+}
+
+impl FactoryImpl for KilnFactory {
+    type Ep = KilnEp;
+    const NAME: &'static CStr = EP_NAME;
+    const VENDOR: &'static CStr = VENDOR;
+    const VERSION: &'static CStr = VERSION;
+    const VENDOR_ID: u32 = VENDOR_ID;
+
+    fn supported_devices(&self, hardware: &[HardwareDevice], sink: &mut DeviceSink<'_>) -> Result<()> {
+        let Some(&cpu) = hardware.iter().find(|d| d.device_type() == DeviceType::Cpu) else {
+            self.logger.warning("ORT listed no CPU device; kiln offers none");
+            return Ok(());
+        };
+        self.offer(sink, cpu, self.host)?;
+        if !allow_virtual_devices()? {
+            return Ok(());
+        }
+        for (id, target) in Target::ALL.into_iter().enumerate().filter(|(_, t)| *t != self.host) {
+            let meta = [(META_IS_VIRTUAL, "1"), (META_TARGET, target.name())];
+            let device = sink.create_virtual(DeviceType::Cpu, VENDOR_ID, id as u32, VENDOR, &meta)?;
+            self.offer(sink, device, target)?;
+        }
+        Ok(())
+    }
+
+    fn create_ep(&self, devices: &[SelectedDevice], session: Vec<(String, String)>, logger: Logger) -> Result<KilnEp> {
+        let config = SessionConfig::parse(session)?;
+        let device_target = devices
+            .first()
+            .and_then(|d| d.ep_metadata.iter().find(|(k, _)| k == META_TARGET))
+            .and_then(|(_, v)| Target::parse(v))
+            .unwrap_or(self.host);
+        let target = config.kiln.target.unwrap_or(device_target);
+        let compiles_only = config.compile_only || config.context.enable;
+        if !target.can_run_on(self.host) && !compiles_only {
+            return Err(Error::invalid_argument(format!(
+                "kiln target {} cannot run on this host (best: {}); a virtual device or the 'target' option \
+                 above the host is for compiling only (the compile API or ep.context_enable=1)",
+                target.name(),
+                self.host.name()
+            )));
+        }
+        stats::ep_created();
+        logger.info(|| {
+            format!(
+                "session EP created for target {} (host {})",
+                target.name(),
+                self.host.name()
+            )
+        });
+        Ok(KilnEp {
+            target,
+            host: self.host,
+            config,
+            logger,
+        })
+    }
+}
+
+/// One per session.
+pub struct KilnEp {
+    target: Target,
+    host: Target,
+    config: SessionConfig,
+    logger: Logger,
+}
+
+impl EpImpl for KilnEp {
+    fn name(&self) -> &CStr {
+        EP_NAME
+    }
+
+    fn logger(&self) -> Logger {
+        self.logger
+    }
+
+    fn get_capability(&self, graph: Graph<'_>, support: &mut SupportInfo) -> Result<()> {
+        capability::claim(self, graph, support)
+    }
+
+    fn compile(&self, graph: Graph<'_>, fused_node: Node<'_>) -> Result<Box<dyn ComputeImpl>> {
+        compile::compile_partition(self, graph, fused_node)
+    }
+}

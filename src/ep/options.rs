@@ -1,0 +1,209 @@
+//! kiln's EP options and the session configuration it reads in CreateEp.
+//! ORT-free: works on the (key, value) entries the session carries.
+
+use std::collections::BTreeMap;
+
+use crate::error::{Error, Result};
+use crate::ir::Op;
+use crate::target::Target;
+
+/// ORT adds every EP option under `ep.<lower-case EP name>.`.
+pub const OPTION_PREFIX: &str = "ep.kilnexecutionprovider.";
+
+/// kiln's options, as a user passes them to `add_provider_for_devices` or
+/// `SessionOptionsAppendExecutionProvider_V2`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KilnOptions {
+    /// Compile for this target instead of the selected device's.
+    pub target: Option<Target>,
+    /// Ops kiln must leave to other EPs.
+    pub disabled_ops: Vec<Op>,
+}
+
+/// One option: its key, what it accepts, and its default on a device.
+pub struct OptionSpec {
+    pub key: &'static str,
+    pub accepts: fn() -> String,
+}
+
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        key: "target",
+        accepts: target_names,
+    },
+    OptionSpec {
+        key: "disabled_ops",
+        accepts: op_names,
+    },
+];
+
+fn target_names() -> String {
+    Target::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+}
+
+fn op_names() -> String {
+    let names: Vec<_> = Op::ALL.iter().map(|o| o.onnx_name()).collect();
+    format!("a comma-separated list of: {}", names.join(", "))
+}
+
+fn bad_value(key: &str, value: &str) -> Error {
+    let spec = OPTIONS
+        .iter()
+        .find(|s| s.key == key)
+        .map(|s| (s.accepts)())
+        .unwrap_or_default();
+    Error::invalid_argument(format!(
+        "invalid value '{value}' for kiln option '{key}' ({OPTION_PREFIX}{key}); accepted values: {spec}"
+    ))
+}
+
+impl KilnOptions {
+    /// Parses kiln's options from the session entries carrying [`OPTION_PREFIX`].
+    pub fn parse(entries: &BTreeMap<String, String>) -> Result<KilnOptions> {
+        let mut options = KilnOptions::default();
+        for (key, value) in entries {
+            let Some(name) = key.strip_prefix(OPTION_PREFIX) else {
+                continue;
+            };
+            match name {
+                "target" => options.target = Some(Target::parse(value).ok_or_else(|| bad_value(name, value))?),
+                "disabled_ops" => options.disabled_ops = parse_ops(value).ok_or_else(|| bad_value(name, value))?,
+                _ => return Err(unknown_option(name)),
+            }
+        }
+        Ok(options)
+    }
+}
+
+fn unknown_option(name: &str) -> Error {
+    let known: Vec<_> = OPTIONS.iter().map(|s| s.key).collect();
+    Error::invalid_argument(format!(
+        "unknown kiln option '{name}' ({OPTION_PREFIX}{name}); accepted options: {}",
+        known.join(", ")
+    ))
+}
+
+fn parse_ops(value: &str) -> Option<Vec<Op>> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| Op::ALL.iter().copied().find(|o| o.onnx_name().eq_ignore_ascii_case(s)))
+        .collect()
+}
+
+/// ORT's EPContext keys (used from issue #3 on; read and checked now so a
+/// bad value fails at session creation, where the user can see it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContextConfig {
+    pub enable: bool,
+    pub file_path: Option<String>,
+    pub embed_mode: bool,
+    pub node_name_prefix: String,
+    pub share: bool,
+    pub stop_share: bool,
+}
+
+/// Everything kiln reads from the session configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SessionConfig {
+    pub kiln: KilnOptions,
+    pub context: ContextConfig,
+    /// `session.compile_only=1`: the compile API is running, nothing will execute.
+    pub compile_only: bool,
+}
+
+fn flag(entries: &BTreeMap<String, String>, key: &str, default: bool) -> Result<bool> {
+    match entries.get(key).map(|v| v.trim()) {
+        None | Some("") => Ok(default),
+        Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(other) => Err(Error::invalid_argument(format!(
+            "invalid value '{other}' for session option '{key}'; accepted values: 0, 1"
+        ))),
+    }
+}
+
+impl SessionConfig {
+    pub fn parse(entries: impl IntoIterator<Item = (String, String)>) -> Result<SessionConfig> {
+        let entries: BTreeMap<String, String> = entries.into_iter().collect();
+        let non_empty = |k: &str| entries.get(k).filter(|v| !v.is_empty()).cloned();
+        Ok(SessionConfig {
+            kiln: KilnOptions::parse(&entries)?,
+            context: ContextConfig {
+                enable: flag(&entries, "ep.context_enable", false)?,
+                file_path: non_empty("ep.context_file_path"),
+                embed_mode: flag(&entries, "ep.context_embed_mode", true)?,
+                node_name_prefix: non_empty("ep.context_node_name_prefix").unwrap_or_default(),
+                share: flag(&entries, "ep.share_ep_contexts", false)?,
+                stop_share: flag(&entries, "ep.stop_share_ep_contexts", false)?,
+            },
+            compile_only: flag(&entries, "session.compile_only", false)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<SessionConfig> {
+        SessionConfig::parse(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.kiln, KilnOptions::default());
+        assert!(c.context.embed_mode && !c.context.enable && !c.compile_only);
+    }
+
+    #[test]
+    fn reads_kiln_and_context_keys() {
+        let c = parse(&[
+            ("ep.kilnexecutionprovider.target", "x86_64-avx2"),
+            ("ep.kilnexecutionprovider.disabled_ops", "Relu, mul"),
+            ("ep.context_enable", "1"),
+            ("ep.context_embed_mode", "0"),
+            ("ep.context_file_path", "out/m_ctx.onnx"),
+            ("ep.context_node_name_prefix", "p_"),
+            ("ep.share_ep_contexts", "1"),
+            ("session.compile_only", "1"),
+            ("session.other", "x"),
+        ])
+        .unwrap();
+        assert_eq!(c.kiln.target, Some(Target::Avx2));
+        assert_eq!(c.kiln.disabled_ops, vec![Op::Relu, Op::Mul]);
+        assert!(c.context.enable && !c.context.embed_mode && c.context.share && c.compile_only);
+        assert_eq!(c.context.file_path.as_deref(), Some("out/m_ctx.onnx"));
+        assert_eq!(c.context.node_name_prefix, "p_");
+    }
+
+    #[test]
+    fn empty_disabled_ops_is_none() {
+        let c = parse(&[("ep.kilnexecutionprovider.disabled_ops", "")]).unwrap();
+        assert!(c.kiln.disabled_ops.is_empty());
+    }
+
+    #[test]
+    fn bad_values_name_the_option_and_accepted_values() {
+        let e = parse(&[("ep.kilnexecutionprovider.target", "riscv")]).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument);
+        assert!(
+            e.message.contains("'target'") && e.message.contains("x86_64-avx2"),
+            "{e}"
+        );
+        let e = parse(&[("ep.kilnexecutionprovider.disabled_ops", "Relu,Conv")]).unwrap_err();
+        assert!(
+            e.message.contains("disabled_ops") && e.message.contains("Sigmoid"),
+            "{e}"
+        );
+        let e = parse(&[("ep.kilnexecutionprovider.speed", "fast")]).unwrap_err();
+        assert!(
+            e.message.contains("unknown kiln option 'speed'") && e.message.contains("target"),
+            "{e}"
+        );
+        let e = parse(&[("ep.context_embed_mode", "2")]).unwrap_err();
+        assert!(e.message.contains("ep.context_embed_mode"), "{e}");
+    }
+}

@@ -1,0 +1,73 @@
+//! The symbols ORT (and applications) look up in `libkiln_ep.so`.
+
+use std::ffi::c_char;
+
+use super::api::Api;
+use super::factory::{new_factory, release_factory};
+use super::logger::Logger;
+use super::status::{guard, Poison};
+use super::{non_null_mut, sys};
+use crate::ep::KilnFactory;
+use crate::error::Error;
+use crate::stats::{self, KilnStats};
+
+/// Entry point ORT calls after loading the library: creates kiln's one factory.
+///
+/// # Safety
+/// Called by ONNX Runtime with valid pointers: `factories` has room for
+/// `max_factories` entries.
+#[no_mangle]
+pub unsafe extern "C" fn CreateEpFactories(
+    registered_name: *const c_char,
+    ort_api_base: *const sys::OrtApiBase,
+    default_logger: *const sys::OrtLogger,
+    factories: *mut *mut sys::OrtEpFactory,
+    max_factories: usize,
+    num_factories: *mut usize,
+) -> *mut sys::OrtStatus {
+    if !num_factories.is_null() {
+        // SAFETY: ORT's out-pointer; report no factory until one exists.
+        unsafe { *num_factories = 0 };
+    }
+    // SAFETY: ORT passes its OrtApiBase.
+    if let Err(e) = unsafe { Api::init(ort_api_base) } {
+        // SAFETY: as above.
+        return unsafe { super::api::early_status(ort_api_base, &e) };
+    }
+    let poison = Poison::default();
+    guard("CreateEpFactories", Some(&poison), || {
+        let out = non_null_mut(factories, "factories")?;
+        let count = non_null_mut(num_factories, "num_factories")?;
+        if max_factories < 1 {
+            return Err(Error::invalid_argument("ORT offered no room for kiln's factory"));
+        }
+        // SAFETY: strings and logger from ORT, valid for the library's lifetime.
+        let name = unsafe { super::cstr_to_string(registered_name) };
+        let logger = unsafe { Logger::from_raw(default_logger) };
+        let factory = KilnFactory::new(&name, logger)?;
+        // SAFETY: room for at least one entry (checked above).
+        unsafe {
+            *out = new_factory(factory);
+            *count = 1;
+        }
+        Ok(())
+    })
+}
+
+/// Releases a factory made by `CreateEpFactories`.
+///
+/// # Safety
+/// `factory` must come from `CreateEpFactories` and not be used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn ReleaseEpFactory(factory: *mut sys::OrtEpFactory) -> *mut sys::OrtStatus {
+    // SAFETY: per contract; release_factory refuses unknown pointers.
+    guard("ReleaseEpFactory", None, || unsafe {
+        release_factory::<KilnFactory>(factory)
+    })
+}
+
+/// kiln's counters since the library was loaded (see `KilnStats`).
+#[no_mangle]
+pub extern "C" fn kiln_ep_stats() -> KilnStats {
+    stats::snapshot()
+}

@@ -1,0 +1,281 @@
+//! Read-only views of the graph ORT lends kiln in GetCapability and Compile
+//! (`OrtGraph`, `OrtNode`, `OrtValueInfo`). They borrow ORT's objects for
+//! `'a`, the duration of the callback: nothing here may be kept past it
+//! (initializer data in particular is freed after Compile, so it is copied).
+
+use std::ffi::c_char;
+use std::marker::PhantomData;
+
+use super::api::{ort, Api};
+use super::status::check;
+use super::{cstr_to_string, sys};
+use crate::error::{Error, Result};
+
+#[derive(Clone, Copy)]
+pub struct Graph<'a>(*const sys::OrtGraph, PhantomData<&'a ()>);
+#[derive(Clone, Copy)]
+pub struct Node<'a>(*const sys::OrtNode, PhantomData<&'a ()>);
+#[derive(Clone, Copy)]
+pub struct ValueInfo<'a>(*const sys::OrtValueInfo, PhantomData<&'a ()>);
+
+/// Element type and dimensions of a tensor value (-1 = unknown dimension).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub elem_type: i32,
+    pub dims: Vec<i64>,
+}
+
+/// ORT's "ask the count, then fill an array of that size" pattern.
+fn fetch<T>(
+    count: impl FnOnce(&mut usize) -> *mut sys::OrtStatus,
+    fill: impl FnOnce(*mut *const T, usize) -> *mut sys::OrtStatus,
+) -> Result<Vec<*const T>> {
+    let mut n = 0usize;
+    // SAFETY: statuses come from ORT.
+    unsafe { check(count(&mut n))? };
+    let mut out = vec![std::ptr::null(); n];
+    if n > 0 {
+        // SAFETY: the buffer holds exactly n elements, as ORT requires.
+        unsafe { check(fill(out.as_mut_ptr(), n))? };
+    }
+    Ok(out)
+}
+
+fn get_str(call: impl FnOnce(&mut *const c_char) -> *mut sys::OrtStatus) -> Result<String> {
+    let mut p = std::ptr::null();
+    // SAFETY: ORT returns a string borrowed from the object, copied at once.
+    unsafe {
+        check(call(&mut p))?;
+        Ok(cstr_to_string(p))
+    }
+}
+
+impl<'a> Graph<'a> {
+    /// # Safety
+    /// `p` must be a live `OrtGraph` for `'a`.
+    pub unsafe fn from_raw(p: *const sys::OrtGraph) -> Result<Graph<'a>> {
+        Ok(Graph(super::non_null(p, "OrtGraph")?, PhantomData))
+    }
+
+    pub fn name(&self) -> Result<String> {
+        let api = Api::get();
+        get_str(|out| unsafe { ort!(api.ort, Graph_GetName(self.0, out)) })
+    }
+
+    pub fn nodes(&self) -> Result<Vec<Node<'a>>> {
+        let api = Api::get();
+        let raw = fetch(
+            |n| unsafe { ort!(api.ort, Graph_GetNumNodes(self.0, n)) },
+            |buf, n| unsafe { ort!(api.ort, Graph_GetNodes(self.0, buf, n)) },
+        )?;
+        Ok(raw.into_iter().map(|p| Node(p, PhantomData)).collect())
+    }
+
+    pub fn inputs(&self) -> Result<Vec<ValueInfo<'a>>> {
+        let api = Api::get();
+        let raw = fetch(
+            |n| unsafe { ort!(api.ort, Graph_GetNumInputs(self.0, n)) },
+            |buf, n| unsafe { ort!(api.ort, Graph_GetInputs(self.0, buf, n)) },
+        )?;
+        Ok(values(raw))
+    }
+
+    pub fn outputs(&self) -> Result<Vec<ValueInfo<'a>>> {
+        let api = Api::get();
+        let raw = fetch(
+            |n| unsafe { ort!(api.ort, Graph_GetNumOutputs(self.0, n)) },
+            |buf, n| unsafe { ort!(api.ort, Graph_GetOutputs(self.0, buf, n)) },
+        )?;
+        Ok(values(raw))
+    }
+
+    pub fn initializers(&self) -> Result<Vec<ValueInfo<'a>>> {
+        let api = Api::get();
+        let raw = fetch(
+            |n| unsafe { ort!(api.ort, Graph_GetNumInitializers(self.0, n)) },
+            |buf, n| unsafe { ort!(api.ort, Graph_GetInitializers(self.0, buf, n)) },
+        )?;
+        Ok(values(raw))
+    }
+}
+
+fn values<'a>(raw: Vec<*const sys::OrtValueInfo>) -> Vec<ValueInfo<'a>> {
+    raw.into_iter().map(|p| ValueInfo(p, PhantomData)).collect()
+}
+
+/// Missing optional inputs/outputs arrive as NULL entries.
+fn optional_values<'a>(raw: Vec<*const sys::OrtValueInfo>) -> Vec<Option<ValueInfo<'a>>> {
+    raw.into_iter()
+        .map(|p| (!p.is_null()).then_some(ValueInfo(p, PhantomData)))
+        .collect()
+}
+
+impl<'a> Node<'a> {
+    /// # Safety
+    /// `p` must be a live `OrtNode` for `'a`.
+    pub unsafe fn from_raw(p: *const sys::OrtNode) -> Result<Node<'a>> {
+        Ok(Node(super::non_null(p, "OrtNode")?, PhantomData))
+    }
+
+    pub fn as_ptr(&self) -> *const sys::OrtNode {
+        self.0
+    }
+
+    pub fn id(&self) -> Result<usize> {
+        let api = Api::get();
+        let mut id = 0usize;
+        // SAFETY: live node, valid out-pointer.
+        unsafe { check(ort!(api.ort, Node_GetId(self.0, &mut id)))? };
+        Ok(id)
+    }
+
+    pub fn name(&self) -> Result<String> {
+        let api = Api::get();
+        get_str(|out| unsafe { ort!(api.ort, Node_GetName(self.0, out)) })
+    }
+
+    pub fn op_type(&self) -> Result<String> {
+        let api = Api::get();
+        get_str(|out| unsafe { ort!(api.ort, Node_GetOperatorType(self.0, out)) })
+    }
+
+    pub fn domain(&self) -> Result<String> {
+        let api = Api::get();
+        get_str(|out| unsafe { ort!(api.ort, Node_GetDomain(self.0, out)) })
+    }
+
+    pub fn num_attributes(&self) -> Result<usize> {
+        let api = Api::get();
+        let mut n = 0usize;
+        // SAFETY: live node, valid out-pointer.
+        unsafe { check(ort!(api.ort, Node_GetNumAttributes(self.0, &mut n)))? };
+        Ok(n)
+    }
+
+    pub fn inputs(&self) -> Result<Vec<Option<ValueInfo<'a>>>> {
+        let api = Api::get();
+        let raw = fetch(
+            |n| unsafe { ort!(api.ort, Node_GetNumInputs(self.0, n)) },
+            |buf, n| unsafe { ort!(api.ort, Node_GetInputs(self.0, buf, n)) },
+        )?;
+        Ok(optional_values(raw))
+    }
+
+    pub fn outputs(&self) -> Result<Vec<Option<ValueInfo<'a>>>> {
+        let api = Api::get();
+        let raw = fetch(
+            |n| unsafe { ort!(api.ort, Node_GetNumOutputs(self.0, n)) },
+            |buf, n| unsafe { ort!(api.ort, Node_GetOutputs(self.0, buf, n)) },
+        )?;
+        Ok(optional_values(raw))
+    }
+
+    /// A short label for messages: `name (op_type)`.
+    pub fn label(&self) -> String {
+        let name = self.name().unwrap_or_default();
+        let op = self.op_type().unwrap_or_default();
+        format!("'{name}' ({op})")
+    }
+}
+
+impl<'a> ValueInfo<'a> {
+    pub fn name(&self) -> Result<String> {
+        let api = Api::get();
+        get_str(|out| unsafe { ort!(api.ort, GetValueInfoName(self.0, out)) })
+    }
+
+    /// The tensor type, or `None` for a non-tensor or untyped value.
+    pub fn tensor_info(&self) -> Result<Option<TensorInfo>> {
+        let api = Api::get();
+        let mut type_info = std::ptr::null();
+        // SAFETY: borrowed type info, valid while the value info lives.
+        unsafe { check(ort!(api.ort, GetValueInfoTypeInfo(self.0, &mut type_info)))? };
+        if type_info.is_null() {
+            return Ok(None);
+        }
+        let mut onnx_type = sys::ONNX_TYPE_UNKNOWN;
+        // SAFETY: live type info.
+        unsafe { check(ort!(api.ort, GetOnnxTypeFromTypeInfo(type_info, &mut onnx_type)))? };
+        if onnx_type != sys::ONNX_TYPE_TENSOR {
+            return Ok(None);
+        }
+        let mut tensor = std::ptr::null();
+        // SAFETY: a tensor type info; the cast result is borrowed from it.
+        unsafe { check(ort!(api.ort, CastTypeInfoToTensorInfo(type_info, &mut tensor)))? };
+        // SAFETY: `tensor` is a live shape info borrowed from `type_info`.
+        unsafe { read_tensor_info(tensor) }.map(Some)
+    }
+
+    /// The node producing this value inside the current graph, if any.
+    pub fn producer(&self) -> Result<Option<Node<'a>>> {
+        let api = Api::get();
+        let (mut node, mut index) = (std::ptr::null(), 0usize);
+        // SAFETY: live value info, valid out-pointers.
+        unsafe { check(ort!(api.ort, ValueInfo_GetValueProducer(self.0, &mut node, &mut index)))? };
+        Ok((!node.is_null()).then_some(Node(node, PhantomData)))
+    }
+
+    pub fn is_constant_initializer(&self) -> Result<bool> {
+        let api = Api::get();
+        let mut yes = false;
+        // SAFETY: live value info, valid out-pointer.
+        unsafe { check(ort!(api.ort, ValueInfo_IsConstantInitializer(self.0, &mut yes)))? };
+        Ok(yes)
+    }
+
+    /// Copies a float initializer's data (ORT frees its copy after Compile).
+    pub fn copy_f32_initializer(&self) -> Result<Vec<f32>> {
+        let name = self.name()?;
+        let info = self
+            .tensor_info()?
+            .ok_or_else(|| Error::invalid_graph(format!("initializer '{name}' is not a tensor")))?;
+        let numel = numel(&info.dims)
+            .ok_or_else(|| Error::invalid_graph(format!("initializer '{name}' has no static shape")))?;
+        let api = Api::get();
+        let mut value = std::ptr::null();
+        // SAFETY: borrowed OrtValue, valid during the callback.
+        unsafe { check(ort!(api.ort, ValueInfo_GetInitializerValue(self.0, &mut value)))? };
+        if value.is_null() {
+            return Err(Error::invalid_graph(format!("initializer '{name}' has no value")));
+        }
+        // SAFETY: live OrtValue.
+        let data = unsafe { tensor_data(value)? } as *const f32;
+        // SAFETY: a float tensor of `numel` elements; copied before returning.
+        Ok(unsafe { super::slice(data, numel, "initializer data")? }.to_vec())
+    }
+}
+
+fn numel(dims: &[i64]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |acc, &d| {
+        usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    })
+}
+
+/// # Safety
+/// `info` must be a live `OrtTensorTypeAndShapeInfo`.
+pub unsafe fn read_tensor_info(info: *const sys::OrtTensorTypeAndShapeInfo) -> Result<TensorInfo> {
+    let api = Api::get();
+    let mut elem = sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    let mut rank = 0usize;
+    // SAFETY: per contract; the dims buffer holds `rank` elements.
+    unsafe {
+        check(ort!(api.ort, GetTensorElementType(info, &mut elem)))?;
+        check(ort!(api.ort, GetDimensionsCount(info, &mut rank)))?;
+        let mut dims = vec![0i64; rank];
+        check(ort!(api.ort, GetDimensions(info, dims.as_mut_ptr(), rank)))?;
+        Ok(TensorInfo {
+            elem_type: elem as i32,
+            dims,
+        })
+    }
+}
+
+/// # Safety
+/// `value` must be a live tensor `OrtValue`.
+pub unsafe fn tensor_data(value: *const sys::OrtValue) -> Result<*const std::ffi::c_void> {
+    let api = Api::get();
+    let mut data = std::ptr::null();
+    // SAFETY: per contract.
+    unsafe { check(ort!(api.ort, GetTensorData(value, &mut data)))? };
+    Ok(data)
+}

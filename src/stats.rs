@@ -1,0 +1,46 @@
+//! Process-wide counters of what kiln did, readable from C, Python (ctypes)
+//! and tests through the exported `kiln_ep_stats`: proof that kiln, not the
+//! CPU EP, ran a model.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A snapshot of kiln's counters since the library was loaded.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KilnStats {
+    /// OrtEp instances created (one per session using kiln).
+    pub eps_created: u64,
+    /// Fused partitions compiled.
+    pub partitions_compiled: u64,
+    /// ONNX nodes inside those partitions.
+    pub nodes_compiled: u64,
+    /// Compute calls that ran a compiled partition.
+    pub compute_calls: u64,
+}
+
+static EPS_CREATED: AtomicU64 = AtomicU64::new(0);
+static PARTITIONS: AtomicU64 = AtomicU64::new(0);
+static NODES: AtomicU64 = AtomicU64::new(0);
+static COMPUTES: AtomicU64 = AtomicU64::new(0);
+
+pub fn ep_created() {
+    EPS_CREATED.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn partition_compiled(nodes: usize) {
+    PARTITIONS.fetch_add(1, Ordering::Relaxed);
+    NODES.fetch_add(nodes as u64, Ordering::Relaxed);
+}
+
+pub fn compute_called() {
+    COMPUTES.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn snapshot() -> KilnStats {
+    KilnStats {
+        eps_created: EPS_CREATED.load(Ordering::Relaxed),
+        partitions_compiled: PARTITIONS.load(Ordering::Relaxed),
+        nodes_compiled: NODES.load(Ordering::Relaxed),
+        compute_calls: COMPUTES.load(Ordering::Relaxed),
+    }
+}
