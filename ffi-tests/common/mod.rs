@@ -106,7 +106,6 @@ macro_rules! call {
         (crate::common::ort().api.$name.expect(stringify!($name)))($($arg),*)
     };
 }
-pub(crate) use call;
 
 /// Converts an ORT status into a Result, releasing it.
 pub fn check(status: *mut sys::OrtStatus) -> OrtResult<()> {
@@ -395,6 +394,10 @@ impl Tensor {
 }
 
 pub struct Session(pub *mut sys::OrtSession);
+
+// SAFETY: ORT sessions may be run from several threads at once.
+unsafe impl Send for Session {}
+unsafe impl Sync for Session {}
 
 impl Session {
     pub fn run(&self, inputs: &[(&str, &Tensor)], outputs: &[&str]) -> OrtResult<Vec<Tensor>> {
