@@ -118,7 +118,7 @@ fn host_device_metadata_and_options() {
         Some(expected_host().name())
     );
     assert_eq!(d.ep_options.get("disabled_ops").map(String::as_str), Some(""));
-    assert_eq!(d.hw_type, sys::OrtHardwareDeviceType_CPU as u32);
+    assert_eq!(d.hw_type, sys::OrtHardwareDeviceType_CPU);
     assert!(!d.is_virtual());
 }
 
@@ -172,7 +172,7 @@ fn add_mul_relu_matches_cpu_ep_and_runs_on_kiln() {
             .run(&[("A", &a), ("B", &b)], &["Y"])
             .unwrap();
         assert_close(&got[0], &want[0]);
-        assert!(got[0].data.iter().any(|&x| x > 0.0) && got[0].data.iter().any(|&x| x == 0.0));
+        assert!(got[0].data.iter().any(|&x| x > 0.0) && got[0].data.contains(&0.0));
     }
     let after = kiln_stats();
     assert_eq!(after.partitions_compiled - before.partitions_compiled, 1);
@@ -270,7 +270,8 @@ fn bad_options_are_invalid_argument_naming_the_option() {
     let _s = serial();
     let _reg = Registered::new("kiln_badopt");
     let device = host_device();
-    let cases: [(&[(&str, &str)], &[&str]); 3] = [
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+    let cases: [Case; 3] = [
         (&[("target", "riscv64")], &["'target'", "riscv64", "x86_64-generic"]),
         (&[("disabled_ops", "Relu,Conv")], &["'disabled_ops'", "Conv", "Sigmoid"]),
         (
@@ -386,4 +387,37 @@ fn model_from_bytes_runs() {
         .run(&[("A", &a), ("B", &b)], &["Y"])
         .unwrap();
     assert_close(&got[0], &want[0]);
+}
+
+/// Sets `KILN_INJECT_PANIC` while kiln is registered (it is read then).
+fn register_with_injected_panic(name: &'static str, point: &str) -> Registered {
+    std::env::set_var(kiln_ep::ep::INJECT_PANIC_ENV, point);
+    let reg = Registered::new(name);
+    std::env::remove_var(kiln_ep::ep::INJECT_PANIC_ENV);
+    reg
+}
+
+#[test]
+fn panic_in_compute_is_an_error_and_disables_the_ep() {
+    let _s = serial();
+    let _reg = register_with_injected_panic("kiln_panic_compute", "compute");
+    let (a, b) = inputs_2x3x4();
+    let session = kiln_session("add_mul_relu.onnx", &host_device(), &[]).unwrap();
+    let err = session.run(&[("A", &a), ("B", &b)], &["Y"]).unwrap_err();
+    assert_eq!(err.code, sys::ORT_EP_FAIL, "{}", err.message);
+    assert!(err.message.contains("kiln panicked in Compute"), "{}", err.message);
+    let err = session.run(&[("A", &a), ("B", &b)], &["Y"]).unwrap_err();
+    assert_eq!(err.code, sys::ORT_EP_FAIL);
+    assert!(err.message.contains("disabled"), "{}", err.message);
+}
+
+#[test]
+fn panic_in_compile_fails_session_creation_cleanly() {
+    let _s = serial();
+    let _reg = register_with_injected_panic("kiln_panic_compile", "compile");
+    let err = kiln_session("add_mul_relu.onnx", &host_device(), &[])
+        .err()
+        .expect("compile panicked");
+    assert_eq!(err.code, sys::ORT_EP_FAIL, "{}", err.message);
+    assert!(err.message.contains("kiln panicked in Compile"), "{}", err.message);
 }

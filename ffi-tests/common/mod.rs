@@ -13,7 +13,7 @@ use kiln_ep::ffi::sys;
 /// An error status from ORT, copied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrtError {
-    pub code: u32,
+    pub code: sys::OrtErrorCode,
     pub message: String,
 }
 
@@ -53,17 +53,22 @@ pub fn ort_library_path() -> PathBuf {
     })
 }
 
-/// kiln's cdylib next to this test binary (`target/<profile>/libkiln_ep.so`),
-/// or `KILN_EP_LIBRARY`.
+/// kiln's cdylib from the same build as this test binary, or `KILN_EP_LIBRARY`.
+/// `cargo test` leaves a fresh cdylib in `target/<profile>/deps/` (it only
+/// copies it up to `target/<profile>/` on `cargo build`).
 pub fn kiln_library_path() -> PathBuf {
     if let Some(p) = std::env::var_os("KILN_EP_LIBRARY") {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("test binary path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
-    let lib = profile_dir.join("libkiln_ep.so");
-    assert!(lib.exists(), "{} missing: build the crate first", lib.display());
-    lib
+    let deps = exe.parent().expect("target/<profile>/deps");
+    let candidates = [deps.join("libkiln_ep.so"), deps.parent().unwrap().join("libkiln_ep.so")];
+    candidates.into_iter().find(|p| p.exists()).unwrap_or_else(|| {
+        panic!(
+            "libkiln_ep.so not found next to {}: build the crate first",
+            exe.display()
+        )
+    })
 }
 
 pub fn model(name: &str) -> PathBuf {
@@ -115,7 +120,7 @@ pub fn check(status: *mut sys::OrtStatus) -> OrtResult<()> {
     // SAFETY: a status ORT returned to us.
     unsafe {
         let err = OrtError {
-            code: call!(GetErrorCode(status)) as u32,
+            code: call!(GetErrorCode(status)),
             message: CStr::from_ptr(call!(GetErrorMessage(status)))
                 .to_string_lossy()
                 .into_owned(),
@@ -249,7 +254,7 @@ pub struct EpDevice {
     pub ep_vendor: String,
     pub ep_metadata: BTreeMap<String, String>,
     pub ep_options: BTreeMap<String, String>,
-    pub hw_type: u32,
+    pub hw_type: sys::OrtHardwareDeviceType,
     pub hw_vendor: String,
     pub hw_vendor_id: u32,
     pub hw_device_id: u32,
@@ -266,7 +271,7 @@ impl EpDevice {
                 ep_vendor: string(call!(EpDevice_EpVendor(ptr))),
                 ep_metadata: kv_map(call!(EpDevice_EpMetadata(ptr))),
                 ep_options: kv_map(call!(EpDevice_EpOptions(ptr))),
-                hw_type: call!(HardwareDevice_Type(hw)) as u32,
+                hw_type: call!(HardwareDevice_Type(hw)),
                 hw_vendor: string(call!(HardwareDevice_Vendor(hw))),
                 hw_vendor_id: call!(HardwareDevice_VendorId(hw)),
                 hw_device_id: call!(HardwareDevice_DeviceId(hw)),

@@ -33,6 +33,7 @@ pub fn compile_partition(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Resu
         name,
         program,
         host: ep.host,
+        inject_panic: ep.inject == super::InjectedPanic::Compute,
     }))
 }
 
@@ -84,6 +85,7 @@ struct Compiled {
     name: String,
     program: Program,
     host: Target,
+    inject_panic: bool,
 }
 
 impl ComputeImpl for Compiled {
@@ -99,6 +101,11 @@ impl ComputeImpl for Compiled {
 
 impl Compiled {
     fn run(&self, ctx: KernelContext<'_>) -> Result<()> {
+        assert!(
+            !self.inject_panic,
+            "injected panic in Compute ({})",
+            super::INJECT_PANIC_ENV
+        );
         let inputs = ctx.inputs_f32()?;
         let specs = self.program.inputs();
         if inputs.len() != specs.len() {

@@ -33,17 +33,45 @@ pub const META_FEATURES: &str = "kiln.target_features";
 /// Hardware-device metadata ORT and users read to spot a virtual device.
 pub const META_IS_VIRTUAL: &str = "is_virtual";
 
+/// Test hook: `KILN_INJECT_PANIC=compile` or `=compute` (read when the
+/// library is registered) makes that entry point panic, so tests can prove
+/// the panic boundary and poisoning against the real runtime.
+pub const INJECT_PANIC_ENV: &str = "KILN_INJECT_PANIC";
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InjectedPanic {
+    #[default]
+    None,
+    Compile,
+    Compute,
+}
+
+impl InjectedPanic {
+    fn from_env() -> InjectedPanic {
+        match std::env::var(INJECT_PANIC_ENV).as_deref() {
+            Ok("compile") => InjectedPanic::Compile,
+            Ok("compute") => InjectedPanic::Compute,
+            _ => InjectedPanic::None,
+        }
+    }
+}
+
 /// One per `RegisterExecutionProviderLibrary`.
 pub struct KilnFactory {
     host: Target,
     logger: Logger,
+    inject: InjectedPanic,
 }
 
 impl KilnFactory {
     pub fn new(registered_name: &str, logger: Logger) -> Result<KilnFactory> {
         let host = Target::detect_host()?;
         logger.info(|| format!("registered as '{registered_name}'; host target {}", host.name()));
-        Ok(KilnFactory { host, logger })
+        Ok(KilnFactory {
+            host,
+            logger,
+            inject: InjectedPanic::from_env(),
+        })
     }
 
     fn offer(&self, sink: &mut DeviceSink<'_>, device: HardwareDevice, target: Target) -> Result<()> {
@@ -115,6 +143,7 @@ impl FactoryImpl for KilnFactory {
             host: self.host,
             config,
             logger,
+            inject: self.inject,
         })
     }
 }
@@ -125,6 +154,7 @@ pub struct KilnEp {
     host: Target,
     config: SessionConfig,
     logger: Logger,
+    inject: InjectedPanic,
 }
 
 impl EpImpl for KilnEp {
@@ -141,6 +171,10 @@ impl EpImpl for KilnEp {
     }
 
     fn compile(&self, graph: Graph<'_>, fused_node: Node<'_>) -> Result<Box<dyn ComputeImpl>> {
+        assert!(
+            self.inject != InjectedPanic::Compile,
+            "injected panic in Compile ({INJECT_PANIC_ENV})"
+        );
         compile::compile_partition(self, graph, fused_node)
     }
 }

@@ -58,7 +58,7 @@ pub fn new_ep<T: EpImpl>(imp: T) -> *mut sys::OrtEp {
     base.GetName = Some(get_name::<T>);
     base.GetCapability = Some(get_capability::<T>);
     base.Compile = Some(compile::<T>);
-    base.ReleaseNodeComputeInfos = Some(release_node_compute_infos::<T>);
+    base.ReleaseNodeComputeInfos = Some(release_node_compute_infos);
     Box::into_raw(Box::new(EpObj {
         base,
         imp,
@@ -144,7 +144,7 @@ unsafe extern "C" fn compile<T: EpImpl>(
     })
 }
 
-unsafe extern "C" fn release_node_compute_infos<T: EpImpl>(
+unsafe extern "C" fn release_node_compute_infos(
     _this: *mut sys::OrtEp,
     infos: *mut *mut sys::OrtNodeComputeInfo,
     count: usize,

@@ -10,6 +10,12 @@ use crate::error::{Error, Result};
 /// An `OrtKeyValuePairs` kiln created; released on drop (ORT copies it).
 pub struct KeyValues(*mut sys::OrtKeyValuePairs);
 
+impl Default for KeyValues {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl KeyValues {
     pub fn new() -> KeyValues {
         let api = Api::get();

@@ -1,0 +1,67 @@
+# kiln — build, test and demo from a fresh clone.
+#   make demo   register kiln in ONNX Runtime and run the bundled model
+#   make test   every test: Rust unit + FFI + C harness + Python, plus fmt/clippy
+# Everything kiln needs is installed here: a local .venv from PyPI and, if
+# bindgen cannot find libclang, Debian's libclang-dev.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+PY_REQS := onnxruntime==1.31.1 onnx numpy pytest
+CARGO ?= cargo
+LIB := target/release/libkiln_ep.so
+
+# The runtime's C library inside the wheel (override with KILN_ORT_LIBRARY).
+KILN_ORT_LIBRARY ?= $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1))
+export KILN_ORT_LIBRARY
+
+.PHONY: all build deps venv demo test test-rust test-python lint header models bench clean
+
+all: build
+
+# libclang for bindgen: install Debian's libclang-dev when no libclang is found.
+deps:
+	@if ! ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 && [ -z "$$LIBCLANG_PATH" ]; then \
+		echo "kiln: installing libclang-dev for bindgen"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang-dev; \
+	fi
+	@command -v nm >/dev/null || (apt-get update -qq && apt-get install -y -qq binutils)
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q $(PY_REQS)
+
+venv: $(VPY)
+	@$(VPY) -c "import onnxruntime, onnx, numpy, pytest; assert onnxruntime.__version__ == '1.31.1', onnxruntime.__version__" \
+		|| $(VPY) -m pip install -q $(PY_REQS)
+
+build: deps
+	$(CARGO) build --release
+
+demo: build venv
+	PYTHONPATH=python KILN_EP_LIBRARY=$(LIB) $(VPY) -m onnxruntime_ep_kiln.demo --model models/demo.onnx
+
+test: lint test-rust test-python
+
+test-rust: build venv
+	KILN_ORT_LIBRARY=$$(ls $(VENV)/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1 | head -1) \
+		$(CARGO) test --release --all-targets -- --test-threads=2
+
+test-python: build venv
+	PYTHONPATH=python KILN_EP_LIBRARY=$(LIB) $(VPY) -m pytest python/tests -q
+
+lint: deps
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --release --all-targets -- -D warnings
+
+# Regenerate include/kiln_ep.h from the sources (cbindgen).
+header: venv
+	KILN_BLESS=1 $(CARGO) test --release --test abi committed_header_matches_cbindgen
+
+models: venv
+	$(VPY) models/make_models.py
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,1 @@
+// placeholder: the C harness driver is being written
