@@ -149,7 +149,9 @@ def run_kiln(model_path: str, device, feeds: Optional[Dict[str, np.ndarray]] = N
         so = _session_options([device], options, config)
         before = kiln.stats()
         stage = "session creation"
-        sess = ort.InferenceSession(model_path, so)
+        # enable_fallback=0: the Python wrapper would otherwise catch an EP error,
+        # print "EP Error ... Falling back" and silently retry on the CPU EP alone.
+        sess = ort.InferenceSession(model_path, so, enable_fallback=0)
         created = kiln.stats()
         names = [o.name for o in sess.get_outputs()]
         outs = None
