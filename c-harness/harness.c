@@ -189,12 +189,32 @@ OrtSession* create_session(OrtEnv* env, const char* model_path, const OrtEpDevic
   if (status == NULL) status = g_ort->CreateSession(env, model_path, so, &session);
   g_ort->ReleaseSessionOptions(so);
   if (status != NULL) {
-    if (error == NULL) check_status(status, "create session", __FILE__, __LINE__);
+    if (error == NULL) {
+      char what[512];
+      snprintf(what, sizeof what, "creating a session on %s (%s)", model_path,
+               device ? "kiln device" : "CPU EP only");
+      check_status(status, what, __FILE__, __LINE__);
+    }
     *error = status;
     return NULL;
   }
   if (error != NULL) *error = NULL;
   return session;
+}
+
+int is_invalid_argument(const OrtStatus* status, const char** form) {
+  OrtErrorCode code = g_ort->GetErrorCode(status);
+  const char* message = g_ort->GetErrorMessage(status);
+  if (code == ORT_INVALID_ARGUMENT) {
+    *form = "ORT_INVALID_ARGUMENT";
+    return 1;
+  }
+  if (code == ORT_FAIL && message != NULL && strstr(message, "INVALID_ARGUMENT") != NULL) {
+    *form = "ORT_FAIL wrapping INVALID_ARGUMENT";
+    return 1;
+  }
+  *form = "neither ORT_INVALID_ARGUMENT nor ORT_FAIL wrapping it";
+  return 0;
 }
 
 void run_session(OrtSession* session, const char* const* input_names, const Tensor* inputs,

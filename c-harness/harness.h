@@ -22,13 +22,24 @@ typedef KilnStats (*kiln_ep_stats_fn)(void);
 _Static_assert(_Generic(&kiln_ep_stats, kiln_ep_stats_fn: 1, default: 0),
                "kiln_ep_stats in kiln_ep.h is not KilnStats(void)");
 
+/*
+ * The driver (driver.rs) passes the size of the library's KilnStats as the
+ * Rust code defines it; a stale kiln_ep.h would otherwise let kiln_ep_stats()
+ * write past the caller's struct.
+ */
+#ifdef KILN_STATS_SIZE_FROM_RUST
+_Static_assert(sizeof(KilnStats) == KILN_STATS_SIZE_FROM_RUST,
+               "KilnStats in include/kiln_ep.h differs in size from the library's: "
+               "the header is stale, regenerate it (make header)");
+#endif
+
 /* The OrtApi table (ORT_API_VERSION), set by harness_init. */
 extern const OrtApi* g_ort;
 
 /* Prints "FAIL: <message>" on stderr and exits with status 1. */
 _Noreturn void die(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Fails (naming `what`) when `status` is an error; releases it. */
+/* Dies (naming `what`, the code and message) when `status` is an error. */
 void check_status(OrtStatus* status, const char* what, const char* file, int line);
 #define ORT_CHECK(expr) check_status((expr), #expr, __FILE__, __LINE__)
 
@@ -108,6 +119,15 @@ typedef struct Option {
 OrtSession* create_session(OrtEnv* env, const char* model_path, const OrtEpDevice* device,
                            const Option* options, size_t num_options, int no_fallback,
                            OrtStatus** error);
+
+/*
+ * True when `status` is kiln's INVALID_ARGUMENT from session creation:
+ * ORT_INVALID_ARGUMENT itself, or (what ORT 1.31.1 does with a failed
+ * OrtEpFactory::CreateEp, see PluginExecutionProviderFactory::CreateProvider)
+ * ORT_FAIL "Error creating execution provider: [ONNXRuntimeError] : 2 :
+ * INVALID_ARGUMENT : <kiln's message>". `*form` names which.
+ */
+int is_invalid_argument(const OrtStatus* status, const char** form);
 
 /* Runs `session` on float inputs; fills `outputs` (malloc'ed copies). */
 void run_session(OrtSession* session, const char* const* input_names, const Tensor* inputs,

@@ -1,7 +1,7 @@
 /*
  * virtual_devices.c — kiln's virtual devices, as a C application sees them:
  *
- *   virtual_devices <path to libkiln_ep.so> <models dir>
+ *   virtual_devices <path to libkiln_ep.so> <models dir> [--expect-host <target>]
  *
  * Registers kiln under "kiln.virtual" (a name ending in ".virtual"), checks
  * that besides the host CPU device kiln offers one virtual device per other
@@ -9,8 +9,11 @@
  * hardware metadata and as the default 'target' option, no target twice),
  * then tries models/add_mul_relu.onnx on every kiln device: a target the host
  * can run must match ORT's CPU EP, any other must fail with
- * ORT_INVALID_ARGUMENT "... cannot run on this host". The host device and an
- * x86_64-generic device must run.
+ * INVALID_ARGUMENT "... cannot run on this host" (as ORT_FAIL wrapping it:
+ * see is_invalid_argument). The host device and an
+ * x86_64-generic device must run. With --expect-host (e.g. x86_64-generic
+ * under KILN_MAX_TARGET=x86_64-generic), the host device must have that
+ * target; for x86_64-generic every virtual device must then be refused.
  *
  * Exit status 0 and a summary on stdout on success; "FAIL: ..." on stderr
  * and exit status 1 otherwise.
@@ -32,8 +35,11 @@ static const int64_t SHAPE_2x3x4[3] = {2, 3, 4};
 static int same(const char* a, const char* b) { return a && b && strcmp(a, b) == 0; }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s <libkiln_ep.so> <models dir>\n", argv[0]);
+  const char* expect_host = NULL;
+  if (argc == 5 && strcmp(argv[3], "--expect-host") == 0) {
+    expect_host = argv[4];
+  } else if (argc != 3) {
+    fprintf(stderr, "usage: %s <libkiln_ep.so> <models dir> [--expect-host <target>]\n", argv[0]);
     return 2;
   }
   const char* kiln_path = argv[1];
@@ -80,6 +86,9 @@ int main(int argc, char** argv) {
          hosts);
   EXPECT(virtuals >= 1, "registered as '%s', kiln offers no virtual device", REGISTRATION_NAME);
   printf("kiln offers %zu devices: host %s and %zu virtual\n", n, host->target, virtuals);
+  if (expect_host != NULL)
+    EXPECT(same(host->target, expect_host), "host device targets %s, want %s", host->target,
+           expect_host);
 
   /* Reference output from ORT's CPU EP. */
   const char* in_names[2] = {"A", "B"};
@@ -124,16 +133,20 @@ int main(int argc, char** argv) {
       EXPECT(d->is_virtual, "host device %s cannot run add_mul_relu.onnx: ORT error %d: %s",
              d->target, (int)code, message);
       EXPECT(!is_generic, "x86_64-generic device refused: ORT error %d: %s", (int)code, message);
-      EXPECT(code == ORT_INVALID_ARGUMENT && strstr(message, "cannot run on this host") != NULL,
-             "virtual device %s: session failed with ORT error %d, want %d "
+      const char* form = NULL;
+      EXPECT(is_invalid_argument(error, &form) && strstr(message, "cannot run on this host") != NULL,
+             "virtual device %s: session failed with ORT error %d, want INVALID_ARGUMENT "
              "'... cannot run on this host': %s",
-             d->target, (int)code, (int)ORT_INVALID_ARGUMENT, message);
-      printf("  %-16s %-8s compile-only here: %s\n", d->target, "virtual", message);
+             d->target, (int)code, message);
+      printf("  %-16s %-8s compile-only here (%s): %s\n", d->target, "virtual", form, message);
       g_ort->ReleaseStatus(error);
       ++refused;
     }
   }
   EXPECT(generic_seen, "no kiln device targets x86_64-generic");
+  if (same(expect_host, "x86_64-generic"))
+    EXPECT(refused == virtuals, "host capped at x86_64-generic, yet %zu of %zu virtual devices ran",
+           virtuals - refused, virtuals);
   tensor_free(&want);
   for (int i = 0; i < 2; ++i) tensor_free(&ab[i]);
 

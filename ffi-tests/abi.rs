@@ -35,6 +35,8 @@ macro_rules! ort_api_slots {
             GetTensorShapeElementCount,
             GetTensorTypeAndShape,
             CreateCpuMemoryInfo,
+            AllocatorFree,
+            GetAllocatorWithDefaultOptions,
             KernelContext_GetInputCount,
             KernelContext_GetOutputCount,
             KernelContext_GetInput,
@@ -46,14 +48,21 @@ macro_rules! ort_api_slots {
             ReleaseValue,
             ReleaseTensorTypeAndShapeInfo,
             ReleaseSessionOptions,
+            SessionGetModelMetadata,
+            ModelMetadataLookupCustomMetadataMap,
+            ReleaseModelMetadata,
             AddSessionConfigEntry,
-            HasSessionConfigEntry,
-            GetSessionConfigEntry,
+            CreateOpAttr,
+            ReleaseOpAttr,
             KernelContext_GetLogger,
             Logger_LogMessage,
             Logger_GetLoggingSeverityLevel,
+            ReadOpAttr,
+            ReleaseNode,
             GetValueInfoName,
             GetValueInfoTypeInfo,
+            GetModelEditorApi,
+            GetCompileApi,
             CreateKeyValuePairs,
             AddKeyValuePair,
             GetKeyValue,
@@ -78,10 +87,7 @@ macro_rules! ort_api_slots {
             ValueInfo_GetInitializerValue,
             ValueInfo_IsConstantInitializer,
             Graph_GetName,
-            Graph_GetNumInputs,
-            Graph_GetInputs,
-            Graph_GetNumOutputs,
-            Graph_GetOutputs,
+            Graph_GetModelPath,
             Graph_GetNumInitializers,
             Graph_GetInitializers,
             Graph_GetNumNodes,
@@ -94,9 +100,11 @@ macro_rules! ort_api_slots {
             Node_GetInputs,
             Node_GetNumOutputs,
             Node_GetOutputs,
-            Node_GetNumAttributes,
+            Node_GetAttributeByName,
+            OpAttr_GetType,
             GetTensorData,
             GetSessionOptionsConfigEntries,
+            GetModelCompatibilityForEpDevices,
             CreateEnvWithOptions
         )
     };
@@ -109,10 +117,34 @@ macro_rules! ep_api_slots {
             CreateEpDevice,
             ReleaseEpDevice,
             EpGraphSupportInfo_AddNodesToFuse,
-            NodeComputeContext_NodeName,
             CreateHardwareDevice,
             ReleaseHardwareDevice,
             GetEnvConfigEntries
+        )
+    };
+}
+
+/// Calls `$m!(Name)` for every OrtModelEditorApi member kiln declares.
+macro_rules! editor_api_slots {
+    ($m:ident) => {
+        $m!(CreateNode)
+    };
+}
+
+/// Calls `$m!(Name)` for every OrtCompileApi member kiln declares.
+macro_rules! compile_api_slots {
+    ($m:ident) => {
+        $m!(
+            ReleaseModelCompilationOptions,
+            CreateModelCompilationOptionsFromSessionOptions,
+            ModelCompilationOptions_SetInputModelPath,
+            ModelCompilationOptions_SetInputModelFromBuffer,
+            ModelCompilationOptions_SetOutputModelPath,
+            ModelCompilationOptions_SetOutputModelBuffer,
+            ModelCompilationOptions_SetEpContextEmbedMode,
+            CompileModel,
+            ModelCompilationOptions_SetFlags,
+            ModelCompilationOptions_SetOutputModelWriteFunc
         )
     };
 }
@@ -136,6 +168,8 @@ fn declared_members(table: &str) -> BTreeSet<String> {
 fn test_lists_cover_every_declared_slot() {
     assert_eq!(ort_api_slots!(names), declared_members("OrtApi"));
     assert_eq!(ep_api_slots!(names), declared_members("OrtEpApi"));
+    assert_eq!(editor_api_slots!(names), declared_members("OrtModelEditorApi"));
+    assert_eq!(compile_api_slots!(names), declared_members("OrtCompileApi"));
 }
 
 #[test]
@@ -153,6 +187,35 @@ fn ort_api_slots_match_ort_sys() {
 }
 
 #[test]
+fn editor_and_compile_api_slots_match_ort_sys() {
+    macro_rules! same_offset_in {
+        ($ours:ty, $theirs:ty; $($name:ident),* $(,)?) => {$(
+            assert_eq!(offset_of!($ours, $name), offset_of!($theirs, $name), stringify!($name));
+        )*};
+    }
+    macro_rules! editor {
+        ($($name:ident),* $(,)?) => { same_offset_in!(sys::OrtModelEditorApi, ort_sys::OrtModelEditorApi; $($name),*) };
+    }
+    macro_rules! compile {
+        ($($name:ident),* $(,)?) => { same_offset_in!(sys::OrtCompileApi, ort_sys::OrtCompileApi; $($name),*) };
+    }
+    editor_api_slots!(editor);
+    // ort-sys declares OrtCompileApi only up to CompileModel (slot 8); kiln's
+    // slots 9 (SetFlags) and 12 (SetOutputModelWriteFunc) come from the facts
+    // sheet and are exercised by the compile tests in ffi-tests/context.rs.
+    compile!(
+        ReleaseModelCompilationOptions,
+        CreateModelCompilationOptionsFromSessionOptions,
+        ModelCompilationOptions_SetInputModelPath,
+        ModelCompilationOptions_SetInputModelFromBuffer,
+        ModelCompilationOptions_SetOutputModelPath,
+        ModelCompilationOptions_SetOutputModelBuffer,
+        ModelCompilationOptions_SetEpContextEmbedMode,
+        CompileModel
+    );
+}
+
+#[test]
 fn declared_slots_are_populated_in_ort_1_31_1() {
     let api = common::ort().api;
     macro_rules! present {
@@ -165,6 +228,16 @@ fn declared_slots_are_populated_in_ort_1_31_1() {
         ($($name:ident),* $(,)?) => {$( assert!(ep.$name.is_some(), concat!("OrtEpApi::", stringify!($name), " is NULL")); )*};
     }
     ep_api_slots!(ep_present);
+    // SAFETY: both getters return ORT's static tables.
+    let (editor, compile) = unsafe { (&*(api.GetModelEditorApi.unwrap())(), &*(api.GetCompileApi.unwrap())()) };
+    macro_rules! editor_present {
+        ($($name:ident),* $(,)?) => {$( assert!(editor.$name.is_some(), stringify!($name)); )*};
+    }
+    macro_rules! compile_present {
+        ($($name:ident),* $(,)?) => {$( assert!(compile.$name.is_some(), stringify!($name)); )*};
+    }
+    editor_api_slots!(editor_present);
+    compile_api_slots!(compile_present);
 }
 
 #[test]

@@ -21,6 +21,10 @@ typedef struct KilnStats {
   uint64_t nodes_compiled;
   // Compute calls that ran a compiled partition.
   uint64_t compute_calls;
+  // Context binary files opened (and memory-mapped) to load EPContext nodes.
+  uint64_t context_files_opened;
+  // Graphs loaded from EPContext nodes instead of being compiled.
+  uint64_t context_graphs_loaded;
 } KilnStats;
 
 // Entry point ORT calls after loading the library: creates kiln's one factory.

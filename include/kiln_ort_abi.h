@@ -106,6 +106,32 @@ typedef enum OrtMemType {
   OrtMemTypeDefault = 0
 } OrtMemType;
 
+typedef enum OrtCompiledModelCompatibility {
+  OrtCompiledModelCompatibility_EP_NOT_APPLICABLE = 0,
+  OrtCompiledModelCompatibility_EP_SUPPORTED_OPTIMAL = 1,
+  OrtCompiledModelCompatibility_EP_SUPPORTED_PREFER_RECOMPILATION = 2,
+  OrtCompiledModelCompatibility_EP_UNSUPPORTED = 3
+} OrtCompiledModelCompatibility;
+
+typedef enum OrtOpAttrType {
+  ORT_OP_ATTR_UNDEFINED = 0,
+  ORT_OP_ATTR_INT = 1,
+  ORT_OP_ATTR_INTS = 2,
+  ORT_OP_ATTR_FLOAT = 3,
+  ORT_OP_ATTR_FLOATS = 4,
+  ORT_OP_ATTR_STRING = 5,
+  ORT_OP_ATTR_STRINGS = 6,
+  ORT_OP_ATTR_GRAPH = 7,
+  ORT_OP_ATTR_TENSOR = 8
+} OrtOpAttrType;
+
+/* Bit flags of OrtCompileApi::ModelCompilationOptions_SetFlags. */
+typedef enum OrtCompileApiFlags {
+  OrtCompileApiFlags_NONE = 0,
+  OrtCompileApiFlags_ERROR_IF_NO_NODES_COMPILED = 1,
+  OrtCompileApiFlags_ERROR_IF_OUTPUT_FILE_EXISTS = 2
+} OrtCompileApiFlags;
+
 /* ---- opaque objects ------------------------------------------------------ */
 
 typedef struct OrtStatus OrtStatus;
@@ -133,7 +159,11 @@ typedef struct OrtDataTransferImpl OrtDataTransferImpl;
 typedef struct OrtSyncStreamImpl OrtSyncStreamImpl;
 typedef struct OrtAllocator OrtAllocator;
 typedef struct OrtOpAttr OrtOpAttr;
+typedef struct OrtModelMetadata OrtModelMetadata;
+typedef struct OrtModelCompilationOptions OrtModelCompilationOptions;
 typedef struct OrtApi OrtApi;
+typedef struct OrtModelEditorApi OrtModelEditorApi;
+typedef struct OrtCompileApi OrtCompileApi;
 typedef struct OrtEpApi OrtEpApi;
 typedef struct OrtEpFactory OrtEpFactory;
 typedef struct OrtEp OrtEp;
@@ -167,6 +197,10 @@ typedef struct OrtEnvCreationOptions {
   const OrtKeyValuePairs* config_entries;
 } OrtEnvCreationOptions;
 
+/* Output callback of the compile API (stream output). */
+typedef OrtStatus* (*OrtWriteBufferFunc)(void* state, const void* buffer,
+                                         size_t buffer_num_bytes);
+
 /* ---- tables ORT provides ------------------------------------------------- */
 
 struct OrtApi {
@@ -197,7 +231,11 @@ struct OrtApi {
   OrtStatus* (*GetTensorTypeAndShape)(const OrtValue* value, OrtTensorTypeAndShapeInfo** out); /* 65 */
   void* reserved_66_68[3];
   OrtStatus* (*CreateCpuMemoryInfo)(OrtAllocatorType type, OrtMemType mem_type, OrtMemoryInfo** out); /* 69 */
-  void* reserved_70_87[18];
+  void* reserved_70_75[6];
+  OrtStatus* (*AllocatorFree)(OrtAllocator* ort_allocator, void* p); /* 76 */
+  void* reserved_77_77[1];
+  OrtStatus* (*GetAllocatorWithDefaultOptions)(OrtAllocator** out); /* 78 */
+  void* reserved_79_87[9];
   OrtStatus* (*KernelContext_GetInputCount)(const OrtKernelContext* context, size_t* out); /* 88 */
   OrtStatus* (*KernelContext_GetOutputCount)(const OrtKernelContext* context, size_t* out); /* 89 */
   OrtStatus* (*KernelContext_GetInput)(const OrtKernelContext* context, size_t index, const OrtValue** out); /* 90 */
@@ -210,19 +248,31 @@ struct OrtApi {
   void* reserved_97_98[2];
   void (*ReleaseTensorTypeAndShapeInfo)(OrtTensorTypeAndShapeInfo* input); /* 99 */
   void (*ReleaseSessionOptions)(OrtSessionOptions* input); /* 100 */
-  void* reserved_101_129[29];
+  void* reserved_101_110[10];
+  OrtStatus* (*SessionGetModelMetadata)(const OrtSession* session, OrtModelMetadata** out); /* 111 */
+  void* reserved_112_115[4];
+  OrtStatus* (*ModelMetadataLookupCustomMetadataMap)(const OrtModelMetadata* model_metadata, OrtAllocator* allocator, const char* key, char** value); /* 116 */
+  void* reserved_117_117[1];
+  void (*ReleaseModelMetadata)(OrtModelMetadata* input); /* 118 */
+  void* reserved_119_129[11];
   OrtStatus* (*AddSessionConfigEntry)(OrtSessionOptions* options, const char* config_key, const char* config_value); /* 130 */
-  void* reserved_131_236[106];
-  OrtStatus* (*HasSessionConfigEntry)(const OrtSessionOptions* options, const char* config_key, int* out); /* 237 */
-  OrtStatus* (*GetSessionConfigEntry)(const OrtSessionOptions* options, const char* config_key, char* config_value, size_t* size); /* 238 */
-  void* reserved_239_245[7];
+  void* reserved_131_210[80];
+  OrtStatus* (*CreateOpAttr)(const char* name, const void* data, int len, OrtOpAttrType type, OrtOpAttr** op_attr); /* 211 */
+  void (*ReleaseOpAttr)(OrtOpAttr* input); /* 212 */
+  void* reserved_213_245[33];
   OrtStatus* (*KernelContext_GetLogger)(const OrtKernelContext* context, const OrtLogger** logger); /* 246 */
   OrtStatus* (*Logger_LogMessage)(const OrtLogger* logger, OrtLoggingLevel log_severity_level, const char* message, const ORTCHAR_T* file_path, int line_number, const char* func_name); /* 247 */
   OrtStatus* (*Logger_GetLoggingSeverityLevel)(const OrtLogger* logger, OrtLoggingLevel* out); /* 248 */
-  void* reserved_249_288[40];
+  void* reserved_249_271[23];
+  OrtStatus* (*ReadOpAttr)(const OrtOpAttr* op_attr, OrtOpAttrType type, void* data, size_t len, size_t* out); /* 272 */
+  void* reserved_273_285[13];
+  void (*ReleaseNode)(OrtNode* input); /* 286 */
+  void* reserved_287_288[2];
   OrtStatus* (*GetValueInfoName)(const OrtValueInfo* value_info, const char** name); /* 289 */
   OrtStatus* (*GetValueInfoTypeInfo)(const OrtValueInfo* value_info, const OrtTypeInfo** type_info); /* 290 */
-  void* reserved_291_294[4];
+  const OrtModelEditorApi* (*GetModelEditorApi)(void); /* 291 */
+  void* reserved_292_293[2];
+  const OrtCompileApi* (*GetCompileApi)(void); /* 294 */
   void (*CreateKeyValuePairs)(OrtKeyValuePairs** out); /* 295 */
   void (*AddKeyValuePair)(OrtKeyValuePairs* kvps, const char* key, const char* value); /* 296 */
   const char* (*GetKeyValue)(const OrtKeyValuePairs* kvps, const char* key); /* 297 */
@@ -253,11 +303,8 @@ struct OrtApi {
   OrtStatus* (*ValueInfo_IsConstantInitializer)(const OrtValueInfo* value_info, bool* is_constant_initializer); /* 331 */
   void* reserved_332_332[1];
   OrtStatus* (*Graph_GetName)(const OrtGraph* graph, const char** graph_name); /* 333 */
-  void* reserved_334_337[4];
-  OrtStatus* (*Graph_GetNumInputs)(const OrtGraph* graph, size_t* num_inputs); /* 338 */
-  OrtStatus* (*Graph_GetInputs)(const OrtGraph* graph, const OrtValueInfo** inputs, size_t num_inputs); /* 339 */
-  OrtStatus* (*Graph_GetNumOutputs)(const OrtGraph* graph, size_t* num_outputs); /* 340 */
-  OrtStatus* (*Graph_GetOutputs)(const OrtGraph* graph, const OrtValueInfo** outputs, size_t num_outputs); /* 341 */
+  OrtStatus* (*Graph_GetModelPath)(const OrtGraph* graph, const ORTCHAR_T** model_path); /* 334 */
+  void* reserved_335_341[7];
   OrtStatus* (*Graph_GetNumInitializers)(const OrtGraph* graph, size_t* num_initializers); /* 342 */
   OrtStatus* (*Graph_GetInitializers)(const OrtGraph* graph, const OrtValueInfo** initializers, size_t num_initializers); /* 343 */
   OrtStatus* (*Graph_GetNumNodes)(const OrtGraph* graph, size_t* num_nodes); /* 344 */
@@ -272,12 +319,16 @@ struct OrtApi {
   OrtStatus* (*Node_GetInputs)(const OrtNode* node, const OrtValueInfo** inputs, size_t num_inputs); /* 354 */
   OrtStatus* (*Node_GetNumOutputs)(const OrtNode* node, size_t* num_outputs); /* 355 */
   OrtStatus* (*Node_GetOutputs)(const OrtNode* node, const OrtValueInfo** outputs, size_t num_outputs); /* 356 */
-  void* reserved_357_358[2];
-  OrtStatus* (*Node_GetNumAttributes)(const OrtNode* node, size_t* num_attributes); /* 359 */
-  void* reserved_360_377[18];
+  void* reserved_357_360[4];
+  OrtStatus* (*Node_GetAttributeByName)(const OrtNode* node, const char* attribute_name, const OrtOpAttr** attribute); /* 361 */
+  void* reserved_362_362[1];
+  OrtStatus* (*OpAttr_GetType)(const OrtOpAttr* attribute, OrtOpAttrType* type); /* 363 */
+  void* reserved_364_377[14];
   OrtStatus* (*GetTensorData)(const OrtValue* value, const void** out); /* 378 */
   OrtStatus* (*GetSessionOptionsConfigEntries)(const OrtSessionOptions* options, OrtKeyValuePairs** out); /* 379 */
-  void* reserved_380_405[26];
+  void* reserved_380_387[8];
+  OrtStatus* (*GetModelCompatibilityForEpDevices)(const OrtEpDevice* const* ep_devices, size_t num_ep_devices, const char* compatibility_info, OrtCompiledModelCompatibility* out_status); /* 388 */
+  void* reserved_389_405[17];
   OrtStatus* (*CreateEnvWithOptions)(const OrtEnvCreationOptions* options, OrtEnv** out); /* 406 */
   void* reserved_407_427[21];
 };
@@ -300,6 +351,8 @@ KILN_ASSERT_SLOT(OrtApi, GetDimensions, 62);
 KILN_ASSERT_SLOT(OrtApi, GetTensorShapeElementCount, 64);
 KILN_ASSERT_SLOT(OrtApi, GetTensorTypeAndShape, 65);
 KILN_ASSERT_SLOT(OrtApi, CreateCpuMemoryInfo, 69);
+KILN_ASSERT_SLOT(OrtApi, AllocatorFree, 76);
+KILN_ASSERT_SLOT(OrtApi, GetAllocatorWithDefaultOptions, 78);
 KILN_ASSERT_SLOT(OrtApi, KernelContext_GetInputCount, 88);
 KILN_ASSERT_SLOT(OrtApi, KernelContext_GetOutputCount, 89);
 KILN_ASSERT_SLOT(OrtApi, KernelContext_GetInput, 90);
@@ -311,14 +364,21 @@ KILN_ASSERT_SLOT(OrtApi, ReleaseSession, 95);
 KILN_ASSERT_SLOT(OrtApi, ReleaseValue, 96);
 KILN_ASSERT_SLOT(OrtApi, ReleaseTensorTypeAndShapeInfo, 99);
 KILN_ASSERT_SLOT(OrtApi, ReleaseSessionOptions, 100);
+KILN_ASSERT_SLOT(OrtApi, SessionGetModelMetadata, 111);
+KILN_ASSERT_SLOT(OrtApi, ModelMetadataLookupCustomMetadataMap, 116);
+KILN_ASSERT_SLOT(OrtApi, ReleaseModelMetadata, 118);
 KILN_ASSERT_SLOT(OrtApi, AddSessionConfigEntry, 130);
-KILN_ASSERT_SLOT(OrtApi, HasSessionConfigEntry, 237);
-KILN_ASSERT_SLOT(OrtApi, GetSessionConfigEntry, 238);
+KILN_ASSERT_SLOT(OrtApi, CreateOpAttr, 211);
+KILN_ASSERT_SLOT(OrtApi, ReleaseOpAttr, 212);
 KILN_ASSERT_SLOT(OrtApi, KernelContext_GetLogger, 246);
 KILN_ASSERT_SLOT(OrtApi, Logger_LogMessage, 247);
 KILN_ASSERT_SLOT(OrtApi, Logger_GetLoggingSeverityLevel, 248);
+KILN_ASSERT_SLOT(OrtApi, ReadOpAttr, 272);
+KILN_ASSERT_SLOT(OrtApi, ReleaseNode, 286);
 KILN_ASSERT_SLOT(OrtApi, GetValueInfoName, 289);
 KILN_ASSERT_SLOT(OrtApi, GetValueInfoTypeInfo, 290);
+KILN_ASSERT_SLOT(OrtApi, GetModelEditorApi, 291);
+KILN_ASSERT_SLOT(OrtApi, GetCompileApi, 294);
 KILN_ASSERT_SLOT(OrtApi, CreateKeyValuePairs, 295);
 KILN_ASSERT_SLOT(OrtApi, AddKeyValuePair, 296);
 KILN_ASSERT_SLOT(OrtApi, GetKeyValue, 297);
@@ -343,10 +403,7 @@ KILN_ASSERT_SLOT(OrtApi, ValueInfo_GetValueProducer, 323);
 KILN_ASSERT_SLOT(OrtApi, ValueInfo_GetInitializerValue, 326);
 KILN_ASSERT_SLOT(OrtApi, ValueInfo_IsConstantInitializer, 331);
 KILN_ASSERT_SLOT(OrtApi, Graph_GetName, 333);
-KILN_ASSERT_SLOT(OrtApi, Graph_GetNumInputs, 338);
-KILN_ASSERT_SLOT(OrtApi, Graph_GetInputs, 339);
-KILN_ASSERT_SLOT(OrtApi, Graph_GetNumOutputs, 340);
-KILN_ASSERT_SLOT(OrtApi, Graph_GetOutputs, 341);
+KILN_ASSERT_SLOT(OrtApi, Graph_GetModelPath, 334);
 KILN_ASSERT_SLOT(OrtApi, Graph_GetNumInitializers, 342);
 KILN_ASSERT_SLOT(OrtApi, Graph_GetInitializers, 343);
 KILN_ASSERT_SLOT(OrtApi, Graph_GetNumNodes, 344);
@@ -359,18 +416,18 @@ KILN_ASSERT_SLOT(OrtApi, Node_GetNumInputs, 353);
 KILN_ASSERT_SLOT(OrtApi, Node_GetInputs, 354);
 KILN_ASSERT_SLOT(OrtApi, Node_GetNumOutputs, 355);
 KILN_ASSERT_SLOT(OrtApi, Node_GetOutputs, 356);
-KILN_ASSERT_SLOT(OrtApi, Node_GetNumAttributes, 359);
+KILN_ASSERT_SLOT(OrtApi, Node_GetAttributeByName, 361);
+KILN_ASSERT_SLOT(OrtApi, OpAttr_GetType, 363);
 KILN_ASSERT_SLOT(OrtApi, GetTensorData, 378);
 KILN_ASSERT_SLOT(OrtApi, GetSessionOptionsConfigEntries, 379);
+KILN_ASSERT_SLOT(OrtApi, GetModelCompatibilityForEpDevices, 388);
 KILN_ASSERT_SLOT(OrtApi, CreateEnvWithOptions, 406);
 
 struct OrtEpApi {
   OrtStatus* (*CreateEpDevice)(OrtEpFactory* ep_factory, const OrtHardwareDevice* hardware_device, const OrtKeyValuePairs* ep_metadata, const OrtKeyValuePairs* ep_options, OrtEpDevice** ep_device); /* 0 */
   void (*ReleaseEpDevice)(OrtEpDevice* input); /* 1 */
   OrtStatus* (*EpGraphSupportInfo_AddNodesToFuse)(OrtEpGraphSupportInfo* graph_support_info, const OrtNode* const* nodes, size_t num_nodes, const OrtNodeFusionOptions* node_fusion_options); /* 2 */
-  void* reserved_3_3[1];
-  const char* (*NodeComputeContext_NodeName)(const OrtNodeComputeContext* context); /* 4 */
-  void* reserved_5_15[11];
+  void* reserved_3_15[13];
   OrtStatus* (*CreateHardwareDevice)(OrtHardwareDeviceType type, uint32_t vendor_id, uint32_t device_id, const char* vendor_name, const OrtKeyValuePairs* metadata, OrtHardwareDevice** hardware_device); /* 16 */
   void (*ReleaseHardwareDevice)(OrtHardwareDevice* input); /* 17 */
   void* reserved_18_48[31];
@@ -380,10 +437,42 @@ struct OrtEpApi {
 KILN_ASSERT_SLOT(OrtEpApi, CreateEpDevice, 0);
 KILN_ASSERT_SLOT(OrtEpApi, ReleaseEpDevice, 1);
 KILN_ASSERT_SLOT(OrtEpApi, EpGraphSupportInfo_AddNodesToFuse, 2);
-KILN_ASSERT_SLOT(OrtEpApi, NodeComputeContext_NodeName, 4);
 KILN_ASSERT_SLOT(OrtEpApi, CreateHardwareDevice, 16);
 KILN_ASSERT_SLOT(OrtEpApi, ReleaseHardwareDevice, 17);
 KILN_ASSERT_SLOT(OrtEpApi, GetEnvConfigEntries, 49);
+
+struct OrtModelEditorApi {
+  void* reserved_0_5[6];
+  OrtStatus* (*CreateNode)(const char* operator_name, const char* domain_name, const char* node_name, const char* const* input_names, size_t input_names_len, const char* const* output_names, size_t output_names_len, OrtOpAttr** attributes, size_t attribs_len, OrtNode** node); /* 6 */
+  void* reserved_7_19[13];
+};
+KILN_ASSERT_SLOT(OrtModelEditorApi, CreateNode, 6);
+
+struct OrtCompileApi {
+  void (*ReleaseModelCompilationOptions)(OrtModelCompilationOptions* input); /* 0 */
+  OrtStatus* (*CreateModelCompilationOptionsFromSessionOptions)(const OrtEnv* env, const OrtSessionOptions* session_options, OrtModelCompilationOptions** out); /* 1 */
+  OrtStatus* (*ModelCompilationOptions_SetInputModelPath)(OrtModelCompilationOptions* model_compile_options, const ORTCHAR_T* input_model_path); /* 2 */
+  OrtStatus* (*ModelCompilationOptions_SetInputModelFromBuffer)(OrtModelCompilationOptions* model_compile_options, const void* input_model_data, size_t input_model_data_size); /* 3 */
+  OrtStatus* (*ModelCompilationOptions_SetOutputModelPath)(OrtModelCompilationOptions* model_compile_options, const ORTCHAR_T* output_model_path); /* 4 */
+  void* reserved_5_5[1];
+  OrtStatus* (*ModelCompilationOptions_SetOutputModelBuffer)(OrtModelCompilationOptions* model_compile_options, OrtAllocator* allocator, void** output_model_buffer_ptr, size_t* output_model_buffer_size_ptr); /* 6 */
+  OrtStatus* (*ModelCompilationOptions_SetEpContextEmbedMode)(OrtModelCompilationOptions* model_compile_options, bool embed_ep_context_in_model); /* 7 */
+  OrtStatus* (*CompileModel)(const OrtEnv* env, const OrtModelCompilationOptions* model_options); /* 8 */
+  OrtStatus* (*ModelCompilationOptions_SetFlags)(OrtModelCompilationOptions* model_compile_options, uint32_t flags); /* 9 */
+  void* reserved_10_11[2];
+  OrtStatus* (*ModelCompilationOptions_SetOutputModelWriteFunc)(OrtModelCompilationOptions* model_compile_options, OrtWriteBufferFunc write_func, void* state); /* 12 */
+  void* reserved_13_18[6];
+};
+KILN_ASSERT_SLOT(OrtCompileApi, ReleaseModelCompilationOptions, 0);
+KILN_ASSERT_SLOT(OrtCompileApi, CreateModelCompilationOptionsFromSessionOptions, 1);
+KILN_ASSERT_SLOT(OrtCompileApi, ModelCompilationOptions_SetInputModelPath, 2);
+KILN_ASSERT_SLOT(OrtCompileApi, ModelCompilationOptions_SetInputModelFromBuffer, 3);
+KILN_ASSERT_SLOT(OrtCompileApi, ModelCompilationOptions_SetOutputModelPath, 4);
+KILN_ASSERT_SLOT(OrtCompileApi, ModelCompilationOptions_SetOutputModelBuffer, 6);
+KILN_ASSERT_SLOT(OrtCompileApi, ModelCompilationOptions_SetEpContextEmbedMode, 7);
+KILN_ASSERT_SLOT(OrtCompileApi, CompileModel, 8);
+KILN_ASSERT_SLOT(OrtCompileApi, ModelCompilationOptions_SetFlags, 9);
+KILN_ASSERT_SLOT(OrtCompileApi, ModelCompilationOptions_SetOutputModelWriteFunc, 12);
 
 /* ---- structs kiln implements (v23 layouts) ------------------------------ */
 
@@ -407,13 +496,6 @@ typedef enum OrtEpDataLayout {
   OrtEpDataLayout_NHWC = 1,
   OrtEpDataLayout_Default = OrtEpDataLayout_NCHW
 } OrtEpDataLayout;
-
-typedef enum OrtCompiledModelCompatibility {
-  OrtCompiledModelCompatibility_EP_NOT_APPLICABLE = 0,
-  OrtCompiledModelCompatibility_EP_SUPPORTED_OPTIMAL = 1,
-  OrtCompiledModelCompatibility_EP_SUPPORTED_PREFER_RECOMPILATION = 2,
-  OrtCompiledModelCompatibility_EP_UNSUPPORTED = 3
-} OrtCompiledModelCompatibility;
 
 struct OrtEp {
   uint32_t ort_version_supported;

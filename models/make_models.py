@@ -202,7 +202,10 @@ def make_demo() -> onnx.ModelProto:
     gamma = rng.uniform(0.5, 1.5, (d_in,)).astype(np.float32)
     beta = (0.1 * rng.standard_normal((d_in,))).astype(np.float32)
     w = (rng.standard_normal((d_in, d_hidden)) / np.sqrt(d_in)).astype(np.float32)
-    b = (0.1 * rng.standard_normal((d_hidden,))).astype(np.float32)
+    # The bias is stored as [1, 1, d_hidden] (as many exporters write it): a
+    # rank-1 bias would let ORT's MatMulAddFusion (which runs before EPs pick
+    # nodes) fold the Add into a CPU Gemm, and kiln would never see it.
+    b = (0.1 * rng.standard_normal((1, 1, d_hidden))).astype(np.float32)
     nodes = [
         # kiln: per-channel scale and shift
         helper.make_node("Mul", ["x", "gamma"], ["xs"], name="scale"),

@@ -20,6 +20,8 @@ pub enum ErrorKind {
     Runtime,
     /// kiln itself is unusable, e.g. after a panic (ORT_EP_FAIL).
     EpFail,
+    /// Something looked up is absent (ORT_NOT_FOUND).
+    NotFound,
 }
 
 /// An error with a message a user can act on.

@@ -2,9 +2,9 @@
 //! topological order. It knows nothing of ORT; `ep` builds it.
 
 use std::fmt;
-use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::plan::Weight;
 
 /// An element type kiln can compute with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -308,7 +308,7 @@ pub struct Graph {
     pub nodes: Vec<Node>,
     pub inputs: Vec<ValueId>,
     pub outputs: Vec<ValueId>,
-    pub constants: Vec<(ValueId, Arc<[f32]>)>,
+    pub constants: Vec<(ValueId, Weight)>,
 }
 
 /// Where a value comes from; used by `validate`.
@@ -371,6 +371,12 @@ impl Graph {
 
     /// Gives value `id` constant contents (row-major, `numel` elements).
     pub fn add_constant(&mut self, id: ValueId, data: Vec<f32>) -> Result<()> {
+        self.add_constant_weight(id, Weight::from_vec(data))
+    }
+
+    /// Like [`Graph::add_constant`], for data that already lives in shared
+    /// storage (kept in place, not copied).
+    pub fn add_constant_weight(&mut self, id: ValueId, data: Weight) -> Result<()> {
         let value = self.value(id)?;
         if value.ty.dtype != DType::F32 {
             crate::bail!(
@@ -393,7 +399,7 @@ impl Graph {
         if self.constants.iter().any(|(c, _)| *c == id) {
             crate::bail!(InvalidGraph, "constant '{}' is given twice", value.name);
         }
-        self.constants.push((id, data.into()));
+        self.constants.push((id, data));
         Ok(())
     }
 

@@ -11,6 +11,7 @@
 #[macro_use]
 pub mod error;
 pub mod compiler;
+pub mod context;
 pub mod ep;
 #[allow(unsafe_code)]
 pub mod ffi;

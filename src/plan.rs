@@ -1,11 +1,19 @@
 //! A compiled program: plain data (steps over numbered buffers plus a static
 //! memory plan), and the interpreter that runs it.
 //!
-//! Nothing here holds code pointers, so a `Program` can later be serialised
-//! as is; kernels are chosen from `target` each time a step runs.
+//! Nothing here holds code pointers, so a `Program` can be serialised as is
+//! (see `context`); kernels are chosen from `target` each time a step runs.
+//! Constants are [`Weight`]s, which can point into a memory-mapped file.
+//! [`Program::from_parts`] rebuilds a program from untrusted data and
+//! validates it, so that running it can never read out of bounds.
+
+mod validate;
+mod weight;
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
+
+pub use weight::{AlignedBytes, Storage, Weight, STORAGE_ALIGN};
 
 use crate::error::{Error, Result};
 use crate::ir::{Op, ShapeDisplay};
@@ -20,9 +28,17 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
+    /// Element count; saturates instead of overflowing (validation rejects such shapes).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().fold(1usize, |n, &d| n.saturating_mul(d))
     }
+}
+
+/// A program constant: its static shape and its data.
+#[derive(Clone, Debug)]
+pub struct Constant {
+    pub shape: Vec<usize>,
+    pub data: Weight,
 }
 
 /// Where a step reads or writes.
@@ -75,11 +91,13 @@ impl Step {
 }
 
 /// A compiled subgraph, ready to run on any host that supports its target.
+/// Cloning shares the constants' storage.
+#[derive(Clone)]
 pub struct Program {
     pub(crate) target: Target,
     pub(crate) inputs: Vec<TensorSpec>,
     pub(crate) outputs: Vec<TensorSpec>,
-    pub(crate) constants: Vec<Arc<[f32]>>,
+    pub(crate) constants: Vec<Constant>,
     pub(crate) steps: Vec<Step>,
     /// Arena size in elements.
     pub(crate) arena_len: usize,
@@ -89,7 +107,43 @@ pub struct Program {
     pub(crate) scratch: ScratchPool,
 }
 
+/// Everything a [`Program`] is made of, e.g. as read back from a file.
+#[derive(Clone, Debug)]
+pub struct ProgramParts {
+    pub target: Target,
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+    pub constants: Vec<Constant>,
+    pub steps: Vec<Step>,
+    /// Arena size in elements.
+    pub arena_len: usize,
+    pub op_counts: Vec<(Op, usize)>,
+}
+
 impl Program {
+    /// Rebuilds a program from (possibly corrupt or hostile) parts, checking
+    /// everything a run relies on; `Err(InvalidGraph)` says what is wrong.
+    pub fn from_parts(parts: ProgramParts) -> Result<Program> {
+        let p = Program {
+            target: parts.target,
+            inputs: parts.inputs,
+            outputs: parts.outputs,
+            constants: parts.constants,
+            steps: parts.steps,
+            arena_len: parts.arena_len,
+            op_counts: parts.op_counts,
+            scratch: ScratchPool::default(),
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Checks buffer references, lengths, layouts and sizes: a program that
+    /// passes cannot make `run` read or write out of bounds.
+    pub fn validate(&self) -> Result<()> {
+        validate::check(self).map_err(|e| e.context("corrupt kiln program"))
+    }
+
     pub fn target(&self) -> Target {
         self.target
     }
@@ -106,6 +160,20 @@ impl Program {
         &self.steps
     }
 
+    pub fn constants(&self) -> &[Constant] {
+        &self.constants
+    }
+
+    /// Arena size in elements.
+    pub fn arena_len(&self) -> usize {
+        self.arena_len
+    }
+
+    /// Live nodes per op in the source graph.
+    pub fn op_counts(&self) -> &[(Op, usize)] {
+        &self.op_counts
+    }
+
     pub fn num_steps(&self) -> usize {
         self.steps.len()
     }
@@ -116,7 +184,7 @@ impl Program {
     }
 
     pub fn constant_bytes(&self) -> usize {
-        let elems: usize = self.constants.iter().map(|c| c.len()).sum();
+        let elems: usize = self.constants.iter().map(|c| c.data.len()).sum();
         elems * std::mem::size_of::<f32>()
     }
 
@@ -228,7 +296,7 @@ impl fmt::Debug for Program {
 /// The buffers one run works on.
 struct Memory<'r, 'i, 'o> {
     inputs: &'r [&'i [f32]],
-    constants: &'r [Arc<[f32]>],
+    constants: &'r [Constant],
     outputs: &'r mut [&'o mut [f32]],
     arena: &'r mut [f32],
 }
@@ -236,7 +304,7 @@ struct Memory<'r, 'i, 'o> {
 /// Read-only view of everything but the step's destination.
 struct Sources<'v> {
     inputs: &'v [&'v [f32]],
-    constants: &'v [Arc<[f32]>],
+    constants: &'v [Constant],
     outputs_before: &'v [&'v mut [f32]],
     outputs_after: &'v [&'v mut [f32]],
     /// Output index of the destination, or `outputs.len()` when it is scratch.
@@ -299,7 +367,7 @@ impl Sources<'_> {
     fn get(&self, r: BufRef) -> Result<&[f32]> {
         let found = match r {
             BufRef::Input(i) => self.inputs.get(i).map(|s| &**s),
-            BufRef::Constant(i) => self.constants.get(i).map(|c| &**c),
+            BufRef::Constant(i) => self.constants.get(i).map(|c| c.data.as_slice()),
             BufRef::Output(i) if i < self.hole => self.outputs_before.get(i).map(|s| &**s),
             BufRef::Output(i) if i > self.hole => self.outputs_after.get(i - self.hole - 1).map(|s| &**s),
             BufRef::Output(_) => None,
@@ -386,7 +454,10 @@ mod tests {
             target,
             inputs: vec![spec("x")],
             outputs: vec![spec("y"), spec("z")],
-            constants: vec![vec![1.0].into()],
+            constants: vec![Constant {
+                shape: vec![],
+                data: Weight::from_vec(vec![1.0]),
+            }],
             steps: vec![
                 Step::Binary {
                     op: BinaryOp::Add,

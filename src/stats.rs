@@ -16,12 +16,18 @@ pub struct KilnStats {
     pub nodes_compiled: u64,
     /// Compute calls that ran a compiled partition.
     pub compute_calls: u64,
+    /// Context binary files opened (and memory-mapped) to load EPContext nodes.
+    pub context_files_opened: u64,
+    /// Graphs loaded from EPContext nodes instead of being compiled.
+    pub context_graphs_loaded: u64,
 }
 
 static EPS_CREATED: AtomicU64 = AtomicU64::new(0);
 static PARTITIONS: AtomicU64 = AtomicU64::new(0);
 static NODES: AtomicU64 = AtomicU64::new(0);
 static COMPUTES: AtomicU64 = AtomicU64::new(0);
+static FILES_OPENED: AtomicU64 = AtomicU64::new(0);
+static GRAPHS_LOADED: AtomicU64 = AtomicU64::new(0);
 
 pub fn ep_created() {
     EPS_CREATED.fetch_add(1, Ordering::Relaxed);
@@ -36,11 +42,21 @@ pub fn compute_called() {
     COMPUTES.fetch_add(1, Ordering::Relaxed);
 }
 
+pub fn context_file_opened() {
+    FILES_OPENED.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn context_graph_loaded() {
+    GRAPHS_LOADED.fetch_add(1, Ordering::Relaxed);
+}
+
 pub fn snapshot() -> KilnStats {
     KilnStats {
         eps_created: EPS_CREATED.load(Ordering::Relaxed),
         partitions_compiled: PARTITIONS.load(Ordering::Relaxed),
         nodes_compiled: NODES.load(Ordering::Relaxed),
         compute_calls: COMPUTES.load(Ordering::Relaxed),
+        context_files_opened: FILES_OPENED.load(Ordering::Relaxed),
+        context_graphs_loaded: GRAPHS_LOADED.load(Ordering::Relaxed),
     }
 }

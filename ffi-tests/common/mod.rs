@@ -513,3 +513,157 @@ pub fn assert_close(kiln: &Tensor, cpu: &Tensor) {
         assert!((x - y).abs() <= tol, "element {i}: kiln {x} vs CPU EP {y}");
     }
 }
+
+/// The compile API (OrtCompileApi), for EPContext tests.
+pub fn compile_api() -> &'static sys::OrtCompileApi {
+    // SAFETY: GetCompileApi returns ORT's static table.
+    unsafe { &*call!(GetCompileApi()) }
+}
+
+macro_rules! ccall {
+    ($name:ident ( $($arg:expr),* $(,)? )) => {
+        (crate::common::compile_api().$name.expect(stringify!($name)))($($arg),*)
+    };
+}
+
+/// Where CompileModel reads the model from.
+pub enum CompileInput<'a> {
+    Path(&'a Path),
+    Bytes(&'a [u8]),
+}
+
+/// Where CompileModel writes the model to.
+pub enum CompileOutput<'a> {
+    Path(&'a Path),
+    /// Returned from `compile` as bytes (SetOutputModelBuffer).
+    Buffer,
+    /// Through a write callback (SetOutputModelWriteFunc).
+    Stream,
+}
+
+unsafe extern "C" fn write_to_vec(
+    state: *mut std::ffi::c_void,
+    buf: *const std::ffi::c_void,
+    n: usize,
+) -> *mut sys::OrtStatus {
+    // SAFETY: state is the Vec passed below; buf holds n bytes.
+    unsafe {
+        let out = &mut *(state as *mut Vec<u8>);
+        out.extend_from_slice(std::slice::from_raw_parts(buf as *const u8, n));
+    }
+    std::ptr::null_mut()
+}
+
+/// Compiles a model with the EPs of `options`. Returns the output bytes for
+/// buffer and stream outputs.
+pub fn compile(
+    env: &Env,
+    options: &SessionOptions,
+    input: CompileInput<'_>,
+    output: CompileOutput<'_>,
+    embed: bool,
+    flags: u32,
+) -> OrtResult<Option<Vec<u8>>> {
+    unsafe {
+        let mut co = std::ptr::null_mut();
+        check(ccall!(CreateModelCompilationOptionsFromSessionOptions(
+            env.0, options.0, &mut co
+        )))?;
+        let result = (|| {
+            let in_path;
+            match input {
+                CompileInput::Path(p) => {
+                    in_path = cstring(p.to_str().unwrap());
+                    check(ccall!(ModelCompilationOptions_SetInputModelPath(co, in_path.as_ptr())))?;
+                }
+                CompileInput::Bytes(b) => check(ccall!(ModelCompilationOptions_SetInputModelFromBuffer(
+                    co,
+                    b.as_ptr().cast(),
+                    b.len()
+                )))?,
+            }
+            check(ccall!(ModelCompilationOptions_SetEpContextEmbedMode(co, embed)))?;
+            check(ccall!(ModelCompilationOptions_SetFlags(co, flags)))?;
+            let out_path;
+            let mut allocator = std::ptr::null_mut();
+            let (mut buf, mut len) = (std::ptr::null_mut(), 0usize);
+            let mut stream: Vec<u8> = Vec::new();
+            match output {
+                CompileOutput::Path(p) => {
+                    out_path = cstring(p.to_str().unwrap());
+                    check(ccall!(ModelCompilationOptions_SetOutputModelPath(
+                        co,
+                        out_path.as_ptr()
+                    )))?;
+                }
+                CompileOutput::Buffer => {
+                    check(call!(GetAllocatorWithDefaultOptions(&mut allocator)))?;
+                    check(ccall!(ModelCompilationOptions_SetOutputModelBuffer(
+                        co, allocator, &mut buf, &mut len
+                    )))?;
+                }
+                CompileOutput::Stream => {
+                    let state = (&mut stream as *mut Vec<u8>).cast();
+                    check(ccall!(ModelCompilationOptions_SetOutputModelWriteFunc(
+                        co,
+                        Some(write_to_vec),
+                        state
+                    )))?;
+                }
+            }
+            check(ccall!(CompileModel(env.0, co)))?;
+            Ok(match output {
+                CompileOutput::Path(_) => None,
+                CompileOutput::Buffer => {
+                    let bytes = std::slice::from_raw_parts(buf as *const u8, len).to_vec();
+                    check(call!(AllocatorFree(allocator, buf)))?;
+                    Some(bytes)
+                }
+                CompileOutput::Stream => Some(stream),
+            })
+        })();
+        ccall!(ReleaseModelCompilationOptions(co));
+        result
+    }
+}
+
+impl Session {
+    /// A custom metadata entry of the session's model (`None` if absent).
+    pub fn metadata(&self, key: &str) -> Option<String> {
+        unsafe {
+            let mut meta = std::ptr::null_mut();
+            check(call!(SessionGetModelMetadata(self.0, &mut meta))).unwrap();
+            let mut allocator = std::ptr::null_mut();
+            check(call!(GetAllocatorWithDefaultOptions(&mut allocator))).unwrap();
+            let mut value = std::ptr::null_mut();
+            check(call!(ModelMetadataLookupCustomMetadataMap(
+                meta,
+                allocator,
+                cstring(key).as_ptr(),
+                &mut value
+            )))
+            .unwrap();
+            let out = (!value.is_null()).then(|| string(value));
+            if !value.is_null() {
+                check(call!(AllocatorFree(allocator, value.cast()))).unwrap();
+            }
+            call!(ReleaseModelMetadata(meta));
+            out
+        }
+    }
+}
+
+/// ORT's verdict (OrtCompiledModelCompatibility) on `info` for these devices.
+pub fn model_compatibility(devices: &[&EpDevice], info: &str) -> OrtResult<sys::OrtCompiledModelCompatibility> {
+    let ptrs: Vec<_> = devices.iter().map(|d| d.ptr).collect();
+    let mut out = sys::OrtCompiledModelCompatibility_EP_NOT_APPLICABLE;
+    check(unsafe {
+        call!(GetModelCompatibilityForEpDevices(
+            ptrs.as_ptr(),
+            ptrs.len(),
+            cstring(info).as_ptr(),
+            &mut out
+        ))
+    })?;
+    Ok(out)
+}

@@ -9,10 +9,15 @@ Typical use::
     dev = kiln.devices()[0]                # kiln's OrtEpDevice for this CPU
     so = ort.SessionOptions()
     so.add_provider_for_devices([dev], {})  # options, e.g. {"disabled_ops": "Tanh"}
-    sess = ort.InferenceSession("model.onnx", so)
+    sess = ort.InferenceSession("model.onnx", so, enable_fallback=0)
+    # (or simply: sess = kiln.create_session("model.onnx", dev, {...}))
     ...
     del sess                               # every kiln session must be gone ...
     kiln.unregister(name)                  # ... before unregistering
+
+Without ``enable_fallback=0`` ONNX Runtime's Python wrapper reacts to a kiln
+error at session creation (e.g. a bad option) by printing "EP Error" and
+quietly running the whole model on its CPU EP.
 
 ``stats()`` reads kiln's process-wide counters (EPs created, partitions and
 nodes compiled, compute calls), which is the simplest way to see that kiln
@@ -59,6 +64,7 @@ __all__ = [
     "devices",
     "kiln_devices",
     "host_device",
+    "create_session",
     "device_target",
     "is_virtual",
     "stats",
@@ -218,6 +224,25 @@ def host_device():
             f"no {EP_NAME} device found; call onnxruntime_ep_kiln.register() first"
         )
     return host[0]
+
+
+# --------------------------------------------------------------------------
+# sessions
+# --------------------------------------------------------------------------
+def create_session(model, device=None, options: Optional[Dict[str, str]] = None,
+                   sess_options: Optional[ort.SessionOptions] = None, **kwargs) -> ort.InferenceSession:
+    """An InferenceSession on a kiln device (default: :func:`host_device`).
+
+    ``options`` are kiln's EP options (``target``, ``disabled_ops``). Unlike a
+    plain ``ort.InferenceSession``, errors from kiln are raised: ORT's Python
+    wrapper otherwise catches a failed EP creation (e.g. a bad option), prints
+    "EP Error ... Falling back" and silently runs everything on the CPU EP.
+    Pass ``enable_fallback=1`` to get that behaviour back.
+    """
+    so = sess_options if sess_options is not None else ort.SessionOptions()
+    so.add_provider_for_devices([device if device is not None else host_device()], dict(options or {}))
+    kwargs.setdefault("enable_fallback", 0)
+    return ort.InferenceSession(model, so, **kwargs)
 
 
 # --------------------------------------------------------------------------

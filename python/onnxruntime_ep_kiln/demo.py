@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
 import sys
 from typing import Dict, List, Optional
 
@@ -75,6 +76,21 @@ def _make_inputs(sess: ort.InferenceSession, seed: int) -> Dict[str, np.ndarray]
     return feeds
 
 
+def outputs_close(actual: np.ndarray, expected: np.ndarray) -> bool:
+    """kiln's output matches the CPU EP's within RTOL / ATOL."""
+    return bool(np.allclose(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True))
+
+
+def _ort_message(exc: BaseException) -> str:
+    """The useful tail of an ORT error ("CODE : text"), without C++ source locations."""
+    text = str(exc).strip()
+    found = re.findall(r"\[ONNXRuntimeError\] : \d+ : (\w+) : (.*)", text, flags=re.S)
+    if found:
+        code, msg = found[-1]
+        return f"{code}: {msg.strip()}"
+    return text
+
+
 def _fmt_metadata(md) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(dict(md).items())) or "-"
 
@@ -85,6 +101,9 @@ def _print_devices(devs) -> None:
         kind = "virtual" if kiln.is_virtual(d) else "host   "
         feats = d.ep_metadata.get("kiln.target_features", "")
         print(f"  [{i}] {kind}  target={kiln.device_target(d):<15} {feats}")
+    if any(kiln.is_virtual(d) for d in devs):
+        print(f"  (virtual devices stand for other CPUs; kiln offers them because it was "
+              f"registered as '{REGISTRATION_NAME}')")
     if devs:
         d = devs[0]
         print(f"  EP {d.ep_name} by {d.ep_vendor}, version {d.ep_metadata.get('version', '?')}; "
@@ -141,7 +160,9 @@ def _run(args) -> int:
     print()
 
     # Reference: ORT's own CPU EP.
-    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    quiet = ort.SessionOptions()
+    quiet.log_severity_level = 3  # errors only; the demo explains placement itself
+    ref = ort.InferenceSession(model, quiet, providers=["CPUExecutionProvider"])
     feeds = _make_inputs(ref, args.seed)
     out_names = [o.name for o in ref.get_outputs()]
     expected = ref.run(out_names, feeds)
@@ -149,6 +170,7 @@ def _run(args) -> int:
 
     # kiln (ORT's CPU EP picks up whatever kiln does not claim).
     so = ort.SessionOptions()
+    so.log_severity_level = 3  # hide "some nodes were not assigned to the preferred EP"
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     options = {}
     if args.disabled_ops:
@@ -158,9 +180,10 @@ def _run(args) -> int:
     sess = None
     try:
         try:
-            sess = ort.InferenceSession(model, so)
+            # enable_fallback=0: report kiln errors instead of quietly using the CPU EP
+            sess = ort.InferenceSession(model, so, enable_fallback=0)
         except Exception as exc:
-            raise DemoError(f"creating the kiln session failed: {exc}") from None
+            raise DemoError(f"creating the kiln session failed: {_ort_message(exc)}") from None
         after_create = kiln.stats(lib)
         actual = sess.run(out_names, feeds)
         after_run = kiln.stats(lib)
@@ -193,7 +216,7 @@ def _run(args) -> int:
             ok = False
             continue
         diff = float(np.max(np.abs(e.astype(np.float64) - a.astype(np.float64)))) if e.size else 0.0
-        close = bool(np.allclose(a, e, rtol=RTOL, atol=ATOL, equal_nan=True))
+        close = outputs_close(a, e)
         ok &= close
         print(f"output {name} {list(e.shape)}: max |kiln - cpu| = {diff:.3g}  "
               f"[{'OK' if close else 'MISMATCH'}]")
@@ -216,6 +239,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
     args = parser.parse_args(argv)
     args._registered = False
+    # Keep ORT's own warnings (e.g. "Config with key ... will be overwritten" when
+    # an option replaces a device default) out of the demo's output.
+    ort.set_default_logger_severity(3)
 
     message = None
     rc = 2

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as C
 
 import onnxruntime_ep_kiln as kiln
 
@@ -182,6 +183,20 @@ def session_error(model_path: str, device, options=None, config=None) -> Optiona
     except KilnSessionError as e:
         return e
     return None
+
+
+def assert_invalid_argument(err, *needles):
+    """kiln's CreateEp returns ORT_INVALID_ARGUMENT. ORT 1.31.1 turns a failed
+    CreateEp into ORT_THROW("Error creating execution provider: <status>")
+    (PluginExecutionProviderFactory::CreateProvider), which reaches Python as
+    a plain RuntimeError whose text carries "INVALID_ARGUMENT"; accept either."""
+    assert err is not None, "session creation should have failed"
+    assert err.stage == "session creation", err
+    assert err.exc_type is C.InvalidArgument or (
+        err.exc_type is RuntimeError and "INVALID_ARGUMENT" in err.message
+    ), f"expected InvalidArgument, got {err}"
+    for n in needles:
+        assert n in err.message, f"{n!r} not in error message: {err.message!r}"
 
 
 def assert_outputs_close(names, expected, actual, rtol=RTOL, atol=ATOL):

@@ -156,3 +156,32 @@ def test_demo_cli_missing_model_is_a_clean_error(tmp_path):
     assert p.returncode == 2
     assert "Traceback" not in p.stdout + p.stderr
     assert "model not found" in p.stderr
+
+
+def test_demo_exit_code_on_mismatch(lib_path, monkeypatch, capsys):
+    """In-process: with a comparison that always fails the demo must report a mismatch
+    (exit code 1) and still unregister kiln."""
+    from onnxruntime_ep_kiln import demo
+
+    assert not tu.kiln_devices()
+    monkeypatch.setenv("KILN_EP_LIBRARY", lib_path)
+    monkeypatch.setattr(demo, "outputs_close", lambda actual, expected: False)
+    rc = demo.main(["--model", os.path.join(tu.MODELS_DIR, "add_mul_relu.onnx")])
+    out = capsys.readouterr()
+    assert rc == 1, out.out + out.err
+    assert "MISMATCH" in out.out
+    assert not tu.kiln_devices(), "demo left kiln registered"
+
+
+def test_demo_session_error_is_clean(lib_path, monkeypatch, capsys):
+    """A kiln error at session creation (bad option) gives exit code 2 and a
+    one-line message, not a CPU fallback or a traceback."""
+    from onnxruntime_ep_kiln import demo
+
+    monkeypatch.setenv("KILN_EP_LIBRARY", lib_path)
+    rc = demo.main(["--model", os.path.join(tu.MODELS_DIR, "add_mul_relu.onnx"),
+                    "--disabled-ops", "NotAnOp"])
+    out = capsys.readouterr()
+    assert rc == 2
+    assert "error:" in out.err and "NotAnOp" in out.err and "Traceback" not in out.err
+    assert not tu.kiln_devices()

@@ -6,14 +6,12 @@
 //! straight into the caller's output), and all other intermediates live in
 //! the scratch arena laid out by `memplan`.
 
-use std::sync::Arc;
-
 use super::alias::Folded;
 use super::memplan::{plan_arena, Lifetime};
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Node, Op, ValueId};
 use crate::kernels::{BinaryOp, Layout, UnaryOp};
-use crate::plan::{BufRef, Program, ScratchPool, Step, TensorSpec};
+use crate::plan::{BufRef, Constant, Program, ScratchPool, Step, TensorSpec};
 use crate::target::Target;
 
 /// Where a representative value lives at run time.
@@ -121,7 +119,7 @@ struct Lowering<'g> {
     /// Program index of each graph constant, assigned on first use so that
     /// constants only dead code read are dropped.
     constant_index: Vec<Option<usize>>,
-    constants: Vec<Arc<[f32]>>,
+    constants: Vec<Constant>,
 }
 
 impl Lowering<'_> {
@@ -166,7 +164,11 @@ impl Lowering<'_> {
         if let Some(index) = self.constant_index[k] {
             return index;
         }
-        self.constants.push(self.graph.constants[k].1.clone());
+        let (v, data) = &self.graph.constants[k];
+        self.constants.push(Constant {
+            shape: self.graph.values[*v].ty.shape.clone(),
+            data: data.clone(),
+        });
         self.constant_index[k] = Some(self.constants.len() - 1);
         self.constants.len() - 1
     }

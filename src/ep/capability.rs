@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::partition::{partition, PNode};
-use super::KilnEp;
+use super::{context_load, KilnEp};
 use crate::error::Result;
 use crate::ffi::ep::SupportInfo;
 use crate::ffi::graph::{Graph, Node, ValueInfo};
@@ -15,7 +15,19 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
     let nodes = graph.nodes()?;
     let index: HashMap<_, _> = nodes.iter().enumerate().map(|(i, n)| (n.as_ptr(), i)).collect();
     let mut pnodes = Vec::with_capacity(nodes.len());
+    let mut contexts = Vec::new();
     for node in &nodes {
+        if context_load::is_ep_context(node)? {
+            // Each of kiln's EPContext nodes is a partition of its own.
+            if claim_context(ep, node)? {
+                contexts.push(*node);
+            }
+            pnodes.push(PNode {
+                supported: false,
+                producers: producers(node, &index)?,
+            });
+            continue;
+        }
         let supported = match node_support(ep, node)? {
             Ok(_) => true,
             Err(reason) => {
@@ -35,15 +47,35 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
         // Constants are copied into kiln's program, so ORT need not pass them.
         support.add_fused(&members, true)?;
     }
-    let claimed: usize = parts.iter().map(Vec::len).sum();
+    for node in &contexts {
+        support.add_fused(std::slice::from_ref(node), false)?;
+    }
+    let claimed: usize = parts.iter().map(Vec::len).sum::<usize>() + contexts.len();
     ep.logger.info(|| {
         format!(
             "GetCapability: kiln claims {claimed} of {} nodes in {} partition(s)",
             nodes.len(),
-            parts.len()
+            parts.len() + contexts.len()
         )
     });
     Ok(())
+}
+
+/// kiln claims an EPContext node only when its `source` names kiln; other
+/// EPs' nodes are left alone (ORT itself does not check `source`).
+fn claim_context(ep: &KilnEp, node: &Node<'_>) -> Result<bool> {
+    let source = context_load::source_of(node)?;
+    let mine = source.as_deref().is_some_and(context_load::is_kiln_source);
+    if !mine {
+        ep.logger.verbose(|| {
+            format!(
+                "leaving EPContext node {} to other EPs: source is {:?}",
+                node.label(),
+                source.as_deref().unwrap_or("(none)")
+            )
+        });
+    }
+    Ok(mine)
 }
 
 fn producers(node: &Node<'_>, index: &HashMap<*const crate::ffi::sys::OrtNode, usize>) -> Result<Vec<usize>> {

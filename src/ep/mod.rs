@@ -3,16 +3,20 @@
 
 mod capability;
 mod compile;
+pub mod context_gen;
+pub mod context_load;
 pub mod options;
 pub mod partition;
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 
+use crate::context;
 use crate::error::{Error, Result};
-use crate::ffi::compute::ComputeImpl;
-use crate::ffi::ep::{EpImpl, SupportInfo};
-use crate::ffi::factory::{env_config_entries, DeviceSink, DeviceType, FactoryImpl, HardwareDevice, SelectedDevice};
-use crate::ffi::graph::{Graph, Node};
+use crate::ffi::ep::{Compiled, EpImpl, Partition, SupportInfo};
+use crate::ffi::factory::{
+    env_config_entries, Compatibility, DeviceSink, DeviceType, FactoryImpl, HardwareDevice, SelectedDevice,
+};
+use crate::ffi::graph::Graph;
 use crate::ffi::logger::Logger;
 use crate::stats;
 use crate::target::Target;
@@ -144,7 +148,47 @@ impl FactoryImpl for KilnFactory {
             config,
             logger,
             inject: self.inject,
+            compat: CString::new(context::compatibility_info(target)).unwrap_or_default(),
+            binaries: Default::default(),
         })
+    }
+
+    fn validate_compatibility(&self, devices: &[HardwareDevice], info: &str) -> Result<Compatibility> {
+        let targets: Vec<Target> = devices.iter().map(|d| self.device_target(d)).collect();
+        let targets = if targets.is_empty() { vec![self.host] } else { targets };
+        // The best answer over the devices the session may use.
+        let (verdict, reason) = targets
+            .iter()
+            .map(|&t| context::check_compatibility(info, t))
+            .min_by_key(|(c, _)| rank(*c))
+            .expect("at least one target");
+        self.logger
+            .info(|| format!("compiled model compatibility '{info}': {verdict:?} ({reason})"));
+        Ok(match verdict {
+            context::Compatibility::Optimal => Compatibility::Optimal,
+            context::Compatibility::PreferRecompilation => Compatibility::PreferRecompilation,
+            context::Compatibility::Unsupported => Compatibility::Unsupported,
+        })
+    }
+}
+
+fn rank(c: context::Compatibility) -> u8 {
+    match c {
+        context::Compatibility::Optimal => 0,
+        context::Compatibility::PreferRecompilation => 1,
+        context::Compatibility::Unsupported => 2,
+    }
+}
+
+impl KilnFactory {
+    /// A virtual device stands for its own target; ORT's CPU for the host's.
+    fn device_target(&self, device: &HardwareDevice) -> Target {
+        let meta = device.metadata();
+        let virtual_target = meta.iter().any(|(k, v)| k == META_IS_VIRTUAL && v == "1");
+        meta.iter()
+            .find(|(k, _)| virtual_target && k == META_TARGET)
+            .and_then(|(_, v)| Target::parse(v))
+            .unwrap_or(self.host)
     }
 }
 
@@ -155,6 +199,10 @@ pub struct KilnEp {
     config: SessionConfig,
     logger: Logger,
     inject: InjectedPanic,
+    /// `ep_compatibility_info` for models this session compiles.
+    compat: CString,
+    /// Context binaries this session opened (each read once).
+    binaries: parking_lot::Mutex<context_load::LoadedBinaries>,
 }
 
 impl EpImpl for KilnEp {
@@ -170,11 +218,15 @@ impl EpImpl for KilnEp {
         capability::claim(self, graph, support)
     }
 
-    fn compile(&self, graph: Graph<'_>, fused_node: Node<'_>) -> Result<Box<dyn ComputeImpl>> {
+    fn compile(&self, partitions: &[Partition<'_>]) -> Result<Vec<Compiled>> {
         assert!(
             self.inject != InjectedPanic::Compile,
             "injected panic in Compile ({INJECT_PANIC_ENV})"
         );
-        compile::compile_partition(self, graph, fused_node)
+        compile::compile_all(self, partitions)
+    }
+
+    fn compatibility_info(&self) -> Option<&CStr> {
+        Some(&self.compat)
     }
 }

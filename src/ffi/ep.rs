@@ -1,7 +1,7 @@
 //! `OrtEp`: one per session. The C struct is the first field of the
 //! `#[repr(C)]` [`EpObj`]; trampolines recover it and call [`EpImpl`].
 
-use std::ffi::{c_char, CStr};
+use std::ffi::{c_char, CStr, CString};
 use std::sync::Arc;
 
 use super::api::{ort, Api};
@@ -34,13 +34,48 @@ impl SupportInfo {
     }
 }
 
+/// An attribute value of an EPContext node kiln creates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttrValue {
+    Int(i64),
+    /// A STRING attribute; ORT keeps the bytes as they are (binary-safe).
+    Bytes(Vec<u8>),
+}
+
+/// An `EPContext` node (domain `com.microsoft`) for ORT to write into the
+/// compiled model in place of a fused partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpContextNode {
+    /// Must be the fused node's name: ORT splices the node in by it.
+    pub name: String,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub attributes: Vec<(&'static str, AttrValue)>,
+}
+
+/// One fused partition ORT asks kiln to compile.
+#[derive(Clone, Copy)]
+pub struct Partition<'a> {
+    pub graph: Graph<'a>,
+    pub fused_node: Node<'a>,
+}
+
+/// What Compile produces for one partition.
+pub struct Compiled {
+    pub compute: Box<dyn ComputeImpl>,
+    pub ep_context: Option<EpContextNode>,
+}
+
 /// What a compiling plugin EP must provide; kiln's is `ep::KilnEp`.
 pub trait EpImpl: Send + Sync + 'static {
     fn name(&self) -> &CStr;
     fn logger(&self) -> Logger;
     fn get_capability(&self, graph: Graph<'_>, support: &mut SupportInfo) -> Result<()>;
-    /// Compiles one fused partition into something ORT can run.
-    fn compile(&self, graph: Graph<'_>, fused_node: Node<'_>) -> Result<Box<dyn ComputeImpl>>;
+    /// Compiles every partition of one Compile call (all of a model's
+    /// partitions at once), in order.
+    fn compile(&self, partitions: &[Partition<'_>]) -> Result<Vec<Compiled>>;
+    /// What ORT records as `ep_compatibility_info.<EP>` in a compiled model.
+    fn compatibility_info(&self) -> Option<&CStr>;
 }
 
 #[repr(C)]
@@ -59,6 +94,7 @@ pub fn new_ep<T: EpImpl>(imp: T) -> *mut sys::OrtEp {
     base.GetCapability = Some(get_capability::<T>);
     base.Compile = Some(compile::<T>);
     base.ReleaseNodeComputeInfos = Some(release_node_compute_infos);
+    base.GetCompiledModelCompatibilityInfo = Some(compatibility_info::<T>);
     Box::into_raw(Box::new(EpObj {
         base,
         imp,
@@ -120,7 +156,7 @@ unsafe extern "C" fn compile<T: EpImpl>(
     fused_nodes: *mut *const sys::OrtNode,
     count: usize,
     node_compute_infos: *mut *mut sys::OrtNodeComputeInfo,
-    _ep_context_nodes: *mut *mut sys::OrtNode,
+    ep_context_nodes: *mut *mut sys::OrtNode,
 ) -> *mut sys::OrtStatus {
     // SAFETY: arrays from ORT hold `count` entries, valid for this call.
     let Ok(ep) = (unsafe { obj::<T>(this) }) else {
@@ -129,18 +165,161 @@ unsafe extern "C" fn compile<T: EpImpl>(
     guard("Compile", Some(&ep.poison), || {
         let graphs = unsafe { slice(graphs.cast_const(), count, "graphs")? };
         let fused = unsafe { slice(fused_nodes.cast_const(), count, "fused_nodes")? };
-        let out = non_null_mut(node_compute_infos, "node_compute_infos")?;
-        let mut compiled = Vec::with_capacity(count);
+        let infos_out = non_null_mut(node_compute_infos, "node_compute_infos")?;
+        let mut partitions = Vec::with_capacity(count);
         for (&g, &n) in graphs.iter().zip(fused) {
-            let (graph, node) = unsafe { (Graph::from_raw(g)?, Node::from_raw(n)?) };
-            compiled.push(ep.imp.compile(graph, node)?);
+            let (graph, fused_node) = unsafe { (Graph::from_raw(g)?, Node::from_raw(n)?) };
+            partitions.push(Partition { graph, fused_node });
         }
-        // Only hand ORT the infos once every partition compiled: on error
-        // ORT releases none, and `compiled` drops here.
-        for (i, c) in compiled.into_iter().enumerate() {
-            unsafe { *out.add(i) = new_compute_info(c, ep.poison.clone()) };
+        let compiled = ep.imp.compile(&partitions)?;
+        if compiled.len() != count {
+            return Err(Error::fail(format!(
+                "kiln compiled {} of {count} partitions",
+                compiled.len()
+            )));
+        }
+        let nodes = create_ep_context_nodes(&compiled)?;
+        if nodes.iter().any(Option::is_some) && ep_context_nodes.is_null() {
+            release_nodes(nodes);
+            return Err(Error::invalid_argument("ORT gave no room for EPContext nodes"));
+        }
+        // Only hand ORT anything once everything succeeded: on error ORT
+        // releases nothing of ours, and `compiled` drops here.
+        for (i, (c, node)) in compiled.into_iter().zip(nodes).enumerate() {
+            unsafe { *infos_out.add(i) = new_compute_info(c.compute, ep.poison.clone()) };
+            if let Some(node) = node {
+                // ORT owns the node from here on.
+                unsafe { *ep_context_nodes.add(i) = node };
+            }
         }
         Ok(())
+    })
+}
+
+/// Creates the EPContext nodes; on failure releases those already made.
+fn create_ep_context_nodes(compiled: &[Compiled]) -> Result<Vec<Option<*mut sys::OrtNode>>> {
+    let mut nodes = Vec::with_capacity(compiled.len());
+    for c in compiled {
+        match c.ep_context.as_ref().map(create_ep_context_node).transpose() {
+            Ok(node) => nodes.push(node),
+            Err(e) => {
+                release_nodes(nodes);
+                return Err(e);
+            }
+        }
+    }
+    Ok(nodes)
+}
+
+fn release_nodes(nodes: Vec<Option<*mut sys::OrtNode>>) {
+    for node in nodes.into_iter().flatten() {
+        // SAFETY: created by CreateNode and never handed to ORT.
+        unsafe { ort!(Api::get().ort, ReleaseNode(node)) };
+    }
+}
+
+/// Attributes kiln created; released on drop (CreateNode copies them).
+struct OpAttrs(Vec<*mut sys::OrtOpAttr>);
+
+impl Drop for OpAttrs {
+    fn drop(&mut self) {
+        for &a in &self.0 {
+            // SAFETY: created by CreateOpAttr, released once.
+            unsafe { ort!(Api::get().ort, ReleaseOpAttr(a)) };
+        }
+    }
+}
+
+fn create_attr(name: &str, value: &AttrValue) -> Result<*mut sys::OrtOpAttr> {
+    let cname = CString::new(name).map_err(|_| Error::invalid_argument("attribute name holds NUL"))?;
+    let mut attr = std::ptr::null_mut();
+    let api = Api::get();
+    // SAFETY: `data` points to `len` items of the declared type; ORT copies them.
+    unsafe {
+        match value {
+            AttrValue::Int(v) => check(ort!(
+                api.ort,
+                CreateOpAttr(
+                    cname.as_ptr(),
+                    (v as *const i64).cast(),
+                    1,
+                    sys::ORT_OP_ATTR_INT,
+                    &mut attr
+                )
+            ))?,
+            AttrValue::Bytes(b) => {
+                let len = i32::try_from(b.len()).map_err(|_| {
+                    Error::invalid_argument(format!(
+                        "attribute '{name}' would hold {} bytes, more than ONNX attributes allow; \
+                         use ep.context_embed_mode=0",
+                        b.len()
+                    ))
+                })?;
+                check(ort!(
+                    api.ort,
+                    CreateOpAttr(
+                        cname.as_ptr(),
+                        b.as_ptr().cast(),
+                        len,
+                        sys::ORT_OP_ATTR_STRING,
+                        &mut attr
+                    )
+                ))?
+            }
+        }
+    }
+    Ok(attr)
+}
+
+fn create_ep_context_node(spec: &EpContextNode) -> Result<*mut sys::OrtNode> {
+    let mut attrs = OpAttrs(Vec::with_capacity(spec.attributes.len()));
+    for (name, value) in &spec.attributes {
+        attrs.0.push(create_attr(name, value)?);
+    }
+    let cstrings = |v: &[String]| -> Result<Vec<CString>> {
+        v.iter()
+            .map(|s| CString::new(s.as_str()).map_err(|_| Error::invalid_argument("name holds NUL")))
+            .collect()
+    };
+    let (inputs, outputs) = (cstrings(&spec.inputs)?, cstrings(&spec.outputs)?);
+    let input_ptrs: Vec<_> = inputs.iter().map(|s| s.as_ptr()).collect();
+    let output_ptrs: Vec<_> = outputs.iter().map(|s| s.as_ptr()).collect();
+    let name = CString::new(spec.name.as_str()).map_err(|_| Error::invalid_argument("node name holds NUL"))?;
+    let mut node = std::ptr::null_mut();
+    // SAFETY: GetModelEditorApi returns ORT's static table.
+    let editor = unsafe { ort!(Api::get().ort, GetModelEditorApi()).as_ref() }
+        .ok_or_else(|| Error::not_implemented("ORT has no model editor API"))?;
+    // SAFETY: every pointer is valid for the call; CreateNode copies strings and attributes.
+    unsafe {
+        check(ort!(
+            editor,
+            CreateNode(
+                c"EPContext".as_ptr(),
+                c"com.microsoft".as_ptr(),
+                name.as_ptr(),
+                input_ptrs.as_ptr(),
+                input_ptrs.len(),
+                output_ptrs.as_ptr(),
+                output_ptrs.len(),
+                attrs.0.as_mut_ptr(),
+                attrs.0.len(),
+                &mut node
+            )
+        ))?
+    };
+    Ok(node)
+}
+
+unsafe extern "C" fn compatibility_info<T: EpImpl>(
+    this: *mut sys::OrtEp,
+    _graph: *const sys::OrtGraph,
+) -> *const c_char {
+    // SAFETY: `this` is our EpObj; the string lives as long as the EP.
+    guard_or("GetCompiledModelCompatibilityInfo", None, std::ptr::null(), || unsafe {
+        Ok(obj::<T>(this)?
+            .imp
+            .compatibility_info()
+            .map_or(std::ptr::null(), CStr::as_ptr))
     })
 }
 

@@ -146,6 +146,26 @@ pub struct SelectedDevice {
     pub ep_metadata: Vec<(String, String)>,
 }
 
+/// ORT's verdict on a compiled model for a set of devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compatibility {
+    NotApplicable,
+    Optimal,
+    PreferRecompilation,
+    Unsupported,
+}
+
+impl Compatibility {
+    fn to_ort(self) -> sys::OrtCompiledModelCompatibility {
+        match self {
+            Compatibility::NotApplicable => sys::OrtCompiledModelCompatibility_EP_NOT_APPLICABLE,
+            Compatibility::Optimal => sys::OrtCompiledModelCompatibility_EP_SUPPORTED_OPTIMAL,
+            Compatibility::PreferRecompilation => sys::OrtCompiledModelCompatibility_EP_SUPPORTED_PREFER_RECOMPILATION,
+            Compatibility::Unsupported => sys::OrtCompiledModelCompatibility_EP_UNSUPPORTED,
+        }
+    }
+}
+
 /// What a plugin-EP factory must provide; kiln's is `ep::KilnFactory`.
 pub trait FactoryImpl: Send + Sync + Sized + 'static {
     type Ep: EpImpl;
@@ -161,6 +181,8 @@ pub trait FactoryImpl: Send + Sync + Sized + 'static {
         session_config: Vec<(String, String)>,
         logger: Logger,
     ) -> Result<Self::Ep>;
+    /// Judges a compiled model's `ep_compatibility_info` for these devices.
+    fn validate_compatibility(&self, devices: &[HardwareDevice], info: &str) -> Result<Compatibility>;
 }
 
 #[repr(C)]
@@ -188,6 +210,7 @@ pub fn new_factory<T: FactoryImpl>(imp: T) -> *mut sys::OrtEpFactory {
     base.GetVendorId = Some(get_vendor_id::<T>);
     base.GetVersion = Some(get_version::<T>);
     // ORT 1.31 calls CreateDataTransfer without a NULL check.
+    base.ValidateCompiledModelCompatibilityInfo = Some(validate_compatibility::<T>);
     base.CreateDataTransfer = Some(create_data_transfer);
     base.IsStreamAware = Some(is_stream_aware);
     let obj = Box::new(FactoryObj {
@@ -320,6 +343,30 @@ unsafe extern "C" fn release_ep_tramp<T: FactoryImpl>(this: *mut sys::OrtEpFacto
     // SAFETY: `ep` was made by new_ep::<T::Ep> in create_ep.
     guard_or("ReleaseEp", None, (), || unsafe { release_ep::<T::Ep>(ep) });
     let _ = this;
+}
+
+unsafe extern "C" fn validate_compatibility<T: FactoryImpl>(
+    this: *mut sys::OrtEpFactory,
+    devices: *const *const sys::OrtHardwareDevice,
+    num_devices: usize,
+    info: *const c_char,
+    out: *mut sys::OrtCompiledModelCompatibility,
+) -> *mut sys::OrtStatus {
+    // SAFETY (whole body): pointers come from ORT with the documented counts.
+    let Ok(f) = (unsafe { obj::<T>(this) }) else {
+        return guard("ValidateCompiledModelCompatibilityInfo", None, || {
+            Err(Error::invalid_argument("OrtEpFactory is NULL"))
+        });
+    };
+    guard("ValidateCompiledModelCompatibilityInfo", Some(&f.poison), || {
+        let out = non_null_mut(out, "model_compatibility")?;
+        let hw = unsafe { slice(devices, num_devices, "devices")? };
+        let hw: Vec<HardwareDevice> = hw.iter().map(|&d| HardwareDevice(d)).collect();
+        let info = unsafe { cstr_to_string(info) };
+        let verdict = f.imp.validate_compatibility(&hw, &info)?;
+        unsafe { *out = verdict.to_ort() };
+        Ok(())
+    })
 }
 
 unsafe extern "C" fn create_data_transfer(

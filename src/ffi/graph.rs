@@ -71,22 +71,13 @@ impl<'a> Graph<'a> {
         Ok(raw.into_iter().map(|p| Node(p, PhantomData)).collect())
     }
 
-    pub fn inputs(&self) -> Result<Vec<ValueInfo<'a>>> {
+    /// The model's path as ORT was given it; `None` for a model loaded from
+    /// bytes (ORT reports ""). A relative path is relative to the process's
+    /// working directory.
+    pub fn model_path(&self) -> Result<Option<std::path::PathBuf>> {
         let api = Api::get();
-        let raw = fetch(
-            |n| unsafe { ort!(api.ort, Graph_GetNumInputs(self.0, n)) },
-            |buf, n| unsafe { ort!(api.ort, Graph_GetInputs(self.0, buf, n)) },
-        )?;
-        Ok(values(raw))
-    }
-
-    pub fn outputs(&self) -> Result<Vec<ValueInfo<'a>>> {
-        let api = Api::get();
-        let raw = fetch(
-            |n| unsafe { ort!(api.ort, Graph_GetNumOutputs(self.0, n)) },
-            |buf, n| unsafe { ort!(api.ort, Graph_GetOutputs(self.0, buf, n)) },
-        )?;
-        Ok(values(raw))
+        let path = get_str(|out| unsafe { ort!(api.ort, Graph_GetModelPath(self.0, out)) })?;
+        Ok((!path.is_empty()).then(|| std::path::PathBuf::from(path)))
     }
 
     pub fn initializers(&self) -> Result<Vec<ValueInfo<'a>>> {
@@ -144,14 +135,6 @@ impl<'a> Node<'a> {
         get_str(|out| unsafe { ort!(api.ort, Node_GetDomain(self.0, out)) })
     }
 
-    pub fn num_attributes(&self) -> Result<usize> {
-        let api = Api::get();
-        let mut n = 0usize;
-        // SAFETY: live node, valid out-pointer.
-        unsafe { check(ort!(api.ort, Node_GetNumAttributes(self.0, &mut n)))? };
-        Ok(n)
-    }
-
     pub fn inputs(&self) -> Result<Vec<Option<ValueInfo<'a>>>> {
         let api = Api::get();
         let raw = fetch(
@@ -170,11 +153,101 @@ impl<'a> Node<'a> {
         Ok(optional_values(raw))
     }
 
+    /// The attribute `name`, or `None` when the node lacks it.
+    pub fn attribute(&self, name: &str) -> Result<Option<Attribute<'a>>> {
+        let api = Api::get();
+        let cname = std::ffi::CString::new(name).map_err(|_| Error::invalid_argument("attribute name holds NUL"))?;
+        let mut attr = std::ptr::null();
+        // SAFETY: live node; the attribute is borrowed from it.
+        let status = unsafe { ort!(api.ort, Node_GetAttributeByName(self.0, cname.as_ptr(), &mut attr)) };
+        // SAFETY: status from ORT. ORT_NOT_FOUND means "no such attribute".
+        match unsafe { check(status) } {
+            Ok(()) if !attr.is_null() => Ok(Some(Attribute(attr, PhantomData))),
+            Ok(()) => Ok(None),
+            Err(e) if e.kind == crate::error::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// A short label for messages: `name (op_type)`.
     pub fn label(&self) -> String {
         let name = self.name().unwrap_or_default();
         let op = self.op_type().unwrap_or_default();
         format!("'{name}' ({op})")
+    }
+}
+
+/// A node attribute, borrowed from its node.
+#[derive(Clone, Copy)]
+pub struct Attribute<'a>(*const sys::OrtOpAttr, PhantomData<&'a ()>);
+
+impl Attribute<'_> {
+    fn kind(&self) -> Result<sys::OrtOpAttrType> {
+        let mut t = sys::ORT_OP_ATTR_UNDEFINED;
+        // SAFETY: live attribute, valid out-pointer.
+        unsafe { check(ort!(Api::get().ort, OpAttr_GetType(self.0, &mut t)))? };
+        Ok(t)
+    }
+
+    /// An INT attribute's value; `None` for another type.
+    pub fn int(&self) -> Result<Option<i64>> {
+        if self.kind()? != sys::ORT_OP_ATTR_INT {
+            return Ok(None);
+        }
+        let (mut v, mut written) = (0i64, 0usize);
+        let size = std::mem::size_of::<i64>();
+        // SAFETY: the buffer holds one i64.
+        unsafe {
+            check(ort!(
+                Api::get().ort,
+                ReadOpAttr(
+                    self.0,
+                    sys::ORT_OP_ATTR_INT,
+                    (&mut v as *mut i64).cast(),
+                    size,
+                    &mut written
+                )
+            ))?
+        };
+        Ok(Some(v))
+    }
+
+    /// A STRING attribute's bytes (binary-safe); `None` for another type.
+    pub fn bytes(&self) -> Result<Option<Vec<u8>>> {
+        if self.kind()? != sys::ORT_OP_ATTR_STRING {
+            return Ok(None);
+        }
+        let api = Api::get();
+        let mut needed = 0usize;
+        // SAFETY: a size query (NULL buffer) reports the byte count; ORT answers
+        // it with an INVALID_ARGUMENT status, which is expected here.
+        let status = unsafe {
+            ort!(
+                api.ort,
+                ReadOpAttr(self.0, sys::ORT_OP_ATTR_STRING, std::ptr::null_mut(), 0, &mut needed)
+            )
+        };
+        // SAFETY: status from ORT.
+        let _ = unsafe { check(status) };
+        let mut buf = vec![0u8; needed];
+        if needed > 0 {
+            let mut written = 0usize;
+            // SAFETY: the buffer holds `needed` bytes.
+            unsafe {
+                check(ort!(
+                    api.ort,
+                    ReadOpAttr(
+                        self.0,
+                        sys::ORT_OP_ATTR_STRING,
+                        buf.as_mut_ptr().cast(),
+                        needed,
+                        &mut written
+                    )
+                ))?
+            };
+            buf.truncate(written);
+        }
+        Ok(Some(buf))
     }
 }
 

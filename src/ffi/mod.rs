@@ -11,6 +11,7 @@ pub mod factory;
 pub mod graph;
 pub mod kv;
 pub mod logger;
+pub mod mmap;
 pub mod status;
 pub mod sys;
 

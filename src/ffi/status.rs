@@ -23,6 +23,7 @@ fn code_of(kind: ErrorKind) -> sys::OrtErrorCode {
         ErrorKind::NotImplemented => sys::ORT_NOT_IMPLEMENTED,
         ErrorKind::Runtime => sys::ORT_RUNTIME_EXCEPTION,
         ErrorKind::EpFail => sys::ORT_EP_FAIL,
+        ErrorKind::NotFound => sys::ORT_NOT_FOUND,
     }
 }
 
@@ -34,6 +35,7 @@ fn kind_of(code: sys::OrtErrorCode) -> ErrorKind {
         sys::ORT_NOT_IMPLEMENTED => ErrorKind::NotImplemented,
         sys::ORT_RUNTIME_EXCEPTION => ErrorKind::Runtime,
         sys::ORT_EP_FAIL => ErrorKind::EpFail,
+        sys::ORT_NOT_FOUND => ErrorKind::NotFound,
         _ => ErrorKind::Fail,
     }
 }

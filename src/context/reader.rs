@@ -1,0 +1,192 @@
+//! [`ContextBinary`]: parses and validates a context binary held in some
+//! [`Storage`] (a memory-mapped file, or bytes in memory). Programs point
+//! into the storage; nothing is copied.
+
+use std::sync::Arc;
+
+use prost::Message;
+use xxhash_rust::xxh3::xxh3_128;
+
+use super::header::Header;
+use super::{convert, describe_program, proto};
+use crate::error::{Error, Result};
+use crate::plan::{Constant, Program, Storage, Weight, STORAGE_ALIGN};
+use crate::target::Target;
+
+/// A parsed, fully validated context binary.
+pub struct ContextBinary {
+    storage: Arc<dyn Storage>,
+    format_version: u32,
+    kiln_version: String,
+    target: Target,
+    weights: usize,
+    weight_bytes: u64,
+    /// In file order; every program already passed `Program::from_parts`.
+    graphs: Vec<(String, Program)>,
+}
+
+impl ContextBinary {
+    /// Checks magic, version, layout, checksum, metadata, target, every weight
+    /// and every program. All errors are `InvalidGraph` and say what is wrong.
+    pub fn parse(storage: Arc<dyn Storage>) -> Result<ContextBinary> {
+        parse(storage).map_err(|e| e.context("kiln context binary"))
+    }
+
+    pub fn format_version(&self) -> u32 {
+        self.format_version
+    }
+
+    /// Version of the kiln that wrote it.
+    pub fn kiln_version(&self) -> &str {
+        &self.kiln_version
+    }
+
+    pub fn target(&self) -> Target {
+        self.target
+    }
+
+    pub fn graph_names(&self) -> Vec<String> {
+        self.graphs.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.graphs.iter().any(|(n, _)| n == name)
+    }
+
+    /// The graph's program, its weights pointing into the storage in place.
+    /// `Ok(None)` if the binary has no graph of that name.
+    pub fn program(&self, name: &str) -> Result<Option<Program>> {
+        Ok(self.graphs.iter().find(|(n, _)| n == name).map(|(_, p)| p.clone()))
+    }
+
+    /// Distinct weights stored.
+    pub fn num_weights(&self) -> usize {
+        self.weights
+    }
+
+    /// Bytes of weights stored (each distinct weight once, without padding).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    /// One line per binary, then one per graph.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "kiln context binary format {} written by kiln {} for {}: {} graph(s), {} weight(s) of {} bytes",
+            self.format_version,
+            self.kiln_version,
+            self.target,
+            self.graphs.len(),
+            self.weights,
+            self.weight_bytes
+        );
+        for (name, p) in &self.graphs {
+            s.push_str(&format!("\n  '{name}': {}", describe_program(p)));
+        }
+        s
+    }
+}
+
+impl std::fmt::Debug for ContextBinary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContextBinary")
+            .field("format_version", &self.format_version)
+            .field("kiln_version", &self.kiln_version)
+            .field("target", &self.target)
+            .field("graphs", &self.graph_names())
+            .field("weight_bytes", &self.weight_bytes)
+            .finish()
+    }
+}
+
+fn parse(storage: Arc<dyn Storage>) -> Result<ContextBinary> {
+    let file = storage.bytes();
+    let header = Header::parse(file)?;
+    let meta = proto::Metadata::decode(&file[header.metadata_range()])
+        .map_err(|e| Error::invalid_graph(format!("metadata does not decode: {e}")))?;
+    let target = Target::parse(&meta.target).ok_or_else(|| {
+        let known: Vec<&str> = Target::ALL.iter().map(|t| t.name()).collect();
+        Error::invalid_graph(format!(
+            "unknown target '{}'; this kiln knows {}",
+            meta.target,
+            known.join(", ")
+        ))
+    })?;
+    let mut constants = Vec::with_capacity(meta.weights.len());
+    let mut weight_bytes = 0u64;
+    for (i, w) in meta.weights.iter().enumerate() {
+        let c = weight(&storage, &header, w).map_err(|e| e.context(format_args!("weight {i}")))?;
+        weight_bytes += w.byte_length;
+        constants.push(c);
+    }
+    let mut graphs: Vec<(String, Program)> = Vec::with_capacity(meta.graphs.len());
+    for g in &meta.graphs {
+        if g.name.is_empty() || graphs.iter().any(|(n, _)| *n == g.name) {
+            crate::bail!(InvalidGraph, "graph name '{}' is empty or repeated", g.name);
+        }
+        let program = convert::program_parts(g, target, &constants)
+            .and_then(Program::from_parts)
+            .map_err(|e| e.context(format_args!("graph '{}'", g.name)))?;
+        graphs.push((g.name.clone(), program));
+    }
+    Ok(ContextBinary {
+        format_version: header.version,
+        kiln_version: meta.kiln_version,
+        target,
+        weights: constants.len(),
+        weight_bytes,
+        graphs,
+        storage,
+    })
+}
+
+/// Weight `w` as a constant viewing the storage in place, after checking
+/// dtype, size, bounds, 64-byte alignment and content hash.
+fn weight(storage: &Arc<dyn Storage>, header: &Header, w: &proto::WeightInfo) -> Result<Constant> {
+    convert::check_dtype(w.dtype)?;
+    let shape = convert::shape(&w.shape)?;
+    let numel = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    let expected_bytes = numel.and_then(|n| n.checked_mul(size_of::<f32>()));
+    if expected_bytes.map(|b| b as u64) != Some(w.byte_length) {
+        crate::bail!(
+            InvalidGraph,
+            "{} bytes do not hold a float tensor of shape {:?}",
+            w.byte_length,
+            w.shape
+        );
+    }
+    if !w.offset.is_multiple_of(STORAGE_ALIGN as u64) {
+        crate::bail!(InvalidGraph, "offset {} is not a multiple of {STORAGE_ALIGN}", w.offset);
+    }
+    if w.offset
+        .checked_add(w.byte_length)
+        .is_none_or(|end| end > header.data_len)
+    {
+        crate::bail!(
+            InvalidGraph,
+            "bytes {}..+{} lie outside the {}-byte data region",
+            w.offset,
+            w.byte_length,
+            header.data_len
+        );
+    }
+    // In bounds of the file, which is in memory: these fit in usize.
+    let file_offset = (header.data_offset + w.offset) as usize;
+    let data = Weight::in_storage(storage.clone(), file_offset, numel.unwrap_or(0))?;
+    check_hash(&data, &w.content_hash)?;
+    Ok(Constant { shape, data })
+}
+
+/// The per-weight hash is what sharing across files will trust, so check it
+/// even though the file checksum already covers these bytes.
+fn check_hash(data: &Weight, recorded: &[u8]) -> Result<()> {
+    let actual = xxh3_128(data.as_bytes()).to_le_bytes();
+    if recorded != actual {
+        crate::bail!(InvalidGraph, "content hash does not match its bytes");
+    }
+    Ok(())
+}

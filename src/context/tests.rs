@@ -1,0 +1,673 @@
+//! Round trips, dedup, in-place weights and every kind of corruption.
+
+use std::sync::Arc;
+
+use prost::Message;
+
+use super::header::{checksum, Header, HEADER_LEN};
+use super::*;
+use crate::compiler::compile;
+use crate::error::ErrorKind;
+use crate::ir::{broadcast_shapes, Graph, Op, TensorType, ValueId};
+use crate::plan::{AlignedBytes, Storage, STORAGE_ALIGN};
+use crate::target::Target;
+
+/// Terse graph building: values named as they are added.
+struct G(Graph);
+
+impl G {
+    fn new(name: &str) -> G {
+        G(Graph::new(name))
+    }
+
+    fn value(&mut self, name: &str, shape: &[usize]) -> ValueId {
+        self.0.add_value(name, TensorType::f32(shape)).unwrap()
+    }
+
+    fn input(&mut self, name: &str, shape: &[usize]) -> ValueId {
+        let v = self.value(name, shape);
+        self.0.inputs.push(v);
+        v
+    }
+
+    fn constant(&mut self, name: &str, shape: &[usize], data: Vec<f32>) -> ValueId {
+        let v = self.value(name, shape);
+        self.0.add_constant(v, data).unwrap();
+        v
+    }
+
+    fn node(&mut self, op: Op, inputs: &[ValueId], out: &str) -> ValueId {
+        let shapes: Vec<Vec<usize>> = inputs.iter().map(|&v| self.0.values[v].ty.shape.clone()).collect();
+        let shape = match &shapes[..] {
+            [a, b] => broadcast_shapes(a, b).unwrap(),
+            [a] => a.clone(),
+            _ => unreachable!(),
+        };
+        let y = self.value(out, &shape);
+        self.0.add_node(out, op, inputs.to_vec(), vec![y]);
+        y
+    }
+}
+
+fn row(n: usize, seed: usize) -> Vec<f32> {
+    (0..n).map(|i| ((i * 37 + seed * 11) % 17) as f32 / 4.0 - 2.0).collect()
+}
+
+/// y = relu(x + c) * 2, c a row constant shared with `graph_b`.
+fn graph_a() -> Graph {
+    let mut g = G::new("a");
+    let x = g.input("x", &[4, 8]);
+    let c = g.constant("c", &[8], row(8, 1));
+    let two = g.constant("two", &[], vec![2.0]);
+    let s = g.node(Op::Add, &[x, c], "s");
+    let r = g.node(Op::Relu, &[s], "r");
+    let y = g.node(Op::Mul, &[r, two], "y");
+    g.0.outputs.push(y);
+    g.0
+}
+
+/// t = tanh((x - c) / col), z = x - c: a strided layout, two outputs.
+fn graph_b() -> Graph {
+    let mut g = G::new("b");
+    let x = g.input("x", &[3, 8]);
+    let c = g.constant("c", &[8], row(8, 1));
+    let col = g.constant("col", &[3, 1], vec![1.5, -2.0, 4.0]);
+    let z = g.node(Op::Sub, &[x, c], "z");
+    let w = g.node(Op::Div, &[z, col], "w");
+    let t = g.node(Op::Tanh, &[w], "t");
+    g.0.outputs.extend([t, z]);
+    g.0
+}
+
+/// The bytes of `c` again, as a [2,4] tensor: must not merge with `c`.
+fn graph_c() -> Graph {
+    let mut g = G::new("c");
+    let x = g.input("x", &[2, 4]);
+    let m = g.constant("m", &[2, 4], row(8, 1));
+    let y = g.node(Op::Mul, &[x, m], "y");
+    g.0.outputs.push(y);
+    g.0
+}
+
+fn storage(bytes: &[u8]) -> Arc<dyn Storage> {
+    Arc::new(AlignedBytes::copy_from(bytes))
+}
+
+fn parse(bytes: &[u8]) -> crate::error::Result<ContextBinary> {
+    ContextBinary::parse(storage(bytes))
+}
+
+fn builder(graphs: &[Graph]) -> ContextBuilder {
+    let mut b = ContextBuilder::new(Target::Generic);
+    for g in graphs {
+        b.add_graph(&g.name, &compile(g, Target::Generic).unwrap()).unwrap();
+    }
+    b
+}
+
+fn sample_bytes() -> Vec<u8> {
+    builder(&[graph_a(), graph_b()]).to_bytes().unwrap()
+}
+
+fn run(p: &Program, seed: usize) -> Vec<Vec<f32>> {
+    let inputs: Vec<Vec<f32>> = p
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(k, s)| row(s.numel(), seed + k))
+        .collect();
+    let ins: Vec<&[f32]> = inputs.iter().map(|v| &v[..]).collect();
+    let mut outs: Vec<Vec<f32>> = p.outputs().iter().map(|s| vec![f32::NAN; s.numel()]).collect();
+    let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+    p.run(Target::cpu_best(), &ins, &mut refs).unwrap();
+    outs
+}
+
+fn assert_same_program(got: &Program, want: &Program) {
+    assert_eq!(got.target(), want.target());
+    assert_eq!(got.inputs(), want.inputs());
+    assert_eq!(got.outputs(), want.outputs());
+    assert_eq!(got.steps(), want.steps());
+    assert_eq!(got.arena_len(), want.arena_len());
+    assert_eq!(got.op_counts(), want.op_counts());
+    assert_eq!(got.constants().len(), want.constants().len());
+    for (g, w) in got.constants().iter().zip(want.constants()) {
+        assert_eq!(g.shape, w.shape);
+        assert_eq!(g.data.as_bytes(), w.data.as_bytes());
+    }
+    for seed in 0..3 {
+        assert_eq!(run(got, seed), run(want, seed));
+    }
+}
+
+/// Reassembles a file around tampered metadata with a valid checksum.
+fn tamper(bytes: &[u8], f: impl FnOnce(&mut proto::Metadata)) -> Vec<u8> {
+    let header = Header::parse(bytes).unwrap();
+    let mut meta = proto::Metadata::decode(&bytes[header.metadata_range()]).unwrap();
+    f(&mut meta);
+    reassemble(&meta.encode_to_vec(), &bytes[header.data_range()])
+}
+
+fn reassemble(metadata: &[u8], data: &[u8]) -> Vec<u8> {
+    let sum = checksum(metadata, [data]);
+    let h = Header::for_sections(metadata.len() as u64, data.len() as u64, sum).unwrap();
+    let mut out = h.to_bytes().to_vec();
+    out.extend_from_slice(metadata);
+    out.resize(h.data_offset as usize, 0);
+    out.extend_from_slice(data);
+    out
+}
+
+/// One way to tamper with the metadata.
+type Tamper = Box<dyn Fn(&mut proto::Metadata)>;
+
+fn refused(bytes: &[u8], needle: &str) {
+    let e = parse(bytes).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidGraph, "{e}");
+    assert!(e.message.contains(needle), "{needle:?} not in: {e}");
+}
+
+fn metadata_of(bytes: &[u8]) -> (Header, proto::Metadata) {
+    let h = Header::parse(bytes).unwrap();
+    let m = proto::Metadata::decode(&bytes[h.metadata_range()]).unwrap();
+    (h, m)
+}
+
+#[test]
+fn round_trip_runs_identically() {
+    let graphs = [graph_a(), graph_b()];
+    let programs: Vec<Program> = graphs.iter().map(|g| compile(g, Target::Generic).unwrap()).collect();
+    let bytes = sample_bytes();
+    let ctx = parse(&bytes).unwrap();
+    assert_eq!(ctx.format_version(), FORMAT_VERSION);
+    assert_eq!(ctx.kiln_version(), KILN_VERSION);
+    assert_eq!(ctx.target(), Target::Generic);
+    for (g, want) in graphs.iter().zip(&programs) {
+        let got = ctx.program(&g.name).unwrap().unwrap();
+        assert_same_program(&got, want);
+    }
+    // The strided layout really went through the file.
+    let b = ctx.program("b").unwrap().unwrap();
+    let strided = |p: &Program| {
+        p.steps().iter().any(|s| {
+            matches!(
+                s,
+                crate::plan::Step::Binary {
+                    layout: crate::kernels::Layout::Strided(_),
+                    ..
+                }
+            )
+        })
+    };
+    assert!(strided(&b));
+}
+
+#[test]
+fn round_trip_every_target() {
+    for t in Target::ALL {
+        let mut b = ContextBuilder::new(t);
+        b.add_graph("a", &compile(&graph_a(), t).unwrap()).unwrap();
+        let ctx = parse(&b.to_bytes().unwrap()).unwrap();
+        assert_eq!(ctx.target(), t);
+        let p = ctx.program("a").unwrap().unwrap();
+        assert_eq!(p.target(), t);
+        if t.can_run_on(Target::cpu_best()) {
+            assert_same_program(&p, &compile(&graph_a(), t).unwrap());
+        }
+    }
+}
+
+#[test]
+fn several_graphs_by_name() {
+    let b = builder(&[graph_a(), graph_b(), graph_c()]);
+    assert_eq!(b.graph_names(), ["a", "b", "c"]);
+    assert!(!b.is_empty());
+    let ctx = parse(&b.to_bytes().unwrap()).unwrap();
+    assert_eq!(ctx.graph_names(), ["a", "b", "c"]);
+    assert!(ctx.contains("b") && !ctx.contains("d"));
+    assert!(ctx.program("d").unwrap().is_none());
+    let text = ctx.describe();
+    assert!(
+        text.contains("3 graph(s)") && text.contains("'b': target x86_64-generic"),
+        "{text}"
+    );
+    assert!(text.contains("Sub x1, Div x1, Tanh x1"), "{text}");
+    assert!(format!("{ctx:?}").contains("ContextBinary"));
+}
+
+#[test]
+fn empty_builder_writes_a_valid_file() {
+    let b = ContextBuilder::new(Target::Avx2);
+    assert!(b.is_empty());
+    let mut out = Vec::new();
+    let stats = b.write_to(&mut out).unwrap();
+    assert_eq!(stats.file_bytes, out.len() as u64);
+    assert_eq!(stats.graphs, 0);
+    let ctx = parse(&out).unwrap();
+    assert!(ctx.graph_names().is_empty());
+    assert_eq!(ctx.target(), Target::Avx2);
+    assert_eq!(ctx.weight_bytes(), 0);
+}
+
+#[test]
+fn add_graph_refusals_are_invalid_argument() {
+    let p = compile(&graph_a(), Target::Generic).unwrap();
+    let mut b = ContextBuilder::new(Target::Generic);
+    b.add_graph("a", &p).unwrap();
+    let e = b.add_graph("a", &p).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(e.message.contains("'a'") && e.message.contains("already"), "{e}");
+    let e = b.add_graph("", &p).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    let avx2 = compile(&graph_a(), Target::Avx2).unwrap();
+    let e = b.add_graph("other", &avx2).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(
+        e.message.contains("x86_64-avx2") && e.message.contains("x86_64-generic"),
+        "{e}"
+    );
+    assert_eq!(b.graph_names(), ["a"]);
+}
+
+#[test]
+fn shared_weights_are_stored_once() {
+    let b = builder(&[graph_a(), graph_b()]);
+    let mut bytes = Vec::new();
+    let stats = b.write_to(&mut bytes).unwrap();
+    // a: c, two; b: c (shared), col.
+    assert_eq!(stats.graphs, 2);
+    assert_eq!(stats.weights, 3);
+    assert_eq!(stats.weight_bytes_referenced, (8 + 1 + 8 + 3) * 4);
+    assert_eq!(stats.weight_bytes_stored, (8 + 1 + 3) * 4);
+    assert_eq!(stats.file_bytes, bytes.len() as u64);
+    let ctx = parse(&bytes).unwrap();
+    assert_eq!(ctx.num_weights(), 3);
+    assert_eq!(ctx.weight_bytes(), stats.weight_bytes_stored);
+    let (_, meta) = metadata_of(&bytes);
+    let c_id = |g: &proto::GraphInfo| {
+        g.weight_ids
+            .iter()
+            .copied()
+            .find(|&id| meta.weights[id as usize].shape == [8])
+    };
+    assert_eq!(c_id(&meta.graphs[0]), c_id(&meta.graphs[1]));
+    // Both loaded programs read the same bytes of the file.
+    let (a, bp) = (ctx.program("a").unwrap().unwrap(), ctx.program("b").unwrap().unwrap());
+    let ptr = |p: &Program| {
+        p.constants()
+            .iter()
+            .find(|c| c.shape == [8])
+            .unwrap()
+            .data
+            .as_bytes()
+            .as_ptr()
+    };
+    assert_eq!(ptr(&a), ptr(&bp));
+}
+
+#[test]
+fn same_bytes_with_another_shape_are_not_merged() {
+    let stats = builder(&[graph_a(), graph_c()]).write_to(&mut Vec::new()).unwrap();
+    assert_eq!(stats.weights, 3, "{stats:?}");
+    assert_eq!(stats.weight_bytes_stored, stats.weight_bytes_referenced);
+    // Same graph twice under two names: everything shared.
+    let p = compile(&graph_b(), Target::Generic).unwrap();
+    let mut b = ContextBuilder::new(Target::Generic);
+    b.add_graph("b1", &p).unwrap();
+    b.add_graph("b2", &p).unwrap();
+    let stats = b.write_to(&mut Vec::new()).unwrap();
+    assert_eq!(stats.weights, 2);
+    assert_eq!(stats.weight_bytes_referenced, 2 * stats.weight_bytes_stored);
+}
+
+#[test]
+fn equal_hash_candidates_compare_bytes() {
+    // Two constants differing in one value: different weights.
+    let mut g = G::new("d");
+    let x = g.input("x", &[8]);
+    let mut other = row(8, 1);
+    other[7] += 1.0;
+    let c1 = g.constant("c1", &[8], row(8, 1));
+    let c2 = g.constant("c2", &[8], other);
+    let s = g.node(Op::Add, &[x, c1], "s");
+    let y = g.node(Op::Mul, &[s, c2], "y");
+    g.0.outputs.push(y);
+    let stats = builder(&[g.0, graph_a()]).write_to(&mut Vec::new()).unwrap();
+    // c1 == a's c; c2 and two are distinct.
+    assert_eq!(stats.weights, 3);
+}
+
+#[test]
+fn weights_point_into_the_storage() {
+    let bytes = sample_bytes();
+    let s = storage(&bytes);
+    let ctx = ContextBinary::parse(s.clone()).unwrap();
+    assert!(Arc::ptr_eq(ctx.storage(), &s));
+    let mut seen = 0;
+    for name in ctx.graph_names() {
+        for c in ctx.program(&name).unwrap().unwrap().constants() {
+            assert!(c.data.shares_storage_with(&s), "{name}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 4);
+}
+
+#[test]
+fn every_weight_is_64_byte_aligned_in_the_file() {
+    let bytes = builder(&[graph_a(), graph_b(), graph_c()]).to_bytes().unwrap();
+    let (h, meta) = metadata_of(&bytes);
+    assert_eq!(h.data_offset % STORAGE_ALIGN as u64, 0);
+    assert!(meta.weights.len() >= 4);
+    for w in &meta.weights {
+        assert_eq!((h.data_offset + w.offset) % STORAGE_ALIGN as u64, 0, "{w:?}");
+    }
+    // And in memory, since the storage is aligned.
+    let s = storage(&bytes);
+    let ctx = ContextBinary::parse(s).unwrap();
+    for c in ctx.program("c").unwrap().unwrap().constants() {
+        assert_eq!(c.data.as_bytes().as_ptr() as usize % STORAGE_ALIGN, 0);
+    }
+}
+
+#[test]
+fn header_fields_are_as_documented() {
+    let bytes = sample_bytes();
+    assert_eq!(&bytes[0..8], b"KILNCTX\0");
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 1);
+    assert_eq!(u32::from_le_bytes(bytes[12..16].try_into().unwrap()), 64);
+    assert_eq!(u64::from_le_bytes(bytes[16..24].try_into().unwrap()), 64);
+    let meta_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap());
+    let data_off = u64::from_le_bytes(bytes[32..40].try_into().unwrap());
+    let data_len = u64::from_le_bytes(bytes[40..48].try_into().unwrap());
+    assert_eq!(data_off, (64 + meta_len).div_ceil(64) * 64);
+    assert_eq!(data_off + data_len, bytes.len() as u64);
+    let sum = xxhash_rust::xxh3::xxh3_128(&[&bytes[64..64 + meta_len as usize], &bytes[data_off as usize..]].concat());
+    assert_eq!(bytes[48..64], sum.to_le_bytes());
+}
+
+#[test]
+fn bad_magic() {
+    let mut bytes = sample_bytes();
+    bytes[0] = b'X';
+    refused(&bytes, "not a kiln context binary");
+    refused(b"PK\x03\x04 a zip file, not ours", "not a kiln context binary");
+    refused(&[], "truncated");
+}
+
+#[test]
+fn unreadable_versions_say_which_are_read() {
+    for (v, word) in [(0u32, "older"), (2, "newer"), (u32::MAX, "newer")] {
+        let mut bytes = sample_bytes();
+        bytes[8..12].copy_from_slice(&v.to_le_bytes());
+        let e = parse(&bytes).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidGraph);
+        assert!(e.message.contains(&format!("format version {v} is {word}")), "{e}");
+        assert!(e.message.contains("versions 1 to 1"), "{e}");
+    }
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let bytes = sample_bytes();
+    for len in 0..bytes.len() {
+        let e = parse(&bytes[..len]).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidGraph, "{len}: {e}");
+        assert!(e.message.contains("truncated"), "{len}: {e}");
+    }
+    let e = parse(&bytes[..100]).unwrap_err();
+    assert!(
+        e.message.contains(&format!("expected {} bytes", bytes.len())) && e.message.contains("file has 100"),
+        "{e}"
+    );
+}
+
+#[test]
+fn trailing_bytes_are_refused() {
+    let mut bytes = sample_bytes();
+    bytes.push(0);
+    refused(&bytes, "unexpected bytes after the data region");
+}
+
+#[test]
+fn every_flipped_byte_is_detected() {
+    let bytes = sample_bytes();
+    let mut copy = bytes.clone();
+    let mut checksum_errors = 0;
+    for i in 0..bytes.len() {
+        copy[i] ^= 0x10;
+        let e = parse(&copy).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidGraph, "byte {i}: {e}");
+        checksum_errors += e.message.contains("checksum mismatch") as usize;
+        copy[i] = bytes[i];
+    }
+    // Everything past the header is covered by the checksum or is zero padding.
+    assert!(checksum_errors > bytes.len() / 2, "{checksum_errors}");
+    parse(&copy).unwrap();
+}
+
+#[test]
+fn header_layout_fields_are_checked() {
+    let patch = |at: usize, v: u64, width: usize| {
+        let mut b = sample_bytes();
+        b[at..at + width].copy_from_slice(&v.to_le_bytes()[..width]);
+        b
+    };
+    refused(&patch(12, 128, 4), "header size is 128");
+    refused(&patch(16, 0, 8), "metadata offset is 0");
+    refused(&patch(24, u64::MAX, 8), "data offset");
+    refused(&patch(32, 0, 8), "data offset is 0");
+    refused(&patch(40, u64::MAX, 8), "overflows");
+    refused(&patch(40, 1 << 40, 8), "truncated");
+}
+
+#[test]
+fn garbage_metadata_with_a_valid_checksum() {
+    let (h, _) = metadata_of(&sample_bytes());
+    let bytes = sample_bytes();
+    let data = &bytes[h.data_range()];
+    refused(&reassemble(&[0xff; 40], data), "metadata does not decode");
+    // Empty metadata decodes to defaults: the empty target is unknown.
+    refused(&reassemble(&[], data), "unknown target ''");
+}
+
+#[test]
+fn hostile_weight_tables() {
+    let bytes = sample_bytes();
+    let (h, _) = metadata_of(&bytes);
+    let past_end = h.data_len.div_ceil(64) * 64;
+    let cases: Vec<(Tamper, &str)> = vec![
+        (Box::new(move |m| m.weights[0].offset = past_end), "outside"),
+        (Box::new(|m| m.weights[0].offset = u64::MAX - 63), "outside"),
+        (Box::new(|m| m.weights[0].offset += 4), "multiple of 64"),
+        (Box::new(|m| m.weights[0].byte_length += 4), "do not hold"),
+        (Box::new(|m| m.weights[0].shape = vec![u64::MAX, 2]), "do not hold"),
+        (Box::new(|m| m.weights[0].dtype = 7), "int64"),
+        (Box::new(|m| m.weights[0].content_hash[3] ^= 1), "content hash"),
+        (Box::new(|m| m.weights[0].content_hash.clear()), "content hash"),
+        (Box::new(|m| m.graphs[0].weight_ids[0] = 99), "weight id 99"),
+        (
+            Box::new(|m| m.target = "riscv64-v".into()),
+            "unknown target 'riscv64-v'",
+        ),
+    ];
+    for (f, needle) in cases {
+        refused(&tamper(&bytes, f), needle);
+    }
+}
+
+/// The program of graph 0 (`a`), for tampering.
+fn program0(m: &mut proto::Metadata) -> &mut proto::ProgramInfo {
+    m.graphs[0].program.as_mut().unwrap()
+}
+
+fn first_unary(m: &mut proto::Metadata) -> &mut proto::UnaryStep {
+    program0(m)
+        .steps
+        .iter_mut()
+        .find_map(|s| match &mut s.kind {
+            Some(proto::step_info::Kind::Unary(u)) => Some(u),
+            _ => None,
+        })
+        .unwrap()
+}
+
+fn buf(kind: proto::buf_info::Kind) -> Option<proto::BufInfo> {
+    Some(proto::BufInfo { kind: Some(kind) })
+}
+
+#[test]
+fn hostile_programs() {
+    use proto::buf_info::Kind as B;
+    let bytes = sample_bytes();
+    let scratch = |offset, len| B::Scratch(proto::ScratchRange { offset, len });
+    let cases: Vec<(Tamper, &str)> = vec![
+        (Box::new(|m| first_unary(m).src = buf(B::Input(99))), "out of range"),
+        (
+            Box::new(|m| first_unary(m).src = buf(B::Constant(u64::MAX))),
+            "out of range",
+        ),
+        (Box::new(|m| first_unary(m).dst = buf(B::Output(5))), "out of range"),
+        (Box::new(|m| first_unary(m).dst = buf(B::Input(0))), "read-only"),
+        (
+            Box::new(move |m| first_unary(m).src = buf(scratch(u64::MAX, 2))),
+            "out of range",
+        ),
+        (
+            Box::new(move |m| first_unary(m).src = buf(scratch(0, 1 << 50))),
+            "out of range",
+        ),
+        (Box::new(|m| first_unary(m).src = None), "buffer is missing"),
+        (Box::new(|m| first_unary(m).op = 99), "unknown unary op code 99"),
+        (Box::new(|m| first_unary(m).op = 0), "unknown unary op code 0"),
+        (
+            Box::new(|m| program0(m).arena_len = 1 << 40),
+            "larger than its steps use",
+        ),
+        (Box::new(|m| program0(m).arena_len = u64::MAX), "too large"),
+        (
+            Box::new(|m| program0(m).steps.push(proto::StepInfo { kind: None })),
+            "step kind is missing",
+        ),
+        (Box::new(|m| program0(m).steps.clear()), "no step writes output 0"),
+        (
+            Box::new(|m| program0(m).op_counts[0].op = "Conv".into()),
+            "unknown op 'Conv'",
+        ),
+        (Box::new(|m| m.graphs[0].program = None), "program is missing"),
+        (
+            Box::new(|m| m.graphs[0].inputs[0].shape = vec![1 << 40, 1 << 40]),
+            "too large",
+        ),
+        (Box::new(|m| m.graphs[0].inputs[0].shape = vec![3]), "do not allow"),
+        (Box::new(|m| m.graphs[0].outputs[0].dtype = 10), "float16"),
+        (
+            Box::new(|m| m.graphs[0].weight_ids.pop().map(drop).unwrap_or(())),
+            "out of range",
+        ),
+        (Box::new(|m| m.graphs[1].name = "a".into()), "repeated"),
+        (Box::new(|m| m.graphs[1].name.clear()), "empty"),
+    ];
+    for (f, needle) in cases {
+        refused(&tamper(&bytes, f), needle);
+    }
+}
+
+#[test]
+fn hostile_layouts() {
+    use proto::layout_info::Kind as L;
+    let bytes = sample_bytes();
+    let strided = |dims: Vec<u64>, a: Vec<u64>, b: Vec<u64>| {
+        L::Strided(proto::StridedLayout {
+            dims,
+            a_strides: a,
+            b_strides: b,
+        })
+    };
+    let layouts = vec![
+        L::RowB(0),
+        L::RowB(7),
+        L::ScalarA(proto::Empty {}),
+        strided(vec![4, 8], vec![8, 1], vec![1, 1]),
+        strided(vec![4, 8], vec![8, 1], vec![0]),
+        strided(vec![], vec![], vec![]),
+        strided(vec![u64::MAX, 8], vec![0, 1], vec![0, 1]),
+        strided(vec![4, 8], vec![8, 2], vec![0, 1]),
+    ];
+    for layout in layouts {
+        let set = |m: &mut proto::Metadata| {
+            for s in &mut program0(m).steps {
+                if let Some(proto::step_info::Kind::Binary(b)) = &mut s.kind {
+                    b.layout = Some(proto::LayoutInfo {
+                        kind: Some(layout.clone()),
+                    });
+                    break;
+                }
+            }
+        };
+        refused(&tamper(&bytes, set), "do not allow");
+    }
+    refused(
+        &tamper(&bytes, |m| {
+            for s in &mut program0(m).steps {
+                if let Some(proto::step_info::Kind::Binary(b)) = &mut s.kind {
+                    b.layout = None;
+                }
+            }
+        }),
+        "layout is missing",
+    );
+}
+
+/// Storage whose bytes start `shift` bytes into an aligned buffer.
+#[derive(Debug)]
+struct Shifted(AlignedBytes, usize);
+
+impl Storage for Shifted {
+    fn bytes(&self) -> &[u8] {
+        &self.0.bytes()[self.1..]
+    }
+}
+
+#[test]
+fn misaligned_storage_is_an_error_not_ub() {
+    let bytes = sample_bytes();
+    let mut padded = vec![0u8; 3];
+    padded.extend_from_slice(&bytes);
+    let e = ContextBinary::parse(Arc::new(Shifted(AlignedBytes::copy_from(&padded), 3))).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidGraph);
+    assert!(e.message.contains("not 4-byte aligned"), "{e}");
+    // 4-byte aligned is enough to load.
+    let mut padded = vec![0u8; 4];
+    padded.extend_from_slice(&bytes);
+    let ctx = ContextBinary::parse(Arc::new(Shifted(AlignedBytes::copy_from(&padded), 4))).unwrap();
+    assert_same_program(
+        &ctx.program("a").unwrap().unwrap(),
+        &compile(&graph_a(), Target::Generic).unwrap(),
+    );
+}
+
+#[test]
+fn tampering_helper_round_trips() {
+    let bytes = sample_bytes();
+    assert_eq!(tamper(&bytes, |_| {}), bytes);
+    assert_eq!(HEADER_LEN, 64);
+}
+
+#[test]
+fn context_types_are_send_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<ContextBinary>();
+    check::<ContextBuilder>();
+}
+
+#[test]
+fn describe_program_summarises() {
+    let p = compile(&graph_a(), Target::Generic).unwrap();
+    let s = describe_program(&p);
+    assert!(
+        s.starts_with("target x86_64-generic; ops Add x1, Mul x1, Relu x1;"),
+        "{s}"
+    );
+    assert!(s.contains("2 constant(s) of 36 bytes"), "{s}");
+}

@@ -1,0 +1,210 @@
+//! EPContext generation: with `ep.context_enable=1`, Compile returns one
+//! `EPContext` node per partition and, in embed mode 0, writes the model's
+//! one context binary `<model>_kiln.bin` beside the output model.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{KilnEp, EP_NAME};
+use crate::context::{ContextBuilder, FORMAT_VERSION};
+use crate::error::{Error, Result};
+use crate::ffi::ep::{AttrValue, EpContextNode};
+use crate::plan::Program;
+
+/// A compiled partition on its way into an EPContext node.
+pub struct Generated<'a> {
+    /// The fused node's name (the EPContext node must carry it).
+    pub fused_name: String,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub program: &'a Program,
+}
+
+/// The EPContext nodes for one Compile call, writing the binary when
+/// embed mode is 0. `model_path` is `None` for a model given as bytes.
+pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>]) -> Result<Vec<EpContextNode>> {
+    let names: Vec<String> = parts
+        .iter()
+        .map(|p| format!("{}{}", ep.config.context.node_name_prefix, p.fused_name))
+        .collect();
+    let mut nodes: Vec<EpContextNode> = parts
+        .iter()
+        .zip(&names)
+        .map(|(p, name)| base_node(ep, model_path, p, name))
+        .collect();
+    if ep.config.context.embed_mode {
+        for ((node, part), name) in nodes.iter_mut().zip(parts).zip(&names) {
+            let mut builder = ContextBuilder::new(ep.target);
+            builder.add_graph(name, part.program)?;
+            node.attributes.push(("embed_mode", AttrValue::Int(1)));
+            node.attributes.push(("main_context", AttrValue::Int(1)));
+            node.attributes
+                .push(("ep_cache_context", AttrValue::Bytes(builder.to_bytes()?)));
+        }
+        return Ok(nodes);
+    }
+    let (bin_path, bin_name) = binary_location(ep, model_path)?;
+    let mut builder = ContextBuilder::new(ep.target);
+    for (part, name) in parts.iter().zip(&names) {
+        builder.add_graph(name, part.program)?;
+    }
+    for (i, node) in nodes.iter_mut().enumerate() {
+        node.attributes.push(("embed_mode", AttrValue::Int(0)));
+        node.attributes.push(("main_context", AttrValue::Int((i == 0) as i64)));
+        if i == 0 {
+            node.attributes
+                .push(("ep_cache_context", AttrValue::Bytes(bin_name.clone().into_bytes())));
+        }
+    }
+    let stats = write_atomically(&bin_path, |out| builder.write_to(out))?;
+    ep.logger.info(|| {
+        format!(
+            "wrote context binary '{}' ({} bytes, {} graph(s), {} weight bytes)",
+            bin_path.display(),
+            stats.file_bytes,
+            stats.graphs,
+            stats.weight_bytes_stored
+        )
+    });
+    Ok(nodes)
+}
+
+fn base_node(ep: &KilnEp, model_path: Option<&Path>, part: &Generated<'_>, partition_name: &str) -> EpContextNode {
+    let text = |s: &str| AttrValue::Bytes(s.as_bytes().to_vec());
+    let mut attributes = vec![
+        ("source", text(EP_NAME.to_str().unwrap_or("KilnExecutionProvider"))),
+        ("partition_name", text(partition_name)),
+        ("ep_sdk_version", text(&sdk_version())),
+        ("hardware_architecture", text(ep.target.name())),
+        ("notes", text(&notes(part.program))),
+        ("max_size", AttrValue::Int(part.program.arena_bytes() as i64)),
+    ];
+    if let Some(file) = model_path.and_then(Path::file_name) {
+        attributes.push(("onnx_model_filename", text(&file.to_string_lossy())));
+    }
+    EpContextNode {
+        name: part.fused_name.clone(),
+        inputs: part.inputs.clone(),
+        outputs: part.outputs.clone(),
+        attributes,
+    }
+}
+
+/// `ep_sdk_version`: kiln's version and the context format it wrote.
+pub fn sdk_version() -> String {
+    format!("kiln {} (context format {FORMAT_VERSION})", env!("CARGO_PKG_VERSION"))
+}
+
+fn notes(program: &Program) -> String {
+    format!(
+        "{}; {} steps; {} weight bytes; {} scratch bytes",
+        program.op_summary(),
+        program.num_steps(),
+        program.constant_bytes(),
+        program.arena_bytes()
+    )
+}
+
+/// Where embed mode 0 puts the binary: the output model's folder, named
+/// after the model (`<model>_kiln.bin`). Returns the path and the name the
+/// EPContext node records (relative to the output model).
+fn binary_location(ep: &KilnEp, model_path: Option<&Path>) -> Result<(PathBuf, String)> {
+    let output = match (&ep.config.context.file_path, model_path) {
+        (Some(out), _) => PathBuf::from(out),
+        (None, Some(model)) => default_output(model),
+        (None, None) => {
+            return Err(Error::invalid_argument(
+                "the model was given as bytes and ep.context_embed_mode=0: kiln cannot tell where to write \
+                 the context binary; set ep.context_file_path (the output model's path) or use embed mode 1",
+            ))
+        }
+    };
+    let stem = match model_path {
+        Some(model) => file_stem(model),
+        None => file_stem(&output).trim_end_matches("_ctx").to_string(),
+    };
+    let name = format!("{stem}_kiln.bin");
+    let folder = output.parent().map(Path::to_path_buf).unwrap_or_default();
+    Ok((folder.join(&name), name))
+}
+
+/// ORT's default output model: `<model dir>/<model stem>_ctx.onnx`.
+fn default_output(model: &Path) -> PathBuf {
+    model.with_file_name(format!("{}_ctx.onnx", file_stem(model)))
+}
+
+fn file_stem(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}
+
+/// Writes `path` through a temporary file in the same folder and a rename,
+/// so the binary is either complete or absent, never half-written.
+pub fn write_atomically<T>(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<T>) -> Result<T> {
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(folder).map_err(|e| {
+        Error::fail(format!(
+            "cannot create folder '{}' for the context binary: {e}",
+            folder.display()
+        ))
+    })?;
+    // Unique per process and call: sessions may write at the same time.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let tmp = folder.join(format!(
+        ".{}.tmp-{}-{}",
+        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let file = std::fs::File::create(&tmp).map_err(|e| io_error(&tmp, e))?;
+        let mut out = std::io::BufWriter::new(file);
+        let value = write(&mut out)?;
+        let file = out.into_inner().map_err(|e| io_error(&tmp, e.into_error()))?;
+        file.sync_all().map_err(|e| io_error(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| io_error(path, e))?;
+        Ok(value)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> Error {
+    Error::fail(format!("cannot write context binary '{}': {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_leaves_nothing_on_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m_kiln.bin");
+        let err = write_atomically(&path, |out| {
+            out.write_all(b"half").unwrap();
+            Err::<(), _>(Error::fail("boom"))
+        });
+        assert!(err.is_err());
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "no temporary or partial file left"
+        );
+        write_atomically(&path, |out| Ok(out.write_all(b"whole").unwrap())).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"whole");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn default_output_is_beside_the_model() {
+        assert_eq!(default_output(Path::new("a/b/m.onnx")), PathBuf::from("a/b/m_ctx.onnx"));
+        assert_eq!(file_stem(Path::new("out/x_ctx.onnx")).trim_end_matches("_ctx"), "x");
+    }
+}

@@ -1,0 +1,337 @@
+//! EPContext loading: rebuild compiled programs from kiln's EPContext nodes
+//! (embedded payloads or `<model>_kiln.bin` files), with every check a
+//! shipped artifact needs. All failures are `ORT_INVALID_GRAPH` naming the
+//! node, the file and the cause.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use super::capability::tensor_type;
+use super::KilnEp;
+use crate::context::ContextBinary;
+use crate::error::{Error, Result};
+use crate::ffi::graph::{Graph, Node};
+use crate::ffi::mmap::map_file;
+use crate::plan::{AlignedBytes, Program, Storage};
+use crate::stats;
+
+pub const EP_CONTEXT_OP: &str = "EPContext";
+pub const EP_CONTEXT_DOMAIN: &str = "com.microsoft";
+
+/// Whether `source` names kiln (`KilnExecutionProvider` or `kiln`, any case).
+pub fn is_kiln_source(source: &str) -> bool {
+    source.eq_ignore_ascii_case("KilnExecutionProvider") || source.eq_ignore_ascii_case("kiln")
+}
+
+pub fn is_ep_context(node: &Node<'_>) -> Result<bool> {
+    Ok(node.op_type()? == EP_CONTEXT_OP && node.domain()? == EP_CONTEXT_DOMAIN)
+}
+
+/// An EPContext node kiln owns, with its attributes read.
+pub struct ContextNode<'a> {
+    pub node: Node<'a>,
+    pub name: String,
+    pub partition_name: String,
+    pub embed_mode: i64,
+    pub main_context: i64,
+    pub cache_context: Option<Vec<u8>>,
+}
+
+fn bad(node: &str, cause: impl std::fmt::Display) -> Error {
+    Error::invalid_graph(format!("kiln EPContext node '{node}': {cause}"))
+}
+
+fn text_attr(node: &Node<'_>, name: &str) -> Result<Option<String>> {
+    Ok(node
+        .attribute(name)?
+        .map(|a| a.bytes())
+        .transpose()?
+        .flatten()
+        .map(|b| String::from_utf8_lossy(&b).into_owned()))
+}
+
+fn int_attr(node: &Node<'_>, name: &str, default: i64) -> Result<i64> {
+    Ok(node
+        .attribute(name)?
+        .map(|a| a.int())
+        .transpose()?
+        .flatten()
+        .unwrap_or(default))
+}
+
+/// The node's `source` attribute, if it has one.
+pub fn source_of(node: &Node<'_>) -> Result<Option<String>> {
+    text_attr(node, "source")
+}
+
+impl<'a> ContextNode<'a> {
+    pub fn read(node: Node<'a>) -> Result<ContextNode<'a>> {
+        let name = node.name()?;
+        let partition_name = text_attr(&node, "partition_name")?
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| bad(&name, "it has no partition_name attribute"))?;
+        Ok(ContextNode {
+            embed_mode: int_attr(&node, "embed_mode", 1)?,
+            main_context: int_attr(&node, "main_context", 1)?,
+            cache_context: node
+                .attribute("ep_cache_context")?
+                .map(|a| a.bytes())
+                .transpose()?
+                .flatten(),
+            node,
+            name,
+            partition_name,
+        })
+    }
+}
+
+/// The folder `ep_cache_context` paths are relative to: the model's folder,
+/// or the folder of `ep.context_file_path` for a model loaded from bytes.
+pub fn base_folder(ep: &KilnEp, graph: &Graph<'_>) -> Result<Option<PathBuf>> {
+    let folder = |p: &Path| p.parent().map(Path::to_path_buf).unwrap_or_default();
+    Ok(match graph.model_path()? {
+        Some(model) => Some(folder(&model)),
+        None => ep.config.context.file_path.as_deref().map(|p| folder(Path::new(p))),
+    })
+}
+
+/// Resolves `relative` inside `base`, refusing anything that leaves it:
+/// absolute paths, `..`, and symlinks pointing outside.
+pub fn resolve_inside(base: &Path, relative: &str) -> std::result::Result<PathBuf, String> {
+    if relative.is_empty() {
+        return Err("ep_cache_context is empty".into());
+    }
+    let rel = Path::new(relative);
+    if rel.is_absolute() || rel.has_root() {
+        return Err(format!(
+            "'{relative}' is an absolute path; kiln only reads files inside the model's folder"
+        ));
+    }
+    if rel.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(format!(
+            "'{relative}' contains '..'; kiln only reads files inside the model's folder"
+        ));
+    }
+    let base_dir = if base.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        base
+    };
+    let path = base_dir.join(rel);
+    if !path.exists() {
+        return Err(format!("context binary '{}' does not exist", path.display()));
+    }
+    let real = path
+        .canonicalize()
+        .map_err(|e| format!("cannot resolve '{}': {e}", path.display()))?;
+    let real_base = base_dir
+        .canonicalize()
+        .map_err(|e| format!("cannot resolve the model folder '{}': {e}", base_dir.display()))?;
+    if !real.starts_with(&real_base) {
+        return Err(format!(
+            "'{relative}' leads outside the model's folder (to '{}') through a symbolic link",
+            real.display()
+        ));
+    }
+    Ok(real)
+}
+
+/// Context binaries one session has opened, by canonical path: each file is
+/// read once per session however many nodes use it.
+#[derive(Default)]
+pub struct LoadedBinaries {
+    files: HashMap<PathBuf, Arc<ContextBinary>>,
+    /// Every binary of this Compile call, in load order (for main_context=0).
+    all: Vec<(String, Arc<ContextBinary>)>,
+}
+
+impl LoadedBinaries {
+    fn file(&mut self, path: &Path, node: &str) -> Result<Arc<ContextBinary>> {
+        if let Some(b) = self.files.get(path) {
+            return Ok(b.clone());
+        }
+        let storage = map_file(path).map_err(|e| bad(node, e))?;
+        let binary = parse(storage, node, &path.display().to_string())?;
+        stats::context_file_opened();
+        self.files.insert(path.to_path_buf(), binary.clone());
+        self.all.push((path.display().to_string(), binary.clone()));
+        Ok(binary)
+    }
+
+    fn embedded(&mut self, payload: &[u8], node: &str) -> Result<Arc<ContextBinary>> {
+        let storage: Arc<dyn Storage> = Arc::new(AlignedBytes::copy_from(payload));
+        let binary = parse(storage, node, "the embedded payload")?;
+        self.all.push((format!("the payload of node '{node}'"), binary.clone()));
+        Ok(binary)
+    }
+
+    fn find(&self, partition: &str) -> Option<&Arc<ContextBinary>> {
+        self.all.iter().map(|(_, b)| b).find(|b| b.contains(partition))
+    }
+}
+
+fn parse(storage: Arc<dyn Storage>, node: &str, what: &str) -> Result<Arc<ContextBinary>> {
+    ContextBinary::parse(storage)
+        .map(Arc::new)
+        .map_err(|e| bad(node, format!("{what}: {e}")))
+}
+
+/// Rebuilds the program of every EPContext node: primary nodes first, so
+/// `main_context=0` nodes find their graph in the binaries those opened.
+pub fn load_all(ep: &KilnEp, base: Option<&Path>, nodes: &[&ContextNode<'_>]) -> Result<Vec<Program>> {
+    let mut loaded = ep.binaries.lock();
+    let mut programs: Vec<Option<Program>> = (0..nodes.len()).map(|_| None).collect();
+    let order = (0..nodes.len())
+        .filter(|&i| nodes[i].main_context != 0)
+        .chain((0..nodes.len()).filter(|&i| nodes[i].main_context == 0));
+    for i in order {
+        programs[i] = Some(load_one(ep, base, nodes[i], &mut loaded)?);
+    }
+    Ok(programs.into_iter().flatten().collect())
+}
+
+fn load_one(ep: &KilnEp, base: Option<&Path>, cn: &ContextNode<'_>, loaded: &mut LoadedBinaries) -> Result<Program> {
+    let binary = if cn.main_context == 0 {
+        loaded.find(&cn.partition_name).cloned().ok_or_else(|| {
+            bad(
+                &cn.name,
+                format!(
+                    "main_context=0 but no context binary loaded in this session holds graph '{}'",
+                    cn.partition_name
+                ),
+            )
+        })?
+    } else {
+        let payload = cn
+            .cache_context
+            .as_deref()
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| bad(&cn.name, "ep_cache_context is empty or absent"))?;
+        match cn.embed_mode {
+            1 => loaded.embedded(payload, &cn.name)?,
+            0 => {
+                let rel = String::from_utf8_lossy(payload).into_owned();
+                let base = base.ok_or_else(|| {
+                    bad(
+                        &cn.name,
+                        format!(
+                            "'{rel}' is relative to the model's folder, but the model was loaded from bytes; \
+                         set ep.context_file_path to a path in the folder holding the binary"
+                        ),
+                    )
+                })?;
+                let path = resolve_inside(base, &rel).map_err(|cause| bad(&cn.name, cause))?;
+                loaded.file(&path, &cn.name)?
+            }
+            other => return Err(bad(&cn.name, format!("embed_mode {other} is not 0 or 1"))),
+        }
+    };
+    let program = binary
+        .program(&cn.partition_name)
+        .map_err(|e| bad(&cn.name, e))?
+        .ok_or_else(|| {
+            bad(
+                &cn.name,
+                format!(
+                    "graph '{}' is not in its context binary (it holds: {})",
+                    cn.partition_name,
+                    binary.graph_names().join(", ")
+                ),
+            )
+        })?;
+    check_runnable(ep, cn, &program)?;
+    check_io(cn, &program)?;
+    Ok(program)
+}
+
+fn check_runnable(ep: &KilnEp, cn: &ContextNode<'_>, program: &Program) -> Result<()> {
+    if program.target().can_run_on(ep.host) {
+        return Ok(());
+    }
+    Err(bad(
+        &cn.name,
+        format!(
+            "graph '{}' was compiled for {}, which this host cannot run (best: {}); recompile the model for this machine",
+            cn.partition_name,
+            program.target().name(),
+            ep.host.name()
+        ),
+    ))
+}
+
+/// The node's inputs and outputs must be the ones the graph was compiled for.
+fn check_io(cn: &ContextNode<'_>, program: &Program) -> Result<()> {
+    let sides = [
+        ("input", cn.node.inputs()?, program.inputs()),
+        ("output", cn.node.outputs()?, program.outputs()),
+    ];
+    for (what, values, specs) in sides {
+        if values.len() != specs.len() {
+            return Err(bad(
+                &cn.name,
+                format!(
+                    "it has {} {what}s, graph '{}' was compiled with {}",
+                    values.len(),
+                    cn.partition_name,
+                    specs.len()
+                ),
+            ));
+        }
+        for (i, (v, spec)) in values.iter().zip(specs).enumerate() {
+            let v = v.ok_or_else(|| bad(&cn.name, format!("{what} {i} is missing")))?;
+            let ty = tensor_type(&v)?.map_err(|reason| bad(&cn.name, format!("{what} {i} {reason}")))?;
+            if ty.shape != spec.shape {
+                return Err(bad(
+                    &cn.name,
+                    format!(
+                        "{what} {i} ('{}') has shape {:?}, graph '{}' was compiled for {:?}",
+                        v.name()?,
+                        ty.shape,
+                        cn.partition_name,
+                        spec.shape
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kiln_sources() {
+        assert!(
+            is_kiln_source("KilnExecutionProvider")
+                && is_kiln_source("KILN")
+                && is_kiln_source("kilnexecutionprovider")
+        );
+        assert!(!is_kiln_source("QNNExecutionProvider") && !is_kiln_source(""));
+    }
+
+    #[test]
+    fn paths_must_stay_inside_the_model_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("models");
+        std::fs::create_dir_all(base.join("sub")).unwrap();
+        std::fs::write(base.join("m_kiln.bin"), b"x").unwrap();
+        std::fs::write(base.join("sub/s_kiln.bin"), b"x").unwrap();
+        std::fs::write(dir.path().join("outside.bin"), b"x").unwrap();
+        assert!(resolve_inside(&base, "m_kiln.bin").is_ok());
+        assert!(resolve_inside(&base, "sub/s_kiln.bin").is_ok());
+        assert!(resolve_inside(&base, "").unwrap_err().contains("empty"));
+        assert!(resolve_inside(&base, "missing.bin")
+            .unwrap_err()
+            .contains("does not exist"));
+        assert!(resolve_inside(&base, "../outside.bin").unwrap_err().contains(".."));
+        let abs = dir.path().join("outside.bin");
+        assert!(resolve_inside(&base, abs.to_str().unwrap())
+            .unwrap_err()
+            .contains("absolute"));
+        std::os::unix::fs::symlink(dir.path().join("outside.bin"), base.join("link.bin")).unwrap();
+        assert!(resolve_inside(&base, "link.bin").unwrap_err().contains("symbolic link"));
+    }
+}
