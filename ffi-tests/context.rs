@@ -378,3 +378,43 @@ fn cross_compiled_models_load_here_and_are_suboptimal() {
         assert_eq!(err.code, sys::ORT_FAIL, "{}", err.message);
     }
 }
+
+fn mapped(path: &Path) -> bool {
+    let real = path.canonicalize().unwrap();
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .contains(real.to_str().unwrap())
+}
+
+#[test]
+fn embed_0_binary_is_memory_mapped_while_the_session_lives() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = compiled_amr(dir.path());
+    let bin = dir.path().join("add_mul_relu_kiln.bin");
+    assert!(!mapped(&bin));
+    let session = kiln_options(&host()).session(env(), &ctx).unwrap();
+    assert!(
+        mapped(&bin),
+        "kiln uses the weights in place from a mapping of the binary"
+    );
+    assert_close(&run_amr(&session), &reference_amr());
+    drop(session);
+    assert!(!mapped(&bin), "the mapping goes with the session");
+}
+
+#[test]
+fn model_from_bytes_loads_its_binary_relative_to_context_file_path() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = compiled_amr(dir.path());
+    let bytes = std::fs::read(&ctx).unwrap();
+    let err = kiln_options(&host()).session_from_bytes(env(), &bytes).err().unwrap();
+    assert_eq!(err.code, sys::ORT_INVALID_GRAPH, "{}", err.message);
+    assert!(err.message.contains("ep.context_file_path"), "{}", err.message);
+    let session = kiln_options(&host())
+        .config("ep.context_file_path", ctx.to_str().unwrap())
+        .session_from_bytes(env(), &bytes)
+        .unwrap();
+    assert_close(&run_amr(&session), &reference_amr());
+}

@@ -324,7 +324,51 @@ fn max_target_env_lowers_the_host_target() {
     assert!(avx512.is_virtual());
     let err = kiln_session("add_mul_relu.onnx", &avx512, &[]).err().unwrap();
     assert_create_ep_error(&err, "2 : INVALID_ARGUMENT", &["x86_64-avx512 cannot run on this host"]);
+
+    // Cross-compiling for the AVX-512 virtual device still works ...
+    let compile_opts = SessionOptions::new().with_devices(env(), &[&avx512], &[]).unwrap();
+    let input = CompileInput::Path(&model("add_mul_relu.onnx"));
+    let compiled = compile(env(), &compile_opts, input, CompileOutput::Buffer, true, 0)
+        .unwrap()
+        .unwrap();
+    let host = host_device();
+    let info = kiln_ep::context::compatibility_info(Target::Avx512);
+    assert_eq!(
+        model_compatibility(&[&host], &info).unwrap(),
+        sys::OrtCompiledModelCompatibility_EP_UNSUPPORTED
+    );
+    // ... but this "host" refuses to load it: ORT on kiln's verdict,
+    let err = kiln_session_from_bytes(&host, &compiled).err().unwrap();
+    assert_eq!(err.code, sys::ORT_FAIL, "{}", err.message);
+    assert!(err.message.contains("not supported"), "{}", err.message);
+    // and kiln itself when the model carries no compatibility info.
+    let key = b"ep_compatibility_info.KilnExecutionProvider";
+    let stripped = replace_bytes(&compiled, key, b"xx_compatibility_info.KilnExecutionProvider");
+    let err = kiln_session_from_bytes(&host, &stripped).err().unwrap();
+    assert_eq!(err.code, sys::ORT_INVALID_GRAPH, "{}", err.message);
+    assert!(err.message.contains("compiled for x86_64-avx512"), "{}", err.message);
     drop(reg);
+}
+
+fn kiln_session_from_bytes(device: &EpDevice, bytes: &[u8]) -> OrtResult<Session> {
+    SessionOptions::new()
+        .with_devices(env(), &[device], &[])?
+        .session_from_bytes(env(), bytes)
+}
+
+/// Replaces every occurrence of `from` by the same-length `to`.
+fn replace_bytes(data: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let mut out = data.to_vec();
+    let mut found = 0;
+    for i in 0..=out.len() - from.len() {
+        if &out[i..i + from.len()] == from {
+            out[i..i + from.len()].copy_from_slice(to);
+            found += 1;
+        }
+    }
+    assert!(found > 0, "pattern not found");
+    out
 }
 
 #[test]

@@ -11,7 +11,7 @@ mod validate;
 mod weight;
 
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 pub use weight::{AlignedBytes, Storage, Weight, STORAGE_ALIGN};
 
@@ -34,10 +34,11 @@ impl TensorSpec {
     }
 }
 
-/// A program constant: its static shape and its data.
+/// A program constant: its static shape and its data. Cheap to clone (a
+/// hostile file may reference one weight many times).
 #[derive(Clone, Debug)]
 pub struct Constant {
-    pub shape: Vec<usize>,
+    pub shape: Arc<[usize]>,
     pub data: Weight,
 }
 
@@ -455,7 +456,7 @@ mod tests {
             inputs: vec![spec("x")],
             outputs: vec![spec("y"), spec("z")],
             constants: vec![Constant {
-                shape: vec![],
+                shape: Arc::new([]),
                 data: Weight::from_vec(vec![1.0]),
             }],
             steps: vec![

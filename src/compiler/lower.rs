@@ -166,7 +166,7 @@ impl Lowering<'_> {
         }
         let (v, data) = &self.graph.constants[k];
         self.constants.push(Constant {
-            shape: self.graph.values[*v].ty.shape.clone(),
+            shape: self.graph.values[*v].ty.shape.clone().into(),
             data: data.clone(),
         });
         self.constant_index[k] = Some(self.constants.len() - 1);

@@ -178,7 +178,10 @@ fn weight(storage: &Arc<dyn Storage>, header: &Header, w: &proto::WeightInfo) ->
     let file_offset = (header.data_offset + w.offset) as usize;
     let data = Weight::in_storage(storage.clone(), file_offset, numel.unwrap_or(0))?;
     check_hash(&data, &w.content_hash)?;
-    Ok(Constant { shape, data })
+    Ok(Constant {
+        shape: shape.into(),
+        data,
+    })
 }
 
 /// The per-weight hash is what sharing across files will trust, so check it

@@ -296,7 +296,7 @@ fn shared_weights_are_stored_once() {
     let ptr = |p: &Program| {
         p.constants()
             .iter()
-            .find(|c| c.shape == [8])
+            .find(|c| *c.shape == [8])
             .unwrap()
             .data
             .as_bytes()
@@ -351,6 +351,10 @@ fn weights_point_into_the_storage() {
         }
     }
     assert_eq!(seen, 4);
+    // Programs keep the storage alive after the binary and the caller let go.
+    let p = ctx.program("a").unwrap().unwrap();
+    drop((ctx, s));
+    assert_same_program(&p, &compile(&graph_a(), Target::Generic).unwrap());
 }
 
 #[test]

@@ -16,7 +16,7 @@ use crate::target::Target;
 
 /// A weight to store, keyed by dtype, shape and contents.
 struct Pending {
-    shape: Vec<usize>,
+    shape: std::sync::Arc<[usize]>,
     hash: u128,
     data: Weight,
 }

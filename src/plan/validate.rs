@@ -188,7 +188,7 @@ mod tests {
             inputs: vec![spec("x", &[2, 2])],
             outputs: vec![spec("y", &[2, 2])],
             constants: vec![Constant {
-                shape: vec![2],
+                shape: vec![2].into(),
                 data: Weight::from_vec(vec![1.0, 2.0]),
             }],
             steps: vec![
@@ -226,7 +226,7 @@ mod tests {
         assert_eq!(y, [0.0, 2.0, 2.0, 4.0]);
         assert_eq!(p.arena_len(), 4);
         assert_eq!(p.op_counts().len(), 2);
-        assert_eq!(p.constants()[0].shape, vec![2]);
+        assert_eq!(*p.constants()[0].shape, [2]);
         // Clones share constants and run on their own scratch.
         let q = p.clone();
         assert!(matches!(q.scratch, ScratchPool { .. }));
@@ -343,7 +343,7 @@ mod tests {
         p.outputs[0].name.clear();
         refused(p, "empty name");
         let mut p = parts();
-        p.constants[0].shape = vec![3];
+        p.constants[0].shape = vec![3].into();
         refused(p, "constant 0");
         let mut p = parts();
         p.outputs.push(spec("z", &[1]));
