@@ -197,7 +197,11 @@ mod tests {
             0,
             "no temporary or partial file left"
         );
-        write_atomically(&path, |out| Ok(out.write_all(b"whole").unwrap())).unwrap();
+        write_atomically(&path, |out| {
+            out.write_all(b"whole").unwrap();
+            Ok(())
+        })
+        .unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"whole");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
