@@ -232,6 +232,12 @@ fn c_program_runs_models_on_kiln() {
 }
 
 #[test]
+fn c_program_compiles_through_the_compile_api_then_loads() {
+    let work = tempfile::tempdir().unwrap();
+    run_program("compile_load", &[work.path().to_str().unwrap()], &[]);
+}
+
+#[test]
 fn c_program_sees_virtual_devices() {
     run_program("virtual_devices", &[], &[]);
 }
