@@ -25,6 +25,12 @@ typedef struct KilnStats {
   uint64_t context_files_opened;
   // Graphs loaded from EPContext nodes instead of being compiled.
   uint64_t context_graphs_loaded;
+  // Context binaries taken from the shared workspace instead of being opened.
+  uint64_t context_files_shared;
+  // Bytes of context binary files written.
+  uint64_t context_bytes_written;
+  // Weight bytes not written because an identical weight was already stored.
+  uint64_t context_bytes_deduplicated;
 } KilnStats;
 
 // Entry point ORT calls after loading the library: creates kiln's one factory.

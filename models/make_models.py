@@ -23,6 +23,10 @@ all_ops.onnx       Every op kiln supports (Add Sub Mul Div Relu Sigmoid Tanh Neg
                    broadcasting, initializers as first and second inputs, one
                    graph output that is also consumed inside the graph, and
                    Sqrt / Div only ever applied to strictly positive values.
+share_{a,b,c}.onnx Three "fine-tunes" of one backbone for weight-sharing tests:
+                   X: float[4,64,64]; H = Relu(X * W_backbone + B_backbone)
+                   (identical 16 KiB weights in all three), Y = Tanh(H * W_head)
+                   with a 16 KiB head of each model's own.
 demo.onnx          A small MLP-ish block: per-channel scale/shift -> MatMul (CPU for
                    now) -> bias Add -> SiLU (x * Sigmoid(x)) -> Tanh -> residual Add.
                    kiln runs the elementwise parts on both sides of the MatMul.
@@ -196,6 +200,28 @@ def make_all_ops() -> onnx.ModelProto:
     )
 
 
+def make_share(which: str) -> onnx.ModelProto:
+    backbone = np.random.default_rng(100)
+    w = backbone.uniform(0.5, 1.5, size=(64, 64)).astype(np.float32)
+    b = backbone.uniform(-0.5, 0.5, size=(64, 64)).astype(np.float32)
+    head = np.random.default_rng({"a": 1, "b": 2, "c": 3}[which]).uniform(-1, 1, size=(64, 64))
+    nodes = [
+        helper.make_node("Mul", ["X", "W_backbone"], ["xw"], name="backbone_mul"),
+        helper.make_node("Add", ["xw", "B_backbone"], ["xb"], name="backbone_add"),
+        helper.make_node("Relu", ["xb"], ["H"], name="backbone_relu"),
+        helper.make_node("Mul", ["H", "W_head"], ["hy"], name="head_mul"),
+        helper.make_node("Tanh", ["hy"], ["Y"], name="head_tanh"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        f"share_{which}",
+        [_vi("X", [4, 64, 64])],
+        [_vi("Y", [4, 64, 64])],
+        [_init("W_backbone", w), _init("B_backbone", b), _init("W_head", head)],
+    )
+    return _model(graph, f"weight-sharing test model {which}: shared backbone, own head")
+
+
 def make_demo() -> onnx.ModelProto:
     rng = np.random.default_rng(1004)
     d_in, d_hidden = 16, 16
@@ -238,6 +264,9 @@ BUILDERS = {
     "unsupported.onnx": make_unsupported,
     "all_ops.onnx": make_all_ops,
     "demo.onnx": make_demo,
+    "share_a.onnx": lambda: make_share("a"),
+    "share_b.onnx": lambda: make_share("b"),
+    "share_c.onnx": lambda: make_share("c"),
 }
 
 

@@ -20,6 +20,12 @@ pub struct KilnStats {
     pub context_files_opened: u64,
     /// Graphs loaded from EPContext nodes instead of being compiled.
     pub context_graphs_loaded: u64,
+    /// Context binaries taken from the shared workspace instead of being opened.
+    pub context_files_shared: u64,
+    /// Bytes of context binary files written.
+    pub context_bytes_written: u64,
+    /// Weight bytes not written because an identical weight was already stored.
+    pub context_bytes_deduplicated: u64,
 }
 
 static EPS_CREATED: AtomicU64 = AtomicU64::new(0);
@@ -28,6 +34,9 @@ static NODES: AtomicU64 = AtomicU64::new(0);
 static COMPUTES: AtomicU64 = AtomicU64::new(0);
 static FILES_OPENED: AtomicU64 = AtomicU64::new(0);
 static GRAPHS_LOADED: AtomicU64 = AtomicU64::new(0);
+static FILES_SHARED: AtomicU64 = AtomicU64::new(0);
+static BYTES_WRITTEN: AtomicU64 = AtomicU64::new(0);
+static BYTES_DEDUPLICATED: AtomicU64 = AtomicU64::new(0);
 
 pub fn ep_created() {
     EPS_CREATED.fetch_add(1, Ordering::Relaxed);
@@ -50,6 +59,15 @@ pub fn context_graph_loaded() {
     GRAPHS_LOADED.fetch_add(1, Ordering::Relaxed);
 }
 
+pub fn context_file_shared() {
+    FILES_SHARED.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn context_written(bytes: u64, deduplicated: u64) {
+    BYTES_WRITTEN.fetch_add(bytes, Ordering::Relaxed);
+    BYTES_DEDUPLICATED.fetch_add(deduplicated, Ordering::Relaxed);
+}
+
 pub fn snapshot() -> KilnStats {
     KilnStats {
         eps_created: EPS_CREATED.load(Ordering::Relaxed),
@@ -58,5 +76,8 @@ pub fn snapshot() -> KilnStats {
         compute_calls: COMPUTES.load(Ordering::Relaxed),
         context_files_opened: FILES_OPENED.load(Ordering::Relaxed),
         context_graphs_loaded: GRAPHS_LOADED.load(Ordering::Relaxed),
+        context_files_shared: FILES_SHARED.load(Ordering::Relaxed),
+        context_bytes_written: BYTES_WRITTEN.load(Ordering::Relaxed),
+        context_bytes_deduplicated: BYTES_DEDUPLICATED.load(Ordering::Relaxed),
     }
 }

@@ -81,3 +81,26 @@ def kiln_dev(kiln_name):
     devs = [d for d in tu.kiln_devices() if not kiln.is_virtual(d)]
     assert len(devs) == 1, f"expected one kiln host device, got {len(devs)}"
     return devs[0]
+
+
+@pytest.fixture(scope="module")
+def kiln_virtual(request, lib_path):
+    """kiln registered for the current module under a unique ``.virtual`` name:
+    {"host": host device, "<target>": device for every target (host's included)}."""
+    assert not tu.kiln_devices(), (
+        "a kiln registration leaked from an earlier test module: "
+        f"{[(d.ep_name, dict(d.ep_metadata)) for d in tu.kiln_devices()]}"
+    )
+    mod = request.module.__name__.rsplit(".", 1)[-1]
+    name = tu.unique_name(f"kiln_{mod}", kiln.VIRTUAL_SUFFIX)
+    ort.register_execution_provider_library(name, lib_path)
+    devs = tu.kiln_devices()
+    host = [d for d in devs if not kiln.is_virtual(d)]
+    assert len(host) == 1, f"expected one kiln host device, got {len(host)}"
+    out = {"host": host[0]}
+    for d in devs:
+        out.setdefault(kiln.device_target(d), d)
+    yield out
+    out.clear()
+    host = devs = None
+    tu.safe_unregister(name)

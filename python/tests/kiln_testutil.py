@@ -148,19 +148,19 @@ def run_kiln(model_path: str, device, feeds: Optional[Dict[str, np.ndarray]] = N
     stage = "session options"
     try:
         so = _session_options([device], options, config)
-        before = kiln.stats()
+        before = stats()
         stage = "session creation"
         # enable_fallback=0: the Python wrapper would otherwise catch an EP error,
         # print "EP Error ... Falling back" and silently retry on the CPU EP alone.
         sess = ort.InferenceSession(model_path, so, enable_fallback=0)
-        created = kiln.stats()
+        created = stats()
         names = [o.name for o in sess.get_outputs()]
         outs = None
         stage = "run"
         if feeds is not None:
             for _ in range(runs):
                 outs = sess.run(names, feeds)
-        after = kiln.stats()
+        after = stats()
         stage = "graph assignment info"
         assignment = [(sg.ep_name, [(n.name, n.op_type) for n in sg.get_nodes()])
                       for sg in sess.get_provider_graph_assignment_info()]
@@ -249,3 +249,296 @@ def safe_unregister(name: str) -> None:
         warnings.warn(f"not unregistering {name!r}: {n} InferenceSession(s) still alive")
         return
     ort.unregister_execution_provider_library(name)
+
+
+# --------------------------------------------------------------------------
+# EPContext helpers (test_epcontext_*.py)
+# --------------------------------------------------------------------------
+import ctypes  # noqa: E402
+import struct  # noqa: E402
+
+CTX_MAGIC = b"KILNCTX\x00"
+CTX_HEADER_SIZE = 64
+COMPAT_KEY = "ep_compatibility_info." + kiln.EP_NAME
+
+
+class KilnStatsV2(ctypes.Structure):
+    """``struct KilnStats`` (include/kiln_ep.h) as returned by ``kiln_ep_stats()``.
+
+    The struct is returned by value through a caller-provided buffer (x86-64 SysV:
+    larger than 16 bytes), so the buffer ctypes allocates must be at least as large
+    as the library's struct, which grows over time: the named fields are followed by
+    reserved room. Only the named fields are read."""
+
+    _fields_ = [
+        ("eps_created", ctypes.c_uint64),
+        ("partitions_compiled", ctypes.c_uint64),
+        ("nodes_compiled", ctypes.c_uint64),
+        ("compute_calls", ctypes.c_uint64),
+        ("context_files_opened", ctypes.c_uint64),
+        ("context_graphs_loaded", ctypes.c_uint64),
+        ("_reserved", ctypes.c_uint64 * 58),  # room for fields added later (512 bytes in all)
+    ]
+
+
+STATS_FIELDS = tuple(f for f, _ in KilnStatsV2._fields_ if not f.startswith("_"))
+
+
+_stats_fn = {}
+
+
+def stats(library_path: Optional[str] = None) -> Dict[str, int]:
+    """kiln's counters, including ``context_files_opened`` and ``context_graphs_loaded``."""
+    path = os.path.abspath(library_path or kiln.get_library_path())
+    fn = _stats_fn.get(path)
+    if fn is None:
+        fn = ctypes.CDLL(path).kiln_ep_stats
+        fn.argtypes = []
+        fn.restype = KilnStatsV2
+        _stats_fn[path] = fn
+    s = fn()
+    return {f: int(getattr(s, f)) for f in STATS_FIELDS}
+
+
+def kiln_session_options(device, config: Optional[Dict[str, str]] = None,
+                         options: Optional[Dict[str, str]] = None) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    for k, v in (config or {}).items():
+        so.add_session_config_entry(k, v)
+    so.add_provider_for_devices([device], dict(options or {}))
+    return so
+
+
+def generate_context(model, device, embed: int = 0, file_path: Optional[str] = None,
+                     config: Optional[Dict[str, str]] = None, options=None) -> None:
+    """The session-option route: create (and drop) a session with
+    ``ep.context_enable=1``. ``model`` is a path or bytes. Raises KilnSessionError."""
+    cfg = {"ep.context_enable": "1", "ep.context_embed_mode": str(embed)}
+    if file_path is not None:
+        cfg["ep.context_file_path"] = str(file_path)
+    cfg.update(config or {})
+    err = None
+    try:
+        sess = ort.InferenceSession(model, kiln_session_options(device, cfg, options), enable_fallback=0)
+        sess = None  # noqa: F841
+    except Exception as exc:  # noqa: BLE001 - re-raised below, detached
+        err = (type(exc), str(exc), "context generation")
+    if err is not None:
+        gc.collect()
+        raise KilnSessionError(*err)
+
+
+def compile_model(model, device, *, embed: bool, to: str = "file", output=None,
+                  flags: int = 0, config: Optional[Dict[str, str]] = None, options=None):
+    """The compile API (``ort.ModelCompiler``). ``model``: path or bytes. ``to``:
+    "file" (to ``output``; returns None), "bytes" or "stream" (returns the model
+    bytes; the stream's chunks joined). Raises KilnSessionError."""
+    err = None
+    result = None
+    try:
+        mc = ort.ModelCompiler(kiln_session_options(device, config, options),
+                               model if isinstance(model, bytes) else str(model),
+                               embed_compiled_data_into_model=embed, flags=flags)
+        if to == "file":
+            mc.compile_to_file(str(output))
+        elif to == "bytes":
+            result = mc.compile_to_bytes()
+        elif to == "stream":
+            chunks: List[bytes] = []
+            mc.compile_to_stream(lambda b: chunks.append(bytes(b)))
+            result = b"".join(chunks)
+        else:
+            raise ValueError(to)
+        mc = None  # noqa: F841
+    except Exception as exc:  # noqa: BLE001
+        err = (type(exc), str(exc), "compile")
+    if err is not None:
+        gc.collect()
+        raise KilnSessionError(*err)
+    return result
+
+
+def expect_error(fn, *args, **kwargs) -> KilnSessionError:
+    try:
+        fn(*args, **kwargs)
+    except KilnSessionError as e:
+        return e
+    raise AssertionError(f"{getattr(fn, '__name__', fn)} should have failed")
+
+
+def assert_error(err: KilnSessionError, exc_type, *needles):
+    assert err.exc_type is exc_type, f"expected {exc_type.__name__}, got {err}"
+    for n in needles:
+        assert n in err.message, f"{n!r} not in error message: {err.message!r}"
+
+
+def load_model_proto(model):
+    import onnx
+
+    if isinstance(model, (bytes, bytearray)):
+        return onnx.load_from_string(bytes(model))
+    return onnx.load(str(model))
+
+
+def attrs_of(node) -> Dict[str, object]:
+    """A node's attributes as Python values (bytes for strings)."""
+    import onnx
+
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def ep_context_nodes(model) -> list:
+    """The EPContext nodes of a model (path, bytes or ModelProto), in graph order."""
+    m = model if hasattr(model, "graph") else load_model_proto(model)
+    return [n for n in m.graph.node if n.op_type == "EPContext"]
+
+
+def metadata(model) -> Dict[str, str]:
+    m = model if hasattr(model, "graph") else load_model_proto(model)
+    return {p.key: p.value for p in m.metadata_props}
+
+
+def compat_info(target: str, version: str = kiln.__version__, fmt: int = 1) -> str:
+    return f"kiln;format={fmt};version={version};target={target}"
+
+
+def files_in(folder) -> List[str]:
+    return sorted(os.listdir(folder))
+
+
+# --- kiln context binary (docs/context-format.md) ---------------------------
+@dataclass
+class CtxHeader:
+    magic: bytes
+    version: int
+    header_size: int
+    metadata_offset: int
+    metadata_length: int
+    data_offset: int
+    data_length: int
+    checksum: bytes
+
+
+def parse_ctx_header(data: bytes) -> CtxHeader:
+    assert len(data) >= CTX_HEADER_SIZE, f"context binary of {len(data)} bytes has no header"
+    magic = data[:8]
+    version, header_size = struct.unpack_from("<II", data, 8)
+    mo, ml, do, dl = struct.unpack_from("<QQQQ", data, 16)
+    return CtxHeader(magic, version, header_size, mo, ml, do, dl, data[48:64])
+
+
+def _varint(buf: bytes, i: int) -> Tuple[int, int]:
+    shift = value = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, i
+        shift += 7
+
+
+def proto_fields(buf: bytes) -> List[Tuple[int, object]]:
+    """Top-level (field number, value) pairs of a protobuf message (wire types 0, 2)."""
+    out = []
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = _varint(buf, i)
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            v = buf[i:i + n]
+            i += n
+        elif wire == 1:
+            v = buf[i:i + 8]
+            i += 8
+        elif wire == 5:
+            v = buf[i:i + 4]
+            i += 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        out.append((field, v))
+    return out
+
+
+def _packed_or_single(values) -> List[int]:
+    out = []
+    for v in values:
+        if isinstance(v, int):
+            out.append(v)
+        else:
+            j = 0
+            while j < len(v):
+                x, j = _varint(v, j)
+                out.append(x)
+    return out
+
+
+@dataclass
+class CtxWeight:
+    offset: int
+    byte_length: int
+    dtype: int
+    shape: List[int]
+
+
+def parse_ctx_binary(data: bytes) -> Tuple[CtxHeader, Dict[str, object]]:
+    """Header and the metadata fields the tests look at: kiln_version, target,
+    weights (CtxWeight list), graphs (names)."""
+    h = parse_ctx_header(data)
+    meta = data[h.metadata_offset:h.metadata_offset + h.metadata_length]
+    info: Dict[str, object] = {"weights": [], "graphs": []}
+    for field, v in proto_fields(meta):
+        if field == 1:
+            info["kiln_version"] = v.decode()
+        elif field == 2:
+            info["target"] = v.decode()
+        elif field == 3:
+            w = dict()
+            shape = []
+            for f2, v2 in proto_fields(v):
+                if f2 == 4:
+                    shape.append(v2)
+                else:
+                    w[f2] = v2
+            info["weights"].append(CtxWeight(w.get(1, 0), w.get(2, 0), w.get(3, 0), _packed_or_single(shape)))
+        elif field == 4:
+            name = next((v2.decode() for f2, v2 in proto_fields(v) if f2 == 1), "")
+            info["graphs"].append(name)
+    return h, info
+
+
+def make_weighty_model(path: str, rows: int = 256, cols: int = 1024, seed: int = 7) -> Dict[str, object]:
+    """A model with a ~1 MB constant ``W`` [rows, cols] used by two kiln
+    partitions, split by a CPU-only ``Pow`` whose exponent ``E`` [cols] must stay
+    in the compiled model:
+
+        Y = Tanh(Pow(Relu(X * W + Bias), E) * W)
+
+    Returns {"path", "W", "Bias", "E", "weight_bytes"} (weight_bytes: what kiln compiles)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    bias = rng.standard_normal((cols,)).astype(np.float32)
+    e = np.full((cols,), 2.0, dtype=np.float32)
+    nodes = [
+        helper.make_node("Mul", ["X", "W"], ["m"], name="k1_mul"),
+        helper.make_node("Add", ["m", "Bias"], ["a"], name="k1_add"),
+        helper.make_node("Relu", ["a"], ["r"], name="k1_relu"),
+        helper.make_node("Pow", ["r", "E"], ["p"], name="cpu_pow"),
+        helper.make_node("Mul", ["p", "W"], ["q"], name="k2_mul"),
+        helper.make_node("Tanh", ["q"], ["Y"], name="k2_tanh"),
+    ]
+    vi = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, s)  # noqa: E731
+    graph = helper.make_graph(
+        nodes, "weighty", [vi("X", [rows, cols])], [vi("Y", [rows, cols])],
+        initializer=[numpy_helper.from_array(w, "W"), numpy_helper.from_array(bias, "Bias"),
+                     numpy_helper.from_array(e, "E")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, path)
+    return {"path": path, "W": w, "Bias": bias, "E": e, "weight_bytes": w.nbytes + bias.nbytes}

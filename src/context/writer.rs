@@ -15,13 +15,16 @@ use crate::plan::{Constant, Program, Weight, STORAGE_ALIGN};
 use crate::target::Target;
 
 /// A weight to store, keyed by dtype, shape and contents.
+#[derive(Clone)]
 struct Pending {
     shape: std::sync::Arc<[usize]>,
     hash: u128,
     data: Weight,
 }
 
-/// Builds a context binary from compiled programs of one target.
+/// Builds a context binary from compiled programs of one target. Cloning is
+/// cheap (weights are shared), which lets a caller add graphs all-or-nothing.
+#[derive(Clone)]
 pub struct ContextBuilder {
     target: Target,
     weights: Vec<Pending>,

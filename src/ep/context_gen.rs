@@ -32,6 +32,12 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
         .zip(&names)
         .map(|(p, name)| base_node(ep, model_path, p, name))
         .collect();
+    if ep.config.context.embed_mode && ep.config.context.share {
+        return Err(Error::invalid_argument(
+            "ep.share_ep_contexts=1 shares one context binary file between models, which needs \
+             ep.context_embed_mode=0 (embed mode 1 puts a copy of the weights into every model)",
+        ));
+    }
     if ep.config.context.embed_mode {
         for ((node, part), name) in nodes.iter_mut().zip(parts).zip(&names) {
             let mut builder = ContextBuilder::new(ep.target);
@@ -43,11 +49,11 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
         }
         return Ok(nodes);
     }
-    let (bin_path, bin_name) = binary_location(ep, model_path)?;
-    let mut builder = ContextBuilder::new(ep.target);
-    for (part, name) in parts.iter().zip(&names) {
-        builder.add_graph(name, part.program)?;
-    }
+    let bin_name = if ep.config.context.share {
+        write_shared(ep, model_path, parts, &names)?
+    } else {
+        write_own(ep, model_path, parts, &names)?
+    };
     for (i, node) in nodes.iter_mut().enumerate() {
         node.attributes.push(("embed_mode", AttrValue::Int(0)));
         node.attributes.push(("main_context", AttrValue::Int((i == 0) as i64)));
@@ -56,17 +62,68 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
                 .push(("ep_cache_context", AttrValue::Bytes(bin_name.clone().into_bytes())));
         }
     }
+    Ok(nodes)
+}
+
+/// Embed mode 0 without sharing: this model's own `<model>_kiln.bin`.
+fn write_own(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>], names: &[String]) -> Result<String> {
+    let (bin_path, bin_name) = binary_location(ep, model_path)?;
+    let mut builder = ContextBuilder::new(ep.target);
+    for (part, name) in parts.iter().zip(names) {
+        builder.add_graph(name, part.program)?;
+    }
     let stats = write_atomically(&bin_path, |out| builder.write_to(out))?;
+    log_written(ep, &bin_path, &stats);
+    Ok(bin_name)
+}
+
+/// `ep.share_ep_contexts=1`: add this model's graphs to the group's binary.
+fn write_shared(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>], names: &[String]) -> Result<String> {
+    let (own_path, _) = binary_location(ep, model_path)?;
+    let folder = own_path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let stem = own_path
+        .file_name()
+        .map(|n| n.to_string_lossy().trim_end_matches("_kiln.bin").to_string())
+        .unwrap_or_else(|| "model".into());
+    let graphs: Vec<(String, &Program)> = names.iter().cloned().zip(parts.iter().map(|p| p.program)).collect();
+    let shared = super::share::add_to_group(
+        ep.target,
+        &folder,
+        &stem,
+        &graphs,
+        ep.config.context.stop_share,
+        |path, b| write_atomically(path, |out| b.write_to(out)),
+    )?;
+    match &shared.written {
+        Some(stats) => log_written(ep, &shared.bin_path, stats),
+        None => ep.logger.info(|| {
+            format!(
+                "model {} of a shared context group: {} graph(s) added to '{}' (written by the session with \
+                 ep.stop_share_ep_contexts=1)",
+                shared.model_index,
+                graphs.len(),
+                shared.bin_path.display()
+            )
+        }),
+    }
+    Ok(shared.bin_name)
+}
+
+fn log_written(ep: &KilnEp, path: &Path, stats: &crate::context::WriteStats) {
     ep.logger.info(|| {
         format!(
-            "wrote context binary '{}' ({} bytes, {} graph(s), {} weight bytes)",
-            bin_path.display(),
+            "wrote context binary '{}' ({} bytes, {} graph(s), {} of {} weight bytes stored after sharing)",
+            path.display(),
             stats.file_bytes,
             stats.graphs,
-            stats.weight_bytes_stored
+            stats.weight_bytes_stored,
+            stats.weight_bytes_referenced
         )
     });
-    Ok(nodes)
+    crate::stats::context_written(
+        stats.file_bytes,
+        stats.weight_bytes_referenced - stats.weight_bytes_stored,
+    );
 }
 
 fn base_node(ep: &KilnEp, model_path: Option<&Path>, part: &Generated<'_>, partition_name: &str) -> EpContextNode {

@@ -147,13 +147,25 @@ pub struct LoadedBinaries {
 }
 
 impl LoadedBinaries {
-    fn file(&mut self, path: &Path, node: &str) -> Result<Arc<ContextBinary>> {
+    fn file(&mut self, path: &Path, node: &str, share: bool) -> Result<Arc<ContextBinary>> {
         if let Some(b) = self.files.get(path) {
             return Ok(b.clone());
         }
-        let storage = map_file(path).map_err(|e| bad(node, e))?;
-        let binary = parse(storage, node, &path.display().to_string())?;
-        stats::context_file_opened();
+        let binary = match share.then(|| super::share::loaded(path)).flatten() {
+            Some(b) => {
+                stats::context_file_shared();
+                b
+            }
+            None => {
+                let storage = map_file(path).map_err(|e| bad(node, e))?;
+                let b = parse(storage, node, &path.display().to_string())?;
+                stats::context_file_opened();
+                if share {
+                    super::share::publish(path, &b);
+                }
+                b
+            }
+        };
         self.files.insert(path.to_path_buf(), binary.clone());
         self.all.push((path.display().to_string(), binary.clone()));
         Ok(binary)
@@ -187,6 +199,9 @@ pub fn load_all(ep: &KilnEp, base: Option<&Path>, nodes: &[&ContextNode<'_>]) ->
         .chain((0..nodes.len()).filter(|&i| nodes[i].main_context == 0));
     for i in order {
         programs[i] = Some(load_one(ep, base, nodes[i], &mut loaded)?);
+    }
+    if ep.config.context.share && ep.config.context.stop_share {
+        super::share::stop_sharing_loaded();
     }
     Ok(programs.into_iter().flatten().collect())
 }
@@ -222,7 +237,7 @@ fn load_one(ep: &KilnEp, base: Option<&Path>, cn: &ContextNode<'_>, loaded: &mut
                     )
                 })?;
                 let path = resolve_inside(base, &rel).map_err(|cause| bad(&cn.name, cause))?;
-                loaded.file(&path, &cn.name)?
+                loaded.file(&path, &cn.name, ep.config.context.share)?
             }
             other => return Err(bad(&cn.name, format!("embed_mode {other} is not 0 or 1"))),
         }

@@ -7,6 +7,7 @@ pub mod context_gen;
 pub mod context_load;
 pub mod options;
 pub mod partition;
+pub mod share;
 
 use std::ffi::{CStr, CString};
 
