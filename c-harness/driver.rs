@@ -292,7 +292,7 @@ fn headers_compile_standalone() {
          #include \"kiln_ort_abi.h\"\n\
          _Static_assert(sizeof(KilnStats) == KILN_STATS_SIZE_FROM_RUST,\n\
          \x20              \"KilnStats in include/kiln_ep.h differs from the library's: make header\");\n\
-         int main(void) {\n  KilnStats s = kiln_ep_stats();\n  return (int)s.compute_calls;\n}\n",
+         int main(void) {\n  KilnStats s;\n  return (int)kiln_ep_stats(&s, sizeof s);\n}\n",
     )
     .unwrap();
     std::fs::rename(&tmp, &both).unwrap();

@@ -54,15 +54,26 @@ void harness_init(void) {
   printf("ONNX Runtime %s, API version %d\n", version, ORT_API_VERSION);
 }
 
+static kiln_ep_stats_raw_fn g_kiln_stats;
+
+static KilnStats snapshot_stats(void) {
+  KilnStats s;
+  memset(&s, 0, sizeof s);
+  size_t size = g_kiln_stats(&s, sizeof s);
+  if (size != sizeof s)
+    die("the library's KilnStats is %zu bytes, include/kiln_ep.h's %zu: regenerate the header", size,
+        sizeof s);
+  return s;
+}
+
 kiln_ep_stats_fn load_kiln_stats(const char* kiln_path, void** handle) {
   *handle = dlopen(kiln_path, RTLD_NOW | RTLD_LOCAL);
   if (*handle == NULL) die("dlopen %s: %s", kiln_path, dlerror());
   void* sym = dlsym(*handle, "kiln_ep_stats");
   if (sym == NULL) die("dlsym kiln_ep_stats in %s: %s", kiln_path, dlerror());
-  kiln_ep_stats_fn fn;
   /* POSIX guarantees object and function pointers convert; memcpy keeps ISO C quiet. */
-  memcpy(&fn, &sym, sizeof fn);
-  return fn;
+  memcpy(&g_kiln_stats, &sym, sizeof g_kiln_stats);
+  return snapshot_stats;
 }
 
 void print_stats(const char* label, KilnStats s) {

@@ -18,9 +18,12 @@
 #define KILN_VENDOR "kiln"
 
 /* kiln_ep.h's declaration and the pointer we look up with dlsym must agree. */
+typedef size_t (*kiln_ep_stats_raw_fn)(KilnStats*, size_t);
+_Static_assert(_Generic(&kiln_ep_stats, kiln_ep_stats_raw_fn: 1, default: 0),
+               "kiln_ep_stats in kiln_ep.h is not size_t(KilnStats*, size_t)");
+
+/* What the harness programs call: a snapshot of kiln's counters. */
 typedef KilnStats (*kiln_ep_stats_fn)(void);
-_Static_assert(_Generic(&kiln_ep_stats, kiln_ep_stats_fn: 1, default: 0),
-               "kiln_ep_stats in kiln_ep.h is not KilnStats(void)");
 
 /*
  * The driver (driver.rs) passes the size of the library's KilnStats as the

@@ -51,7 +51,14 @@ OrtStatus *CreateEpFactories(const char *registered_name,
 // `factory` must come from `CreateEpFactories` and not be used afterwards.
 OrtStatus *ReleaseEpFactory(OrtEpFactory *factory);
 
-// kiln's counters since the library was loaded (see `KilnStats`).
-struct KilnStats kiln_ep_stats(void);
+// Copies kiln's counters since the library was loaded into `*out`, at most
+// `out_size` bytes, and returns the size of the library's `KilnStats`.
+// Callers pass `sizeof(KilnStats)` as they know it: a caller built against
+// an older, smaller `KilnStats` gets the fields it knows, never an overrun.
+// `out` may be NULL to ask for the size only.
+//
+// # Safety
+// `out` must be NULL or point to `out_size` writable bytes.
+size_t kiln_ep_stats(struct KilnStats *out, size_t out_size);
 
 #endif  /* KILN_EP_H */

@@ -489,11 +489,19 @@ impl Drop for Session {
 pub fn kiln_stats() -> kiln_ep::stats::KilnStats {
     static LIB: OnceLock<libloading::Library> = OnceLock::new();
     let lib = LIB.get_or_init(|| unsafe { libloading::Library::new(kiln_library_path()) }.expect("load kiln"));
-    // SAFETY: exported with this signature (include/kiln_ep.h).
-    unsafe {
-        let f: libloading::Symbol<extern "C" fn() -> kiln_ep::stats::KilnStats> = lib.get(b"kiln_ep_stats").unwrap();
-        f()
-    }
+    let mut out = kiln_ep::stats::KilnStats::default();
+    // SAFETY: exported with this signature (include/kiln_ep.h); `out` is writable.
+    let size = unsafe {
+        let f: libloading::Symbol<unsafe extern "C" fn(*mut kiln_ep::stats::KilnStats, usize) -> usize> =
+            lib.get(b"kiln_ep_stats").unwrap();
+        f(&mut out, std::mem::size_of_val(&out))
+    };
+    assert_eq!(
+        size,
+        std::mem::size_of_val(&out),
+        "library and test disagree on KilnStats"
+    );
+    out
 }
 
 /// Largest absolute difference, after checking shapes match.

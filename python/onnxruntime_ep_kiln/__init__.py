@@ -249,13 +249,22 @@ def create_session(model, device=None, options: Optional[Dict[str, str]] = None,
 # stats
 # --------------------------------------------------------------------------
 class KilnStats(ctypes.Structure):
-    """Mirror of ``struct KilnStats`` returned by ``kiln_ep_stats()``."""
+    """Mirror of ``struct KilnStats`` (include/kiln_ep.h).
+
+    ``kiln_ep_stats(out, size)`` copies at most ``size`` bytes, so this mirror
+    may lag behind the library's struct safely: newer fields are just not read.
+    """
 
     _fields_ = [
         ("eps_created", ctypes.c_uint64),
         ("partitions_compiled", ctypes.c_uint64),
         ("nodes_compiled", ctypes.c_uint64),
         ("compute_calls", ctypes.c_uint64),
+        ("context_files_opened", ctypes.c_uint64),
+        ("context_graphs_loaded", ctypes.c_uint64),
+        ("context_files_shared", ctypes.c_uint64),
+        ("context_bytes_written", ctypes.c_uint64),
+        ("context_bytes_deduplicated", ctypes.c_uint64),
     ]
 
 
@@ -272,8 +281,8 @@ def _stats_function(path: str):
         fn = lib.kiln_ep_stats
     except AttributeError as exc:
         raise RuntimeError(f"{path} does not export kiln_ep_stats()") from exc
-    fn.argtypes = []
-    fn.restype = KilnStats
+    fn.argtypes = [ctypes.POINTER(KilnStats), ctypes.c_size_t]
+    fn.restype = ctypes.c_size_t
     return fn
 
 
@@ -281,7 +290,10 @@ def stats(library_path: Optional[str] = None) -> Dict[str, int]:
     """kiln's process-wide counters as a dict.
 
     Keys: ``eps_created``, ``partitions_compiled``, ``nodes_compiled``,
-    ``compute_calls``. Counts since the library was loaded into this process.
+    ``compute_calls``, ``context_files_opened``, ``context_graphs_loaded``,
+    ``context_files_shared``, ``context_bytes_written``,
+    ``context_bytes_deduplicated``. Counts since the library was loaded into
+    this process.
     Reads the library registered most recently through :func:`register` (or
     ``library_path``, or :func:`get_library_path`); the dynamic loader hands
     back the very instance ONNX Runtime loaded, so the counters include work
@@ -291,5 +303,8 @@ def stats(library_path: Optional[str] = None) -> Dict[str, int]:
         with _lock:
             paths = list(_registered.values())
         library_path = paths[-1] if paths else get_library_path()
-    s = _stats_function(os.path.abspath(library_path))()
-    return {f: int(getattr(s, f)) for f in STAT_FIELDS}
+    s = KilnStats()
+    size = _stats_function(os.path.abspath(library_path))(ctypes.byref(s), ctypes.sizeof(s))
+    # An older library fills fewer fields; report only what it has.
+    known = [f for f, t in KilnStats._fields_ if getattr(KilnStats, f).offset + ctypes.sizeof(t) <= size]
+    return {f: int(getattr(s, f)) for f in known}

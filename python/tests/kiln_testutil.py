@@ -29,7 +29,7 @@ MODELS_DIR = os.path.join(REPO_DIR, "models")
 RTOL = 1e-5
 ATOL = 1e-6
 
-MODEL_NAMES = ("add_mul_relu", "split", "unsupported", "all_ops", "demo")
+MODEL_NAMES = ("add_mul_relu", "split", "unsupported", "all_ops", "demo", "share_a", "share_b", "share_c")
 SUPPORTED_OPS = ("Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "Neg", "Abs",
                  "Sqrt", "Exp", "Identity")
 
@@ -262,42 +262,12 @@ CTX_HEADER_SIZE = 64
 COMPAT_KEY = "ep_compatibility_info." + kiln.EP_NAME
 
 
-class KilnStatsV2(ctypes.Structure):
-    """``struct KilnStats`` (include/kiln_ep.h) as returned by ``kiln_ep_stats()``.
-
-    The struct is returned by value through a caller-provided buffer (x86-64 SysV:
-    larger than 16 bytes), so the buffer ctypes allocates must be at least as large
-    as the library's struct, which grows over time: the named fields are followed by
-    reserved room. Only the named fields are read."""
-
-    _fields_ = [
-        ("eps_created", ctypes.c_uint64),
-        ("partitions_compiled", ctypes.c_uint64),
-        ("nodes_compiled", ctypes.c_uint64),
-        ("compute_calls", ctypes.c_uint64),
-        ("context_files_opened", ctypes.c_uint64),
-        ("context_graphs_loaded", ctypes.c_uint64),
-        ("_reserved", ctypes.c_uint64 * 58),  # room for fields added later (512 bytes in all)
-    ]
-
-
-STATS_FIELDS = tuple(f for f, _ in KilnStatsV2._fields_ if not f.startswith("_"))
-
-
-_stats_fn = {}
+STATS_FIELDS = kiln.STAT_FIELDS
 
 
 def stats(library_path: Optional[str] = None) -> Dict[str, int]:
-    """kiln's counters, including ``context_files_opened`` and ``context_graphs_loaded``."""
-    path = os.path.abspath(library_path or kiln.get_library_path())
-    fn = _stats_fn.get(path)
-    if fn is None:
-        fn = ctypes.CDLL(path).kiln_ep_stats
-        fn.argtypes = []
-        fn.restype = KilnStatsV2
-        _stats_fn[path] = fn
-    s = fn()
-    return {f: int(getattr(s, f)) for f in STATS_FIELDS}
+    """kiln's counters (the package's ``stats()``, which reads every field)."""
+    return kiln.stats(library_path or kiln.get_library_path())
 
 
 def kiln_session_options(device, config: Optional[Dict[str, str]] = None,

@@ -290,8 +290,6 @@ def test_split_one_binary_main_context_then_zeros(models, kiln_virtual, tmp_path
     assert run.subgraphs_on(KILN) == 3
 
 
-@pytest.mark.xfail(strict=True, reason="kiln bug: main_context=1 goes to the first partition ORT "
-                   "compiles, which is the LAST EPContext node in graph order for split.onnx")
 def test_split_main_context_node_is_first_in_graph_order(models, kiln_virtual, tmp_path):
     """Documented: 'first node main_context=1, then 0s'. Readers of other EPs (and
     humans) look for the main context node first in the graph."""

@@ -49,7 +49,7 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
         let generated = partitions
             .iter()
             .zip(&programs)
-            .map(|(p, program)| generated(p.fused_node, program))
+            .map(|(p, program)| generated(p.graph, p.fused_node, program))
             .collect::<Result<Vec<_>>>()?;
         for (slot, node) in ep_context
             .iter_mut()
@@ -146,7 +146,17 @@ fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Progr
     Ok(program)
 }
 
-fn generated<'p>(fused: Node<'_>, program: &'p Program) -> Result<Generated<'p>> {
+/// The smallest original node id in a partition: ORT writes the compiled
+/// model's nodes in that order, so it tells which EPContext node comes first.
+fn first_node_id(graph: Graph<'_>) -> Result<usize> {
+    graph
+        .nodes()?
+        .iter()
+        .map(|n| n.id())
+        .try_fold(usize::MAX, |min, id| Ok(min.min(id?)))
+}
+
+fn generated<'p>(graph: Graph<'_>, fused: Node<'_>, program: &'p Program) -> Result<Generated<'p>> {
     let names = |values: Vec<Option<ValueInfo<'_>>>| -> Result<Vec<String>> {
         values
             .into_iter()
@@ -154,6 +164,7 @@ fn generated<'p>(fused: Node<'_>, program: &'p Program) -> Result<Generated<'p>>
             .collect()
     };
     Ok(Generated {
+        first_node: first_node_id(graph)?,
         fused_name: fused.name()?,
         inputs: names(fused.inputs()?)?,
         outputs: names(fused.outputs()?)?,

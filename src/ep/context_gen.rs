@@ -13,6 +13,8 @@ use crate::plan::Program;
 
 /// A compiled partition on its way into an EPContext node.
 pub struct Generated<'a> {
+    /// Orders the partitions as ORT writes them (see `compile::first_node_id`).
+    pub first_node: usize,
     /// The fused node's name (the EPContext node must carry it).
     pub fused_name: String,
     pub inputs: Vec<String>,
@@ -54,10 +56,13 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
     } else {
         write_own(ep, model_path, parts, &names)?
     };
+    // The node ORT writes first names the file; the others find their graph in it.
+    let main = (0..parts.len()).min_by_key(|&i| parts[i].first_node).unwrap_or(0);
     for (i, node) in nodes.iter_mut().enumerate() {
         node.attributes.push(("embed_mode", AttrValue::Int(0)));
-        node.attributes.push(("main_context", AttrValue::Int((i == 0) as i64)));
-        if i == 0 {
+        node.attributes
+            .push(("main_context", AttrValue::Int((i == main) as i64)));
+        if i == main {
             node.attributes
                 .push(("ep_cache_context", AttrValue::Bytes(bin_name.clone().into_bytes())));
         }

@@ -38,8 +38,13 @@ pub struct ContextNode<'a> {
     pub cache_context: Option<Vec<u8>>,
 }
 
-fn bad(node: &str, cause: impl std::fmt::Display) -> Error {
-    Error::invalid_graph(format!("kiln EPContext node '{node}': {cause}"))
+/// The longest `ep_cache_context` kiln takes for a file name.
+const MAX_PATH_BYTES: usize = 4096;
+
+/// A file name `embed_mode=0` can mean: short UTF-8 text without control characters.
+fn as_file_name(bytes: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    (bytes.len() <= MAX_PATH_BYTES && !text.chars().any(char::is_control)).then_some(text)
 }
 
 fn text_attr(node: &Node<'_>, name: &str) -> Result<Option<String>> {
@@ -67,22 +72,50 @@ pub fn source_of(node: &Node<'_>) -> Result<Option<String>> {
 
 impl<'a> ContextNode<'a> {
     pub fn read(node: Node<'a>) -> Result<ContextNode<'a>> {
-        let name = node.name()?;
-        let partition_name = text_attr(&node, "partition_name")?
-            .filter(|p| !p.is_empty())
-            .ok_or_else(|| bad(&name, "it has no partition_name attribute"))?;
-        Ok(ContextNode {
-            embed_mode: int_attr(&node, "embed_mode", 1)?,
-            main_context: int_attr(&node, "main_context", 1)?,
-            cache_context: node
+        let embed_mode = int_attr(&node, "embed_mode", 1)?;
+        // An embedded payload is read later, straight into aligned memory.
+        let cache_context = match embed_mode {
+            1 => None,
+            _ => node
                 .attribute("ep_cache_context")?
                 .map(|a| a.bytes())
                 .transpose()?
                 .flatten(),
+        };
+        let cn = ContextNode {
+            embed_mode,
+            main_context: int_attr(&node, "main_context", 1)?,
+            cache_context,
+            partition_name: text_attr(&node, "partition_name")?.unwrap_or_default(),
+            name: node.name()?,
             node,
-            name,
-            partition_name,
-        })
+        };
+        if cn.partition_name.is_empty() {
+            return Err(cn.fail("it has no partition_name attribute"));
+        }
+        Ok(cn)
+    }
+
+    /// Where the node's compiled graph comes from, for messages.
+    fn origin(&self) -> String {
+        match (self.main_context, self.embed_mode, self.cache_context.as_deref()) {
+            (0, _, _) => "main_context=0, no file of its own".into(),
+            (_, 1, _) => "embedded payload in ep_cache_context".into(),
+            (_, _, Some(b)) => match as_file_name(b) {
+                Some(name) => format!("file '{name}'"),
+                None => format!("ep_cache_context of {} bytes that is not a file name", b.len()),
+            },
+            (_, _, None) => "no ep_cache_context".into(),
+        }
+    }
+
+    /// An `ORT_INVALID_GRAPH` naming the node, where its graph comes from, and `cause`.
+    fn fail(&self, cause: impl std::fmt::Display) -> Error {
+        Error::invalid_graph(format!(
+            "kiln EPContext node '{}' ({}): {cause}",
+            self.name,
+            self.origin()
+        ))
     }
 }
 
@@ -142,12 +175,12 @@ pub fn resolve_inside(base: &Path, relative: &str) -> std::result::Result<PathBu
 #[derive(Default)]
 pub struct LoadedBinaries {
     files: HashMap<PathBuf, Arc<ContextBinary>>,
-    /// Every binary of this Compile call, in load order (for main_context=0).
-    all: Vec<(String, Arc<ContextBinary>)>,
+    /// Every binary this session loaded, in load order (for main_context=0).
+    all: Vec<Arc<ContextBinary>>,
 }
 
 impl LoadedBinaries {
-    fn file(&mut self, path: &Path, node: &str, share: bool) -> Result<Arc<ContextBinary>> {
+    fn file(&mut self, path: &Path, share: bool) -> Result<Arc<ContextBinary>> {
         if let Some(b) = self.files.get(path) {
             return Ok(b.clone());
         }
@@ -157,8 +190,7 @@ impl LoadedBinaries {
                 b
             }
             None => {
-                let storage = map_file(path).map_err(|e| bad(node, e))?;
-                let b = parse(storage, node, &path.display().to_string())?;
+                let b = parse(map_file(path)?).map_err(|e| e.context(format!("'{}'", path.display())))?;
                 stats::context_file_opened();
                 if share {
                     super::share::publish(path, &b);
@@ -167,26 +199,23 @@ impl LoadedBinaries {
             }
         };
         self.files.insert(path.to_path_buf(), binary.clone());
-        self.all.push((path.display().to_string(), binary.clone()));
+        self.all.push(binary.clone());
         Ok(binary)
     }
 
-    fn embedded(&mut self, payload: &[u8], node: &str) -> Result<Arc<ContextBinary>> {
-        let storage: Arc<dyn Storage> = Arc::new(AlignedBytes::copy_from(payload));
-        let binary = parse(storage, node, "the embedded payload")?;
-        self.all.push((format!("the payload of node '{node}'"), binary.clone()));
+    fn embedded(&mut self, payload: AlignedBytes) -> Result<Arc<ContextBinary>> {
+        let binary = parse(Arc::new(payload))?;
+        self.all.push(binary.clone());
         Ok(binary)
     }
 
     fn find(&self, partition: &str) -> Option<&Arc<ContextBinary>> {
-        self.all.iter().map(|(_, b)| b).find(|b| b.contains(partition))
+        self.all.iter().find(|b| b.contains(partition))
     }
 }
 
-fn parse(storage: Arc<dyn Storage>, node: &str, what: &str) -> Result<Arc<ContextBinary>> {
-    ContextBinary::parse(storage)
-        .map(Arc::new)
-        .map_err(|e| bad(node, format!("{what}: {e}")))
+fn parse(storage: Arc<dyn Storage>) -> Result<Arc<ContextBinary>> {
+    ContextBinary::parse(storage).map(Arc::new)
 }
 
 /// Rebuilds the program of every EPContext node: primary nodes first, so
@@ -209,70 +238,79 @@ pub fn load_all(ep: &KilnEp, base: Option<&Path>, nodes: &[&ContextNode<'_>]) ->
 fn load_one(ep: &KilnEp, base: Option<&Path>, cn: &ContextNode<'_>, loaded: &mut LoadedBinaries) -> Result<Program> {
     let binary = if cn.main_context == 0 {
         loaded.find(&cn.partition_name).cloned().ok_or_else(|| {
-            bad(
-                &cn.name,
-                format!(
-                    "main_context=0 but no context binary loaded in this session holds graph '{}'",
-                    cn.partition_name
-                ),
-            )
+            cn.fail(format!(
+                "main_context=0 but no context binary loaded in this session holds graph '{}'",
+                cn.partition_name
+            ))
         })?
     } else {
-        let payload = cn
-            .cache_context
-            .as_deref()
-            .filter(|p| !p.is_empty())
-            .ok_or_else(|| bad(&cn.name, "ep_cache_context is empty or absent"))?;
-        match cn.embed_mode {
-            1 => loaded.embedded(payload, &cn.name)?,
-            0 => {
-                let rel = String::from_utf8_lossy(payload).into_owned();
-                let base = base.ok_or_else(|| {
-                    bad(
-                        &cn.name,
-                        format!(
-                            "'{rel}' is relative to the model's folder, but the model was loaded from bytes; \
-                         set ep.context_file_path to a path in the folder holding the binary"
-                        ),
-                    )
-                })?;
-                let path = resolve_inside(base, &rel).map_err(|cause| bad(&cn.name, cause))?;
-                loaded.file(&path, &cn.name, ep.config.context.share)?
-            }
-            other => return Err(bad(&cn.name, format!("embed_mode {other} is not 0 or 1"))),
-        }
+        open_binary(ep, base, cn, loaded)?
     };
     let program = binary
         .program(&cn.partition_name)
-        .map_err(|e| bad(&cn.name, e))?
+        .map_err(|e| cn.fail(e))?
         .ok_or_else(|| {
-            bad(
-                &cn.name,
-                format!(
-                    "graph '{}' is not in its context binary (it holds: {})",
-                    cn.partition_name,
-                    binary.graph_names().join(", ")
-                ),
-            )
+            cn.fail(format!(
+                "graph '{}' is not in its context binary (it holds: {})",
+                cn.partition_name,
+                binary.graph_names().join(", ")
+            ))
         })?;
     check_runnable(ep, cn, &program)?;
     check_io(cn, &program)?;
     Ok(program)
 }
 
+/// The binary a primary node names: its payload, or a file beside the model.
+fn open_binary(
+    ep: &KilnEp,
+    base: Option<&Path>,
+    cn: &ContextNode<'_>,
+    loaded: &mut LoadedBinaries,
+) -> Result<Arc<ContextBinary>> {
+    if cn.embed_mode == 1 {
+        // Read straight into aligned memory: the weights are used in place.
+        let payload = cn
+            .node
+            .attribute("ep_cache_context")?
+            .map(|a| a.aligned_bytes())
+            .transpose()?
+            .flatten()
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| cn.fail("ep_cache_context is empty or absent"))?;
+        return loaded.embedded(payload).map_err(|e| cn.fail(e));
+    }
+    if cn.embed_mode != 0 {
+        return Err(cn.fail(format!("embed_mode {} is not 0 or 1", cn.embed_mode)));
+    }
+    let payload = cn
+        .cache_context
+        .as_deref()
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| cn.fail("ep_cache_context is empty or absent"))?;
+    let rel = as_file_name(payload).ok_or_else(|| {
+        cn.fail("embed_mode=0 expects a file name relative to the model; was the node written with embed_mode=1?")
+    })?;
+    let base = base.ok_or_else(|| {
+        cn.fail(
+            "the file is relative to the model's folder, but the model was loaded from bytes; \
+             set ep.context_file_path to a path in the folder holding the binary",
+        )
+    })?;
+    let path = resolve_inside(base, rel).map_err(|cause| cn.fail(cause))?;
+    loaded.file(&path, ep.config.context.share).map_err(|e| cn.fail(e))
+}
+
 fn check_runnable(ep: &KilnEp, cn: &ContextNode<'_>, program: &Program) -> Result<()> {
     if program.target().can_run_on(ep.host) {
         return Ok(());
     }
-    Err(bad(
-        &cn.name,
-        format!(
-            "graph '{}' was compiled for {}, which this host cannot run (best: {}); recompile the model for this machine",
-            cn.partition_name,
-            program.target().name(),
-            ep.host.name()
-        ),
-    ))
+    Err(cn.fail(format!(
+        "graph '{}' was compiled for {}, which this host cannot run (best: {}); recompile the model for this machine",
+        cn.partition_name,
+        program.target().name(),
+        ep.host.name()
+    )))
 }
 
 /// The node's inputs and outputs must be the ones the graph was compiled for.
@@ -283,30 +321,24 @@ fn check_io(cn: &ContextNode<'_>, program: &Program) -> Result<()> {
     ];
     for (what, values, specs) in sides {
         if values.len() != specs.len() {
-            return Err(bad(
-                &cn.name,
-                format!(
-                    "it has {} {what}s, graph '{}' was compiled with {}",
-                    values.len(),
-                    cn.partition_name,
-                    specs.len()
-                ),
-            ));
+            return Err(cn.fail(format!(
+                "it has {} {what}s, graph '{}' was compiled with {}",
+                values.len(),
+                cn.partition_name,
+                specs.len()
+            )));
         }
         for (i, (v, spec)) in values.iter().zip(specs).enumerate() {
-            let v = v.ok_or_else(|| bad(&cn.name, format!("{what} {i} is missing")))?;
-            let ty = tensor_type(&v)?.map_err(|reason| bad(&cn.name, format!("{what} {i} {reason}")))?;
+            let v = v.ok_or_else(|| cn.fail(format!("{what} {i} is missing")))?;
+            let ty = tensor_type(&v)?.map_err(|reason| cn.fail(format!("{what} {i} {reason}")))?;
             if ty.shape != spec.shape {
-                return Err(bad(
-                    &cn.name,
-                    format!(
-                        "{what} {i} ('{}') has shape {:?}, graph '{}' was compiled for {:?}",
-                        v.name()?,
-                        ty.shape,
-                        cn.partition_name,
-                        spec.shape
-                    ),
-                ));
+                return Err(cn.fail(format!(
+                    "{what} {i} ('{}') has shape {:?}, graph '{}' was compiled for {:?}",
+                    v.name()?,
+                    ty.shape,
+                    cn.partition_name,
+                    spec.shape
+                )));
             }
         }
     }

@@ -66,8 +66,23 @@ pub unsafe extern "C" fn ReleaseEpFactory(factory: *mut sys::OrtEpFactory) -> *m
     })
 }
 
-/// kiln's counters since the library was loaded (see `KilnStats`).
+/// Copies kiln's counters since the library was loaded into `*out`, at most
+/// `out_size` bytes, and returns the size of the library's `KilnStats`.
+/// Callers pass `sizeof(KilnStats)` as they know it: a caller built against
+/// an older, smaller `KilnStats` gets the fields it knows, never an overrun.
+/// `out` may be NULL to ask for the size only.
+///
+/// # Safety
+/// `out` must be NULL or point to `out_size` writable bytes.
 #[no_mangle]
-pub extern "C" fn kiln_ep_stats() -> KilnStats {
-    stats::snapshot()
+pub unsafe extern "C" fn kiln_ep_stats(out: *mut KilnStats, out_size: usize) -> usize {
+    let snapshot = stats::snapshot();
+    let size = std::mem::size_of::<KilnStats>();
+    if !out.is_null() {
+        let n = out_size.min(size);
+        // SAFETY: `out` has `out_size` writable bytes (contract) and the
+        // snapshot has `size`; n is at most both.
+        unsafe { std::ptr::copy_nonoverlapping((&snapshot as *const KilnStats).cast::<u8>(), out.cast::<u8>(), n) };
+    }
+    size
 }

@@ -212,39 +212,61 @@ impl Attribute<'_> {
         Ok(Some(v))
     }
 
-    /// A STRING attribute's bytes (binary-safe); `None` for another type.
-    pub fn bytes(&self) -> Result<Option<Vec<u8>>> {
+    /// A STRING attribute's bytes copied once into 64-byte-aligned memory, so
+    /// weights inside them can be used in place; `None` for another type.
+    pub fn aligned_bytes(&self) -> Result<Option<crate::plan::AlignedBytes>> {
         if self.kind()? != sys::ORT_OP_ATTR_STRING {
             return Ok(None);
         }
-        let api = Api::get();
+        let needed = self.string_len()?;
+        let mut buf = crate::plan::AlignedBytes::zeroed(needed);
+        if needed > 0 {
+            self.read_string(buf.bytes_mut())?;
+        }
+        Ok(Some(buf))
+    }
+
+    fn string_len(&self) -> Result<usize> {
         let mut needed = 0usize;
         // SAFETY: a size query (NULL buffer) reports the byte count; ORT answers
         // it with an INVALID_ARGUMENT status, which is expected here.
         let status = unsafe {
             ort!(
-                api.ort,
+                Api::get().ort,
                 ReadOpAttr(self.0, sys::ORT_OP_ATTR_STRING, std::ptr::null_mut(), 0, &mut needed)
             )
         };
         // SAFETY: status from ORT.
         let _ = unsafe { check(status) };
-        let mut buf = vec![0u8; needed];
-        if needed > 0 {
-            let mut written = 0usize;
-            // SAFETY: the buffer holds `needed` bytes.
-            unsafe {
-                check(ort!(
-                    api.ort,
-                    ReadOpAttr(
-                        self.0,
-                        sys::ORT_OP_ATTR_STRING,
-                        buf.as_mut_ptr().cast(),
-                        needed,
-                        &mut written
-                    )
-                ))?
-            };
+        Ok(needed)
+    }
+
+    fn read_string(&self, buf: &mut [u8]) -> Result<usize> {
+        let mut written = 0usize;
+        // SAFETY: the buffer holds buf.len() bytes.
+        unsafe {
+            check(ort!(
+                Api::get().ort,
+                ReadOpAttr(
+                    self.0,
+                    sys::ORT_OP_ATTR_STRING,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    &mut written
+                )
+            ))?
+        };
+        Ok(written)
+    }
+
+    /// A STRING attribute's bytes (binary-safe); `None` for another type.
+    pub fn bytes(&self) -> Result<Option<Vec<u8>>> {
+        if self.kind()? != sys::ORT_OP_ATTR_STRING {
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; self.string_len()?];
+        if !buf.is_empty() {
+            let written = self.read_string(&mut buf)?;
             buf.truncate(written);
         }
         Ok(Some(buf))

@@ -1,0 +1,427 @@
+"""kiln-share-ctx-gen: compile several models into EPContext models that share one weights binary.
+
+kiln's counterpart of ONNX Runtime's ``ep_weight_sharing_ctx_gen``::
+
+    kiln-share-ctx-gen model1.onnx model2.onnx ... --output-dir DIR
+        [--embed-mode 0] [--target TARGET | --device-target TARGET]
+        [--option key=value ...] [--config key=value ...] [--prefix-per-model]
+        [--library PATH] [--verbose]
+
+    python -m onnxruntime_ep_kiln.share ...        (the same, without installing)
+
+The models are compiled in the order given, as one *sharing group*, through
+ONNX Runtime's compile API (``ort.ModelCompiler``) with the session entries
+``ep.share_ep_contexts=1`` on every model and ``ep.stop_share_ep_contexts=1`` on
+the last. For N models kiln writes N + 1 files into ``DIR``:
+
+* ``DIR/<stem>_ctx.onnx`` for every model ``<stem>.onnx`` -- the compiled model,
+  whose EPContext nodes name the shared binary;
+* ``DIR/<first stem>_kiln.bin`` -- one context binary holding the compiled graphs
+  of every model, each distinct weight (same shape and bytes) stored once. It is
+  written (atomically) only when the last model has been compiled. "first" is
+  the first model kiln compiled something from (normally model1).
+
+Load the ``_ctx.onnx`` files like any kiln EPContext model; add the session entry
+``ep.share_ep_contexts=1`` so that sessions of one process map the binary once
+and share the weights in memory (without it, each session maps the file itself).
+
+The tool prints every file it wrote with its size, and what sharing saved: the
+weight bytes kiln did not store twice (kiln's ``context_bytes_deduplicated``
+counter) and the models' own initializer bytes against the binary's size.
+
+Options:
+
+``--output-dir DIR``   where all files go (created if missing). Every model's
+                       stem must be distinct (the outputs are ``<stem>_ctx.onnx``).
+``--embed-mode 0``     the only mode that shares: mode 1 (weights inside each
+                       model) is refused with an error.
+``--target T``         compile for target T (``x86_64-avx512``, ``x86_64-avx2``,
+                       ``x86_64-generic``). For a target other than the host's,
+                       kiln is registered as ``kiln.virtual`` and its virtual
+                       device of that target is used, so any target can be
+                       compiled on any x86-64 host. Default: the host's target.
+``--device-target T``  the same as ``--target`` (picks kiln's device by target).
+``--option k=v``       a kiln EP option (``disabled_ops=Tanh``, ...); repeatable.
+``--config k=v``       an extra session config entry; repeatable. The entries the
+                       tool manages (``ep.share_ep_contexts``,
+                       ``ep.stop_share_ep_contexts``, ``ep.context_enable``,
+                       ``ep.context_embed_mode``, ``ep.context_file_path``) are
+                       refused.
+``--prefix-per-model`` set ``ep.context_node_name_prefix=<stem>_`` for every model,
+                       so graphs never clash inside the shared binary.
+``--library PATH``     ``libkiln_ep.so`` to use (default: ``KILN_EP_LIBRARY``, the
+                       package's copy, or the checkout's ``target/release``).
+``--verbose``          ONNX Runtime's and kiln's info logs on stderr.
+
+Exit status 0 when all N + 1 files were written; otherwise a one-line
+``kiln-share-ctx-gen: error: ...`` on stderr and status 1 (2 for bad command
+lines). On failure, the ``_ctx.onnx`` files this run wrote are removed, and no
+binary is written (kiln writes it only when the last model compiled), so a
+failed run leaves no half-usable set behind.
+
+Limitations: the last model must be one kiln compiles something from (the stop
+entry is acted on when kiln compiles); otherwise the tool fails with a message
+saying so. A sharing group is process-wide: use :func:`compile_group` from
+Python only when no other group is being built in the same process.
+
+From Python::
+
+    from onnxruntime_ep_kiln import share
+    report = share.compile_group(["a.onnx", "b.onnx"], "out", device=kiln_device)
+    print(report.binary, report.binary_bytes, report.bytes_deduplicated)
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import onnxruntime as ort
+
+import onnxruntime_ep_kiln as kiln
+
+PROG = "kiln-share-ctx-gen"
+
+#: Session config entries the tool sets itself.
+MANAGED_CONFIG = (
+    "ep.share_ep_contexts",
+    "ep.stop_share_ep_contexts",
+    "ep.context_enable",
+    "ep.context_embed_mode",
+    "ep.context_file_path",
+)
+
+
+class ShareError(Exception):
+    """A failure worth a one-line message."""
+
+
+# --------------------------------------------------------------------------
+# kiln's counters (every field, read with room to spare)
+# --------------------------------------------------------------------------
+class _Stats(ctypes.Structure):
+    # struct KilnStats (include/kiln_ep.h). It is returned by value through a
+    # caller-provided buffer, so the buffer must be at least as large as the
+    # library's struct: reserve room for fields added later.
+    _fields_ = [
+        ("eps_created", ctypes.c_uint64),
+        ("partitions_compiled", ctypes.c_uint64),
+        ("nodes_compiled", ctypes.c_uint64),
+        ("compute_calls", ctypes.c_uint64),
+        ("context_files_opened", ctypes.c_uint64),
+        ("context_graphs_loaded", ctypes.c_uint64),
+        ("context_files_shared", ctypes.c_uint64),
+        ("context_bytes_written", ctypes.c_uint64),
+        ("context_bytes_deduplicated", ctypes.c_uint64),
+        ("_reserved", ctypes.c_uint64 * 55),
+    ]
+
+
+STAT_FIELDS = tuple(f for f, _ in _Stats._fields_ if not f.startswith("_"))
+_stat_fns: Dict[str, object] = {}
+
+
+def stats(library_path: Optional[str] = None) -> Dict[str, int]:
+    """All of kiln's counters, including the EPContext / sharing ones
+    (``context_files_opened``, ``context_files_shared``, ``context_graphs_loaded``,
+    ``context_bytes_written``, ``context_bytes_deduplicated``)."""
+    path = os.path.abspath(library_path or _registered_library() or kiln.get_library_path())
+    fn = _stat_fns.get(path)
+    if fn is None:
+        fn = ctypes.CDLL(path).kiln_ep_stats
+        fn.argtypes = []
+        fn.restype = _Stats
+        _stat_fns[path] = fn
+    s = fn()
+    return {f: int(getattr(s, f)) for f in STAT_FIELDS}
+
+
+def _registered_library() -> Optional[str]:
+    paths = [kiln._registered[n] for n in kiln.registered_names() if n in kiln._registered]
+    return paths[-1] if paths else None
+
+
+# --------------------------------------------------------------------------
+# the group
+# --------------------------------------------------------------------------
+@dataclass
+class ModelResult:
+    model: str
+    output: str
+    output_bytes: int
+    partitions: int
+    initializer_bytes: Optional[int]
+
+
+@dataclass
+class Report:
+    output_dir: str
+    target: str
+    models: List[ModelResult] = field(default_factory=list)
+    binary: str = ""
+    binary_bytes: int = 0
+    #: kiln's context_bytes_deduplicated for this group: weight bytes stored once instead of twice or more.
+    bytes_deduplicated: int = 0
+    #: kiln's context_bytes_written for this group.
+    bytes_written: int = 0
+
+    @property
+    def files(self) -> List[str]:
+        return [m.output for m in self.models] + ([self.binary] if self.binary else [])
+
+    @property
+    def initializer_bytes(self) -> Optional[int]:
+        sizes = [m.initializer_bytes for m in self.models]
+        return None if any(s is None for s in sizes) else sum(sizes)
+
+
+def initializer_bytes(model_path: str) -> Optional[int]:
+    """Bytes of a model's initializers (from shapes and types; external data is not read).
+    None if ``onnx`` is not installed."""
+    try:
+        import onnx
+        from onnx import helper
+    except ImportError:
+        return None
+    m = onnx.load(model_path, load_external_data=False)
+    total = 0
+
+    def add(t):
+        nonlocal total
+        n = 1
+        for d in t.dims:
+            n *= d
+        try:
+            size = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        except Exception:  # noqa: BLE001 - exotic types: fall back to the raw payload
+            total += len(t.raw_data)
+            return
+        total += n * size
+
+    def walk(g):
+        for t in g.initializer:
+            add(t)
+        for node in g.node:
+            for a in node.attribute:
+                if a.g is not None and a.HasField("g"):
+                    walk(a.g)
+                for sub in a.graphs:
+                    walk(sub)
+
+    walk(m.graph)
+    return total
+
+
+def _stem(path: str) -> str:
+    base = os.path.basename(path)
+    return base[:-5] if base.lower().endswith(".onnx") else os.path.splitext(base)[0]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def compile_group(models: Sequence[str], output_dir: str, device, *,
+                  ep_options: Optional[Dict[str, str]] = None,
+                  config: Optional[Dict[str, str]] = None,
+                  prefix_per_model: bool = False,
+                  library_path: Optional[str] = None,
+                  log=None) -> Report:
+    """Compile ``models`` (in order) with kiln on ``device`` into ``output_dir`` as one
+    sharing group; return what was written. Raises :class:`ShareError`; on error the
+    ``_ctx.onnx`` files this call wrote are removed and no binary is written -- but the
+    process-wide group stays open until a session with ``ep.stop_share_ep_contexts=1``
+    compiles, so after an error only a fresh process is safe for a new group."""
+    if not models:
+        raise ShareError("no models given")
+    ep_options = dict(ep_options or {})
+    config = dict(config or {})
+    for key in config:
+        if key in MANAGED_CONFIG:
+            raise ShareError(f"session entry '{key}' is set by {PROG}; do not pass it with --config")
+    stems: Dict[str, str] = {}
+    for m in models:
+        if not os.path.isfile(m):
+            raise ShareError(f"model '{m}' does not exist")
+        s = _stem(m)
+        if s in stems:
+            raise ShareError(
+                f"models '{stems[s]}' and '{m}' would both be written to '{s}_ctx.onnx'; "
+                "give every model its own file name")
+        stems[s] = m
+    os.makedirs(output_dir, exist_ok=True)
+    for m in models:
+        out = os.path.join(output_dir, f"{_stem(m)}_ctx.onnx")
+        if os.path.abspath(out) == os.path.abspath(m):
+            raise ShareError(f"output '{out}' would overwrite its input model")
+
+    report = Report(output_dir=output_dir, target=kiln.device_target(device))
+    written: List[str] = []
+    start = stats(library_path)
+    first_compiled: Optional[str] = None
+    err = None
+    try:
+        for i, m in enumerate(models):
+            last = i == len(models) - 1
+            out = os.path.join(output_dir, f"{_stem(m)}_ctx.onnx")
+            so = ort.SessionOptions()
+            for k, v in config.items():
+                so.add_session_config_entry(k, v)
+            so.add_session_config_entry("ep.share_ep_contexts", "1")
+            if last:
+                so.add_session_config_entry("ep.stop_share_ep_contexts", "1")
+            if prefix_per_model:
+                so.add_session_config_entry("ep.context_node_name_prefix", f"{_stem(m)}_")
+            so.add_provider_for_devices([device], ep_options)
+            before = stats(library_path)
+            try:
+                compiler = ort.ModelCompiler(so, m, embed_compiled_data_into_model=False)
+                compiler.compile_to_file(out)
+                compiler = None  # noqa: F841
+            except Exception as exc:  # noqa: BLE001 - re-raised below, detached from ORT objects
+                err = f"compiling '{m}' (model {i + 1} of {len(models)}) failed: {_one_line(exc)}"
+                break
+            written.append(out)
+            parts = stats(library_path)["partitions_compiled"] - before["partitions_compiled"]
+            if parts and first_compiled is None:
+                first_compiled = m
+            report.models.append(ModelResult(m, out, os.path.getsize(out), parts, initializer_bytes(m)))
+            if log:
+                log(f"compiled {m} -> {out} ({parts} kiln partition(s))")
+            if last and parts == 0:
+                err = (f"kiln compiled nothing from the last model '{m}', so the group was not ended and "
+                       "no binary was written; put a model kiln compiles last")
+    finally:
+        so = None
+        gc.collect()
+    if err is None and first_compiled is None:
+        err = "kiln compiled nothing from any model; there is nothing to share"
+    if err is None:
+        binary = os.path.join(output_dir, f"{_stem(first_compiled)}_kiln.bin")
+        if not os.path.isfile(binary):
+            err = f"kiln did not write the shared binary '{binary}'"
+        else:
+            report.binary = binary
+            report.binary_bytes = os.path.getsize(binary)
+    if err is not None:
+        for f in written:
+            try:
+                os.remove(f)
+            except OSError:
+                pass
+        raise ShareError(err)
+    end = stats(library_path)
+    report.bytes_deduplicated = end["context_bytes_deduplicated"] - start["context_bytes_deduplicated"]
+    report.bytes_written = end["context_bytes_written"] - start["context_bytes_written"]
+    return report
+
+
+def format_report(report: Report) -> str:
+    rows = [(m.output, m.output_bytes, f"{m.partitions} kiln partition(s)") for m in report.models]
+    rows.append((report.binary, report.binary_bytes, "shared context binary"))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{PROG}: {len(report.models)} model(s) -> {len(rows)} file(s) in "
+             f"{report.output_dir} (target {report.target})"]
+    for path, size, what in rows:
+        lines.append(f"  {path:<{width}}  {size:>14,} bytes  {what}")
+    lines.append(f"sharing saved {report.bytes_deduplicated:,} bytes: identical weights stored once "
+                 "(kiln context_bytes_deduplicated)")
+    init = report.initializer_bytes
+    if init is not None:
+        pct = 100.0 * report.binary_bytes / init if init else 0.0
+        lines.append(f"the models' initializers: {init:,} bytes in total; the shared binary: "
+                     f"{report.binary_bytes:,} bytes ({pct:.1f}%)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------
+def _key_value(text: str):
+    if "=" not in text or text.startswith("="):
+        raise argparse.ArgumentTypeError(f"expected key=value, got '{text}'")
+    k, v = text.split("=", 1)
+    return k.strip(), v
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, status 2
+        self.exit(2, f"{self.prog}: error: {_one_line(message)}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Compile models with kiln into EPContext models sharing one weights binary.")
+    p.add_argument("models", nargs="+", help="ONNX models, compiled in this order")
+    p.add_argument("--output-dir", "-o", required=True, help="folder for every output file")
+    p.add_argument("--embed-mode", type=int, default=0, choices=(0, 1),
+                   help="0 (default; the only mode that shares)")
+    tg = p.add_mutually_exclusive_group()
+    tg.add_argument("--target", choices=kiln.TARGETS, help="compile for this target (default: the host's)")
+    tg.add_argument("--device-target", choices=kiln.TARGETS, help="the same as --target")
+    p.add_argument("--option", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                   help="kiln EP option, e.g. disabled_ops=Tanh (repeatable)")
+    p.add_argument("--config", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                   help="extra session config entry (repeatable)")
+    p.add_argument("--prefix-per-model", action="store_true",
+                   help="set ep.context_node_name_prefix=<stem>_ for every model")
+    p.add_argument("--library", help="path of libkiln_ep.so")
+    p.add_argument("--verbose", "-v", action="store_true", help="ONNX Runtime / kiln info logs")
+    return p
+
+
+def _device_for(target: Optional[str], library: Optional[str]):
+    """Register kiln and return (registration name, device)."""
+    name = kiln.register(kiln.DEFAULT_NAME, library)
+    host = kiln.host_device()
+    if target is None or kiln.device_target(host) == target:
+        return name, host
+    kiln.unregister(name)
+    name = kiln.register(kiln.DEFAULT_NAME + kiln.VIRTUAL_SUFFIX, library)
+    devs = kiln.devices(target=target)
+    if not devs:
+        raise ShareError(f"kiln offers no device for target {target}")
+    return name, devs[0]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.embed_mode != 0:
+        print(f"{PROG}: error: --embed-mode 1 cannot share weights: kiln's sharing needs "
+              "ep.context_embed_mode=0 (one binary file beside the models)", file=sys.stderr)
+        return 2
+    ort.set_default_logger_severity(0 if args.verbose else 3)
+    name = None
+    code = 0
+    try:
+        library = os.path.abspath(args.library) if args.library else kiln.get_library_path()
+        if args.library and not os.path.isfile(library):
+            raise ShareError(f"library '{args.library}' does not exist")
+        try:
+            name, device = _device_for(args.target or args.device_target, library)
+        except ShareError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise ShareError(f"cannot register kiln from '{library}': {_one_line(exc)}") from None
+        report = compile_group(
+            args.models, args.output_dir, device,
+            ep_options=dict(args.option), config=dict(args.config),
+            prefix_per_model=args.prefix_per_model, library_path=library,
+            log=(lambda s: print(s, file=sys.stderr)) if args.verbose else None)
+        device = None
+        print(format_report(report))
+    except (ShareError, FileNotFoundError) as exc:
+        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        code = 1
+    device = None
+    if name is not None and code == 0:
+        # Only after a successful run: a failure may leave ORT objects alive.
+        kiln.unregister(name)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
