@@ -60,6 +60,12 @@ lint: deps
 header: venv
 	KILN_BLESS=1 $(CARGO) test --release --test abi committed_header_matches_cbindgen
 
+# Benchmarks (not tests): results go to bench/results/*.md.
+bench: build venv
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/session_creation.py
+	@if [ -f bench/weight_sharing.py ]; then KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/weight_sharing.py; fi
+	@if [ -f bench/gemm.rs ]; then $(CARGO) bench --bench gemm; fi
+
 models: venv
 	$(VPY) models/make_models.py
 

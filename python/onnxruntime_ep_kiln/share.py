@@ -73,7 +73,6 @@ From Python::
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import os
 import sys
@@ -101,48 +100,11 @@ class ShareError(Exception):
 
 
 # --------------------------------------------------------------------------
-# kiln's counters (every field, read with room to spare)
+# kiln's counters
 # --------------------------------------------------------------------------
-class _Stats(ctypes.Structure):
-    # struct KilnStats (include/kiln_ep.h). It is returned by value through a
-    # caller-provided buffer, so the buffer must be at least as large as the
-    # library's struct: reserve room for fields added later.
-    _fields_ = [
-        ("eps_created", ctypes.c_uint64),
-        ("partitions_compiled", ctypes.c_uint64),
-        ("nodes_compiled", ctypes.c_uint64),
-        ("compute_calls", ctypes.c_uint64),
-        ("context_files_opened", ctypes.c_uint64),
-        ("context_graphs_loaded", ctypes.c_uint64),
-        ("context_files_shared", ctypes.c_uint64),
-        ("context_bytes_written", ctypes.c_uint64),
-        ("context_bytes_deduplicated", ctypes.c_uint64),
-        ("_reserved", ctypes.c_uint64 * 55),
-    ]
-
-
-STAT_FIELDS = tuple(f for f, _ in _Stats._fields_ if not f.startswith("_"))
-_stat_fns: Dict[str, object] = {}
-
-
 def stats(library_path: Optional[str] = None) -> Dict[str, int]:
-    """All of kiln's counters, including the EPContext / sharing ones
-    (``context_files_opened``, ``context_files_shared``, ``context_graphs_loaded``,
-    ``context_bytes_written``, ``context_bytes_deduplicated``)."""
-    path = os.path.abspath(library_path or _registered_library() or kiln.get_library_path())
-    fn = _stat_fns.get(path)
-    if fn is None:
-        fn = ctypes.CDLL(path).kiln_ep_stats
-        fn.argtypes = []
-        fn.restype = _Stats
-        _stat_fns[path] = fn
-    s = fn()
-    return {f: int(getattr(s, f)) for f in STAT_FIELDS}
-
-
-def _registered_library() -> Optional[str]:
-    paths = [kiln._registered[n] for n in kiln.registered_names() if n in kiln._registered]
-    return paths[-1] if paths else None
+    """kiln's counters (:func:`onnxruntime_ep_kiln.stats`), every field."""
+    return kiln.stats(library_path)
 
 
 # --------------------------------------------------------------------------

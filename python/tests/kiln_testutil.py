@@ -512,3 +512,57 @@ def make_weighty_model(path: str, rows: int = 256, cols: int = 1024, seed: int =
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, path)
     return {"path": path, "W": w, "Bias": bias, "E": e, "weight_bytes": w.nbytes + bias.nbytes}
+
+
+# --------------------------------------------------------------------------
+# weight sharing (test_share*.py)
+# --------------------------------------------------------------------------
+def make_share_model(path: str, head_seed: int, *, batch: int = 4, rows: int = 256, cols: int = 256,
+                     backbone_seed: int = 1, bias_shape: Optional[Sequence[int]] = None) -> Dict[str, object]:
+    """A "fine-tune" of a shared backbone, fully claimed by kiln::
+
+        Y = Tanh(Relu(X * W + B) * H + Hb)
+
+    ``W`` [batch, rows, cols] and ``B`` (``bias_shape``, default [rows, cols]) come from
+    ``backbone_seed`` (shared between models built with the same seed: 1.25 MiB by
+    default), ``H`` [rows, cols] and ``Hb`` [1, cols] from ``head_seed`` (the model's
+    own head). ``bias_shape`` [1, rows, cols] gives B the same bytes in another shape.
+    Returns {"path", "weights": {name: array}, "initializer_bytes"}."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    bb = np.random.default_rng(backbone_seed)
+    w = bb.standard_normal((batch, rows, cols)).astype(np.float32)
+    b = bb.standard_normal((rows, cols)).astype(np.float32)
+    if bias_shape is not None:
+        b = b.reshape(bias_shape)
+    hd = np.random.default_rng(1000 + head_seed)
+    h = hd.standard_normal((rows, cols)).astype(np.float32)
+    hb = hd.standard_normal((1, cols)).astype(np.float32)
+    weights = {"W": w, "B": b, "H": h, "Hb": hb}
+    nodes = [
+        helper.make_node("Mul", ["X", "W"], ["xw"], name="bb_mul"),
+        helper.make_node("Add", ["xw", "B"], ["xb"], name="bb_add"),
+        helper.make_node("Relu", ["xb"], ["r"], name="bb_relu"),
+        helper.make_node("Mul", ["r", "H"], ["rh"], name="head_mul"),
+        helper.make_node("Add", ["rh", "Hb"], ["rb"], name="head_add"),
+        helper.make_node("Tanh", ["rb"], ["Y"], name="head_tanh"),
+    ]
+    vi = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, s)  # noqa: E731
+    graph = helper.make_graph(
+        nodes, f"share_{head_seed}", [vi("X", [batch, rows, cols])], [vi("Y", [batch, rows, cols])],
+        initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, path)
+    return {"path": path, "weights": weights,
+            "initializer_bytes": sum(v.nbytes for v in weights.values())}
+
+
+def unique_weight_bytes(models: Sequence[Dict[str, object]]) -> int:
+    """Bytes of the distinct (shape, bytes) weights of models from make_share_model."""
+    seen = {}
+    for m in models:
+        for v in m["weights"].values():
+            seen[(v.shape, v.tobytes())] = v.nbytes
+    return sum(seen.values())

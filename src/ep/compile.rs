@@ -28,6 +28,7 @@ enum Source<'a> {
 }
 
 pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Compiled>> {
+    let start = std::time::Instant::now();
     let sources = partitions
         .iter()
         .map(|p| classify(p.graph))
@@ -43,6 +44,7 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
         .into_iter()
         .map(|p| p.expect("every partition has a program"))
         .collect();
+    let built = start.elapsed();
     let mut ep_context = vec![None; partitions.len()];
     if ep.config.context.enable {
         let model_path = partitions.first().map(|p| p.graph.model_path()).transpose()?.flatten();
@@ -58,6 +60,14 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
             *slot = Some(node);
         }
     }
+    ep.logger.info(|| {
+        format!(
+            "Compile: {} partition(s) ready in {:.1} ms ({:.1} ms with EPContext output)",
+            partitions.len(),
+            built.as_secs_f64() * 1e3,
+            start.elapsed().as_secs_f64() * 1e3
+        )
+    });
     Ok(partitions
         .iter()
         .zip(programs)
@@ -111,7 +121,15 @@ fn load_contexts(ep: &KilnEp, partitions: &[Partition<'_>], sources: &[Source<'_
         return Ok(programs);
     }
     let base = context_load::base_folder(ep, &partitions[idx[0]].graph)?;
+    let start = std::time::Instant::now();
     let loaded = context_load::load_all(ep, base.as_deref(), &nodes)?;
+    ep.logger.info(|| {
+        format!(
+            "loaded {} graph(s) from EPContext nodes in {:.1} ms",
+            nodes.len(),
+            start.elapsed().as_secs_f64() * 1e3
+        )
+    });
     for ((i, program), cn) in idx.into_iter().zip(loaded).zip(&nodes) {
         ep.logger.info(|| {
             format!(
