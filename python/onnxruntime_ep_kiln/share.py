@@ -187,6 +187,13 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _ort_message(exc) -> str:
+    text = _one_line(exc)
+    # ORT prefixes a failed EP creation with its C++ source location and signature
+    marker = "Error creating execution provider: "
+    return text[text.index(marker):] if marker in text else text
+
+
 def compile_group(models: Sequence[str], output_dir: str, device, *,
                   ep_options: Optional[Dict[str, str]] = None,
                   config: Optional[Dict[str, str]] = None,
@@ -245,7 +252,7 @@ def compile_group(models: Sequence[str], output_dir: str, device, *,
                 compiler.compile_to_file(out)
                 compiler = None  # noqa: F841
             except Exception as exc:  # noqa: BLE001 - re-raised below, detached from ORT objects
-                err = f"compiling '{m}' (model {i + 1} of {len(models)}) failed: {_one_line(exc)}"
+                err = f"compiling '{m}' (model {i + 1} of {len(models)}) failed: {_ort_message(exc)}"
                 break
             written.append(out)
             parts = stats(library_path)["partitions_compiled"] - before["partitions_compiled"]

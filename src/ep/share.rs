@@ -157,6 +157,23 @@ pub fn stop_sharing_loaded() {
     WORKSPACE.lock().loaded.clear();
 }
 
+/// Ends the open group, if any, writing its binary: for a stop session that
+/// never compiled anything (kiln claimed nothing of its model).
+pub fn finish_group(write: impl FnOnce(&Path, &ContextBuilder) -> Result<WriteStats>) -> Result<Option<(PathBuf, WriteStats)>> {
+    let mut ws = WORKSPACE.lock();
+    let Some(group) = ws.group.take() else {
+        return Ok(None);
+    };
+    let path = group.folder.join(&group.bin_name);
+    match write(&path, &group.builder) {
+        Ok(stats) => Ok(Some((path, stats))),
+        Err(e) => {
+            ws.group = Some(group);
+            Err(e)
+        }
+    }
+}
+
 /// Whether a generation group is open (for tests and logs).
 pub fn group_open() -> bool {
     WORKSPACE.lock().group.is_some()
