@@ -189,7 +189,11 @@ fn binary_location(ep: &KilnEp, model_path: Option<&Path>) -> Result<(PathBuf, S
     let folder = output.parent().map(Path::to_path_buf).unwrap_or_default();
     // ORT would fail to write the model there after kiln wrote (or, sharing,
     // queued) its binary: refuse first, so nothing is left behind.
-    let shown = if folder.as_os_str().is_empty() { Path::new(".") } else { folder.as_path() };
+    let shown = if folder.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        folder.as_path()
+    };
     if !shown.is_dir() {
         return Err(Error::invalid_argument(format!(
             "the output model's folder '{}' does not exist; create it first",

@@ -159,7 +159,9 @@ pub fn stop_sharing_loaded() {
 
 /// Ends the open group, if any, writing its binary: for a stop session that
 /// never compiled anything (kiln claimed nothing of its model).
-pub fn finish_group(write: impl FnOnce(&Path, &ContextBuilder) -> Result<WriteStats>) -> Result<Option<(PathBuf, WriteStats)>> {
+pub fn finish_group(
+    write: impl FnOnce(&Path, &ContextBuilder) -> Result<WriteStats>,
+) -> Result<Option<(PathBuf, WriteStats)>> {
     let mut ws = WORKSPACE.lock();
     let Some(group) = ws.group.take() else {
         return Ok(None);
