@@ -58,6 +58,7 @@ macro_rules! ort_api_slots {
             Logger_LogMessage,
             Logger_GetLoggingSeverityLevel,
             ReadOpAttr,
+            KernelContext_ParallelFor,
             ReleaseNode,
             GetValueInfoName,
             GetValueInfoTypeInfo,
@@ -96,12 +97,17 @@ macro_rules! ort_api_slots {
             Node_GetName,
             Node_GetOperatorType,
             Node_GetDomain,
+            Node_GetSinceVersion,
             Node_GetNumInputs,
             Node_GetInputs,
             Node_GetNumOutputs,
             Node_GetOutputs,
+            Node_GetNumAttributes,
+            Node_GetAttributes,
             Node_GetAttributeByName,
+            OpAttr_GetTensorAttributeAsOrtValue,
             OpAttr_GetType,
+            OpAttr_GetName,
             GetTensorData,
             GetSessionOptionsConfigEntries,
             GetModelCompatibilityForEpDevices,
@@ -153,14 +159,18 @@ macro_rules! names {
     ($($name:ident),* $(,)?) => { [$(stringify!($name)),*].into_iter().map(String::from).collect::<BTreeSet<String>>() };
 }
 
-/// Member names declared inside `struct <name> { ... }` of kiln's header.
+/// Member names declared inside `struct <name> { ... }` of kiln's header:
+/// the first `(*name)` of each member line (a parameter may be a function
+/// pointer too).
 fn declared_members(table: &str) -> BTreeSet<String> {
     let header = std::fs::read_to_string(common::repo().join("include/kiln_ort_abi.h")).unwrap();
     let start = header.find(&format!("struct {table} {{")).expect("table in header");
     let body = &header[start..start + header[start..].find("};").unwrap()];
-    body.split("(*")
-        .skip(1)
-        .map(|s| s[..s.find(')').unwrap()].to_string())
+    body.lines()
+        .filter_map(|line| {
+            let rest = &line[line.find("(*")? + 2..];
+            Some(rest[..rest.find(')')?].to_string())
+        })
         .collect()
 }
 

@@ -265,7 +265,9 @@ struct OrtApi {
   OrtStatus* (*Logger_GetLoggingSeverityLevel)(const OrtLogger* logger, OrtLoggingLevel* out); /* 248 */
   void* reserved_249_271[23];
   OrtStatus* (*ReadOpAttr)(const OrtOpAttr* op_attr, OrtOpAttrType type, void* data, size_t len, size_t* out); /* 272 */
-  void* reserved_273_285[13];
+  void* reserved_273_273[1];
+  OrtStatus* (*KernelContext_ParallelFor)(const OrtKernelContext* context, void (*fn)(void* usr_data, size_t index), size_t total, size_t num_batch, void* usr_data); /* 274 */
+  void* reserved_275_285[11];
   void (*ReleaseNode)(OrtNode* input); /* 286 */
   void* reserved_287_288[2];
   OrtStatus* (*GetValueInfoName)(const OrtValueInfo* value_info, const char** name); /* 289 */
@@ -314,16 +316,19 @@ struct OrtApi {
   OrtStatus* (*Node_GetName)(const OrtNode* node, const char** node_name); /* 349 */
   OrtStatus* (*Node_GetOperatorType)(const OrtNode* node, const char** operator_type); /* 350 */
   OrtStatus* (*Node_GetDomain)(const OrtNode* node, const char** domain_name); /* 351 */
-  void* reserved_352_352[1];
+  OrtStatus* (*Node_GetSinceVersion)(const OrtNode* node, int* since_version); /* 352 */
   OrtStatus* (*Node_GetNumInputs)(const OrtNode* node, size_t* num_inputs); /* 353 */
   OrtStatus* (*Node_GetInputs)(const OrtNode* node, const OrtValueInfo** inputs, size_t num_inputs); /* 354 */
   OrtStatus* (*Node_GetNumOutputs)(const OrtNode* node, size_t* num_outputs); /* 355 */
   OrtStatus* (*Node_GetOutputs)(const OrtNode* node, const OrtValueInfo** outputs, size_t num_outputs); /* 356 */
-  void* reserved_357_360[4];
+  void* reserved_357_358[2];
+  OrtStatus* (*Node_GetNumAttributes)(const OrtNode* node, size_t* num_attributes); /* 359 */
+  OrtStatus* (*Node_GetAttributes)(const OrtNode* node, const OrtOpAttr** attributes, size_t num_attributes); /* 360 */
   OrtStatus* (*Node_GetAttributeByName)(const OrtNode* node, const char* attribute_name, const OrtOpAttr** attribute); /* 361 */
-  void* reserved_362_362[1];
+  OrtStatus* (*OpAttr_GetTensorAttributeAsOrtValue)(const OrtOpAttr* attribute, OrtValue** attr_tensor); /* 362 */
   OrtStatus* (*OpAttr_GetType)(const OrtOpAttr* attribute, OrtOpAttrType* type); /* 363 */
-  void* reserved_364_377[14];
+  OrtStatus* (*OpAttr_GetName)(const OrtOpAttr* attribute, const char** name); /* 364 */
+  void* reserved_365_377[13];
   OrtStatus* (*GetTensorData)(const OrtValue* value, const void** out); /* 378 */
   OrtStatus* (*GetSessionOptionsConfigEntries)(const OrtSessionOptions* options, OrtKeyValuePairs** out); /* 379 */
   void* reserved_380_387[8];
@@ -374,6 +379,7 @@ KILN_ASSERT_SLOT(OrtApi, KernelContext_GetLogger, 246);
 KILN_ASSERT_SLOT(OrtApi, Logger_LogMessage, 247);
 KILN_ASSERT_SLOT(OrtApi, Logger_GetLoggingSeverityLevel, 248);
 KILN_ASSERT_SLOT(OrtApi, ReadOpAttr, 272);
+KILN_ASSERT_SLOT(OrtApi, KernelContext_ParallelFor, 274);
 KILN_ASSERT_SLOT(OrtApi, ReleaseNode, 286);
 KILN_ASSERT_SLOT(OrtApi, GetValueInfoName, 289);
 KILN_ASSERT_SLOT(OrtApi, GetValueInfoTypeInfo, 290);
@@ -412,12 +418,17 @@ KILN_ASSERT_SLOT(OrtApi, Node_GetId, 348);
 KILN_ASSERT_SLOT(OrtApi, Node_GetName, 349);
 KILN_ASSERT_SLOT(OrtApi, Node_GetOperatorType, 350);
 KILN_ASSERT_SLOT(OrtApi, Node_GetDomain, 351);
+KILN_ASSERT_SLOT(OrtApi, Node_GetSinceVersion, 352);
 KILN_ASSERT_SLOT(OrtApi, Node_GetNumInputs, 353);
 KILN_ASSERT_SLOT(OrtApi, Node_GetInputs, 354);
 KILN_ASSERT_SLOT(OrtApi, Node_GetNumOutputs, 355);
 KILN_ASSERT_SLOT(OrtApi, Node_GetOutputs, 356);
+KILN_ASSERT_SLOT(OrtApi, Node_GetNumAttributes, 359);
+KILN_ASSERT_SLOT(OrtApi, Node_GetAttributes, 360);
 KILN_ASSERT_SLOT(OrtApi, Node_GetAttributeByName, 361);
+KILN_ASSERT_SLOT(OrtApi, OpAttr_GetTensorAttributeAsOrtValue, 362);
 KILN_ASSERT_SLOT(OrtApi, OpAttr_GetType, 363);
+KILN_ASSERT_SLOT(OrtApi, OpAttr_GetName, 364);
 KILN_ASSERT_SLOT(OrtApi, GetTensorData, 378);
 KILN_ASSERT_SLOT(OrtApi, GetSessionOptionsConfigEntries, 379);
 KILN_ASSERT_SLOT(OrtApi, GetModelCompatibilityForEpDevices, 388);

@@ -104,3 +104,13 @@ def kiln_virtual(request, lib_path):
     out.clear()
     host = devs = None
     tu.safe_unregister(name)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Sections test modules registered in ``kiln_testutil.TERMINAL_SUMMARY``."""
+    for title, lines_fn in list(tu.TERMINAL_SUMMARY.items()):
+        lines = lines_fn()
+        if lines:
+            terminalreporter.write_sep("-", title)
+            for line in lines:
+                terminalreporter.write_line(line)

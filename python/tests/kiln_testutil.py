@@ -79,9 +79,14 @@ def make_feeds(model_path: str, seed: int = 0) -> Dict[str, np.ndarray]:
     return feeds
 
 
-def run_cpu(model_path: str, feeds: Dict[str, np.ndarray]) -> Tuple[List[str], List[np.ndarray]]:
-    """Reference outputs from ONNX Runtime's own CPU EP: (output names, values)."""
-    sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+def run_cpu(model_path: str, feeds: Dict[str, np.ndarray],
+            opt_level: Optional[ort.GraphOptimizationLevel] = None) -> Tuple[List[str], List[np.ndarray]]:
+    """Reference outputs from ONNX Runtime's own CPU EP: (output names, values).
+    ``opt_level``: the session's graph optimization level (default: ORT's, ENABLE_ALL)."""
+    so = ort.SessionOptions()
+    if opt_level is not None:
+        so.graph_optimization_level = opt_level
+    sess = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     outs = sess.run(names, feeds)
     del sess
@@ -109,6 +114,8 @@ class KilnRun:
     # [(ep_name, [(node_name, op_type), ...]), ...] or None if not recorded
     assignment: Optional[List[Tuple[str, List[Tuple[str, str]]]]] = None
     runs: int = 0
+    # outputs of every feed of ``feeds_seq`` (run_kiln(..., feeds_seq=[...])), in order
+    all_outputs: Optional[List[List[np.ndarray]]] = None
 
     def created_delta(self, key: str) -> int:
         return self.stats_created[key] - self.stats_before[key]
@@ -126,8 +133,10 @@ class KilnRun:
 
 
 def _session_options(devices: Sequence, options: Optional[Dict[str, str]],
-                     config: Optional[Dict[str, str]]) -> ort.SessionOptions:
+                     config: Optional[Dict[str, str]], opt_level=None) -> ort.SessionOptions:
     so = ort.SessionOptions()
+    if opt_level is not None:
+        so.graph_optimization_level = opt_level
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     for k, v in (config or {}).items():
         so.add_session_config_entry(k, v)
@@ -137,9 +146,14 @@ def _session_options(devices: Sequence, options: Optional[Dict[str, str]],
 
 def run_kiln(model_path: str, device, feeds: Optional[Dict[str, np.ndarray]] = None,
              options: Optional[Dict[str, str]] = None, config: Optional[Dict[str, str]] = None,
-             runs: int = 1) -> KilnRun:
+             runs: int = 1, feeds_seq: Optional[Sequence[Dict[str, np.ndarray]]] = None,
+             opt_level: Optional[ort.GraphOptimizationLevel] = None) -> KilnRun:
     """Create a session on ``device`` (a kiln OrtEpDevice), run it ``runs`` times
     (if ``feeds`` is given) and return outputs, kiln stats and node assignment.
+    ``feeds_seq``: then also run once with each of these feeds, in order, in the
+    same session (outputs in ``all_outputs``). ``opt_level``: the session's graph
+    optimization level (ORT applies its basic fusions *before* kiln's
+    GetCapability; ``ORT_DISABLE_ALL`` hands kiln the model as written).
 
     Raises KilnSessionError (never the raw ORT exception)."""
     err = None
@@ -147,7 +161,7 @@ def run_kiln(model_path: str, device, feeds: Optional[Dict[str, np.ndarray]] = N
     result = None
     stage = "session options"
     try:
-        so = _session_options([device], options, config)
+        so = _session_options([device], options, config, opt_level)
         before = stats()
         stage = "session creation"
         # enable_fallback=0: the Python wrapper would otherwise catch an EP error,
@@ -160,12 +174,13 @@ def run_kiln(model_path: str, device, feeds: Optional[Dict[str, np.ndarray]] = N
         if feeds is not None:
             for _ in range(runs):
                 outs = sess.run(names, feeds)
+        all_outs = [sess.run(names, f) for f in feeds_seq] if feeds_seq is not None else None
         after = stats()
         stage = "graph assignment info"
         assignment = [(sg.ep_name, [(n.name, n.op_type) for n in sg.get_nodes()])
                       for sg in sess.get_provider_graph_assignment_info()]
         result = KilnRun(names, outs, before, created, after, list(sess.get_providers()),
-                         assignment, runs if feeds is not None else 0)
+                         assignment, runs if feeds is not None else 0, all_outs)
     except Exception as exc:  # noqa: BLE001 - re-raised below, detached
         err = (type(exc), str(exc), stage)
     finally:
@@ -174,6 +189,39 @@ def run_kiln(model_path: str, device, feeds: Optional[Dict[str, np.ndarray]] = N
         gc.collect()
         raise KilnSessionError(*err)
     return result
+
+
+NO_CPU_FALLBACK = {"session.disable_cpu_ep_fallback": "1"}
+
+
+def run_fully_on_kiln(model_path: str, device, feeds=None, config: Optional[Dict[str, str]] = None,
+                      **kwargs) -> KilnRun:
+    """run_kiln with ``session.disable_cpu_ep_fallback=1`` (the session exists only
+    if kiln took every node). If ORT refuses because nodes went to the CPU EP,
+    fails with the list of those nodes (from a second session without the flag)."""
+    cfg = dict(NO_CPU_FALLBACK)
+    cfg.update(config or {})
+    err = None
+    try:
+        return run_kiln(model_path, device, feeds, config=cfg, **kwargs)
+    except KilnSessionError as e:
+        if "fallback to CPU EP has been explicitly disabled" not in e.message:
+            raise
+        err = e
+    try:
+        probe = run_kiln(model_path, device, None, config=config, opt_level=kwargs.get("opt_level"),
+                         options=kwargs.get("options"))
+        left = [(ep, n) for ep, nodes in probe.assignment if ep != kiln.EP_NAME for n in nodes]
+        on_kiln = len(probe.nodes_on(kiln.EP_NAME))
+        detail = f"kiln took {on_kiln} node(s); left to other EPs ({len(left)}): {left}"
+    except KilnSessionError as e2:
+        detail = f"(and without the flag the session fails too: {e2})"
+    raise AssertionError(f"kiln did not take every node: {err.message}\n{detail}")
+
+
+#: Extra sections for pytest's terminal summary: title -> function returning lines
+#: (conftest.py prints them; e.g. how many ONNX backend cases kiln claimed).
+TERMINAL_SUMMARY: Dict[str, object] = {}
 
 
 def session_error(model_path: str, device, options=None, config=None) -> Optional[KilnSessionError]:
@@ -482,10 +530,10 @@ def parse_ctx_binary(data: bytes) -> Tuple[CtxHeader, Dict[str, object]]:
 
 def make_weighty_model(path: str, rows: int = 256, cols: int = 1024, seed: int = 7) -> Dict[str, object]:
     """A model with a ~1 MB constant ``W`` [rows, cols] used by two kiln
-    partitions, split by a CPU-only ``Pow`` whose exponent ``E`` [cols] must stay
+    partitions, split by a CPU-only ``Max`` whose operand ``E`` [cols] must stay
     in the compiled model:
 
-        Y = Tanh(Pow(Relu(X * W + Bias), E) * W)
+        Y = Tanh(Max(Relu(X * W + Bias), E) * W)
 
     Returns {"path", "W", "Bias", "E", "weight_bytes"} (weight_bytes: what kiln compiles)."""
     import onnx
@@ -494,12 +542,12 @@ def make_weighty_model(path: str, rows: int = 256, cols: int = 1024, seed: int =
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     bias = rng.standard_normal((cols,)).astype(np.float32)
-    e = np.full((cols,), 2.0, dtype=np.float32)
+    e = np.full((cols,), 0.25, dtype=np.float32)
     nodes = [
         helper.make_node("Mul", ["X", "W"], ["m"], name="k1_mul"),
         helper.make_node("Add", ["m", "Bias"], ["a"], name="k1_add"),
         helper.make_node("Relu", ["a"], ["r"], name="k1_relu"),
-        helper.make_node("Pow", ["r", "E"], ["p"], name="cpu_pow"),
+        helper.make_node("Max", ["r", "E"], ["p"], name="cpu_max"),
         helper.make_node("Mul", ["p", "W"], ["q"], name="k2_mul"),
         helper.make_node("Tanh", ["q"], ["Y"], name="k2_tanh"),
     ]

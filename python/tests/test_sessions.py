@@ -61,12 +61,12 @@ def test_all_ops_other_inputs(models, kiln_dev, seed):
 
 def test_demo_model(models, kiln_dev):
     run = tu.check_against_cpu(models["demo"], kiln_dev)
-    # scale/shift | MatMul (CPU) | bias, SiLU, Tanh, residual
-    assert run.created_delta("partitions_compiled") == 2
-    assert run.created_delta("nodes_compiled") == 7
-    assert [op for _, op in run.nodes_on(CPU)] == ["MatMul"]
+    # scale/shift, MatMul + bias, SiLU, Tanh, residual: all kiln's, one partition
+    assert run.created_delta("partitions_compiled") == 1
+    assert run.created_delta("nodes_compiled") == 8
+    assert run.nodes_on(CPU) == []
     assert sorted(n for n, _ in run.nodes_on(KILN)) == sorted(
-        ["scale", "shift", "bias", "silu_sigmoid", "silu_mul", "tanh", "residual"])
+        ["scale", "shift", "proj", "bias", "silu_sigmoid", "silu_mul", "tanh", "residual"])
 
 
 def test_unsupported_runs_on_cpu(models, kiln_dev):

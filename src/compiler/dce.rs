@@ -8,6 +8,7 @@ use crate::ir::Graph;
 /// Indices of the nodes that contribute to some graph output, in graph order.
 /// Assumes a validated graph (topological order, ids in range).
 pub(crate) fn live_nodes(graph: &Graph) -> Vec<usize> {
+    // A node lives if any of its outputs is needed.
     let mut needed = vec![false; graph.values.len()];
     for &v in &graph.outputs {
         needed[v] = true;
@@ -26,10 +27,27 @@ pub(crate) fn live_nodes(graph: &Graph) -> Vec<usize> {
     live
 }
 
+/// Drops the nodes that reach no graph output.
+pub(crate) fn remove_dead(graph: &mut Graph) {
+    let live = live_nodes(graph);
+    if live.len() == graph.nodes.len() {
+        return;
+    }
+    let mut keep = vec![false; graph.nodes.len()];
+    for i in live {
+        keep[i] = true;
+    }
+    let mut i = 0;
+    graph.nodes.retain(|_| {
+        i += 1;
+        keep[i - 1]
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Op, TensorType};
+    use crate::ir::{BinaryOp, Op, TensorType, UnaryOp};
 
     #[test]
     fn drops_nodes_not_reaching_outputs() {
@@ -40,10 +58,10 @@ mod tests {
             .map(|n| g.add_value(n, t.clone()).unwrap())
             .collect();
         g.inputs.push(v[0]);
-        g.add_node("n0", Op::Relu, vec![v[0]], vec![v[1]]); // feeds the output
-        g.add_node("n1", Op::Exp, vec![v[0]], vec![v[2]]); // dead branch
-        g.add_node("n2", Op::Neg, vec![v[2]], vec![v[3]]); // dead, consumes dead
-        g.add_node("n3", Op::Add, vec![v[1], v[0]], vec![v[4]]);
+        g.add_node("n0", Op::Unary(UnaryOp::Relu), vec![v[0]], vec![v[1]]); // feeds the output
+        g.add_node("n1", Op::Unary(UnaryOp::Exp), vec![v[0]], vec![v[2]]); // dead branch
+        g.add_node("n2", Op::Unary(UnaryOp::Neg), vec![v[2]], vec![v[3]]); // dead, consumes dead
+        g.add_node("n3", Op::Binary(BinaryOp::Add), vec![v[1], v[0]], vec![v[4]]);
         g.outputs.push(v[4]);
         assert_eq!(live_nodes(&g), vec![0, 3]);
         g.outputs.push(v[3]);

@@ -1,17 +1,21 @@
-//! Lowering: turns the folded, live nodes into plan steps with a static
-//! memory plan.
+//! Lowering: turns the optimised, alias-folded nodes into plan steps with a
+//! static memory plan, packing constant GEMM weights on the way.
 //!
 //! Every buffer gets a home: graph inputs and constants are read in place,
 //! the first graph output naming a value owns it (its producer writes
 //! straight into the caller's output), and all other intermediates live in
 //! the scratch arena laid out by `memplan`.
 
+use std::collections::HashMap;
+
 use super::alias::Folded;
 use super::memplan::{plan_arena, Lifetime};
 use crate::error::{Error, Result};
-use crate::ir::{Graph, Node, Op, ValueId};
-use crate::kernels::{BinaryOp, Layout, UnaryOp};
-use crate::plan::{BufRef, Constant, Program, ScratchPool, Step, TensorSpec};
+use crate::ir::{matmul_dims, BiasKind, DType, Graph, MatMulAttrs, Node, Op, ValueId};
+use crate::kernels::gemm::PackedB;
+use crate::kernels::movement::broadcast_strides;
+use crate::kernels::{CopyPlan, Layout, Where3};
+use crate::plan::{BufRef, Constant, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, Step, TensorSpec};
 use crate::target::Target;
 
 /// Where a representative value lives at run time.
@@ -25,44 +29,45 @@ enum Home {
     Temp(usize),
 }
 
-/// Builds the program for a validated graph.
-pub(crate) fn lower(graph: &Graph, target: Target, live: &[usize], folded: &Folded) -> Result<Program> {
+/// Builds the program for a validated, optimised graph.
+pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded) -> Result<Program> {
     let mut homes = vec![None; graph.values.len()];
     let copies = assign_io_homes(graph, &folded.rep, &mut homes);
     let temps = assign_temps(graph, folded, &mut homes);
     let arena = plan_arena(&temps)?;
     let mut ctx = Lowering {
         graph,
-        rep: &folded.rep,
+        target,
         homes: &homes,
+        rep: &folded.rep,
         temps: &temps,
         offsets: &arena.offsets,
         constant_index: vec![None; graph.constants.len()],
+        packed_index: HashMap::new(),
         constants: Vec::new(),
+        steps: Vec::new(),
     };
-    let mut steps = Vec::with_capacity(folded.nodes.len() + copies.len());
     for &i in &folded.nodes {
-        let step = ctx
-            .node_step(&graph.nodes[i])
+        ctx.node_steps(&graph.nodes[i])
             .map_err(|e| e.context(graph.node_label(i)))?;
-        steps.push(step);
     }
     for (j, root) in copies {
-        steps.push(Step::Copy {
-            src: ctx.buf(root)?,
+        let src = ctx.buf(root)?;
+        ctx.steps.push(Step::Copy {
+            src,
             dst: BufRef::Output(j),
         });
     }
-    Ok(Program {
+    Program::from_parts(ProgramParts {
         target,
         inputs: specs(graph, &graph.inputs),
         outputs: specs(graph, &graph.outputs),
         constants: ctx.constants,
-        steps,
-        arena_len: arena.len,
-        op_counts: op_counts(graph, live),
-        scratch: ScratchPool::default(),
+        steps: ctx.steps,
+        arena_bytes: arena.len,
+        op_counts: op_counts(graph, &folded.nodes),
     })
+    .map_err(|e| internal(format!("the program does not validate: {e}")))
 }
 
 /// Homes for inputs, constants and outputs. Returns the outputs that need a
@@ -85,8 +90,8 @@ fn assign_io_homes(graph: &Graph, rep: &[ValueId], homes: &mut [Option<Home>]) -
     copies
 }
 
-/// Arena lifetimes for node outputs without a home yet; step `t` is
-/// `folded.nodes[t]`.
+/// Arena lifetimes for node outputs without a home yet; time `t` is
+/// `folded.nodes[t]` (all steps of one node share it).
 fn assign_temps(graph: &Graph, folded: &Folded, homes: &mut [Option<Home>]) -> Vec<Lifetime> {
     let mut temps: Vec<Lifetime> = Vec::new();
     for (t, &i) in folded.nodes.iter().enumerate() {
@@ -100,7 +105,7 @@ fn assign_temps(graph: &Graph, folded: &Folded, homes: &mut [Option<Home>]) -> V
             if homes[v].is_none() {
                 homes[v] = Some(Home::Temp(temps.len()));
                 temps.push(Lifetime {
-                    len: graph.values[v].ty.numel(),
+                    len: graph.values[v].ty.byte_len(),
                     first: t,
                     last: t,
                 });
@@ -112,43 +117,306 @@ fn assign_temps(graph: &Graph, folded: &Folded, homes: &mut [Option<Home>]) -> V
 
 struct Lowering<'g> {
     graph: &'g Graph,
-    rep: &'g [ValueId],
+    target: Target,
     homes: &'g [Option<Home>],
+    rep: &'g [ValueId],
     temps: &'g [Lifetime],
     offsets: &'g [usize],
     /// Program index of each graph constant, assigned on first use so that
-    /// constants only dead code read are dropped.
+    /// constants only folded-away code read are dropped.
     constant_index: Vec<Option<usize>>,
+    /// Program index of the packed form of (constant value, trans_b).
+    packed_index: HashMap<(ValueId, bool), usize>,
     constants: Vec<Constant>,
+    steps: Vec<Step>,
+}
+
+/// Row-major element strides.
+fn strides(shape: &[usize]) -> Vec<isize> {
+    let mut s = vec![0isize; shape.len()];
+    let mut step = 1isize;
+    for i in (0..shape.len()).rev() {
+        s[i] = step;
+        step *= shape[i] as isize;
+    }
+    s
 }
 
 impl Lowering<'_> {
-    fn node_step(&mut self, node: &Node) -> Result<Step> {
-        let (ins, out) = (&node.inputs, node.outputs.first());
-        let dst = self.buf(*out.ok_or_else(|| internal("node without output"))?)?;
-        if let Some(op) = UnaryOp::from_op(node.op) {
-            let src = self.buf(ins[0])?;
-            return Ok(Step::Unary { op, src, dst });
-        }
-        if let Some(op) = BinaryOp::from_op(node.op) {
-            let (a, b) = (ins[0], ins[1]);
-            let layout = Layout::for_shapes(self.shape(a), self.shape(b))
-                .ok_or_else(|| internal("validated shapes do not broadcast"))?;
-            let (a, b) = (self.buf(a)?, self.buf(b)?);
-            return Ok(Step::Binary { op, layout, a, b, dst });
-        }
-        Err(internal(format!("{} has no kernel", node.op)))
-    }
-
     fn shape(&self, v: ValueId) -> &[usize] {
         &self.graph.values[v].ty.shape
     }
 
-    /// The buffer holding value `v`'s data.
+    fn dtype(&self, v: ValueId) -> DType {
+        self.graph.values[v].ty.dtype
+    }
+
+    fn node_steps(&mut self, node: &Node) -> Result<()> {
+        let ins = &node.inputs;
+        let out = *node.outputs.first().ok_or_else(|| internal("node without output"))?;
+        let dst = self.buf(out)?;
+        let step = match &node.op {
+            Op::Unary(op) => Step::Unary {
+                op: *op,
+                src: self.buf(ins[0])?,
+                dst,
+            },
+            Op::Binary(op) => {
+                let layout = Layout::for_shapes(self.shape(ins[0]), self.shape(ins[1]))
+                    .ok_or_else(|| internal("validated shapes do not broadcast"))?;
+                Step::Binary {
+                    op: *op,
+                    dtype: self.dtype(out),
+                    layout,
+                    a: self.buf(ins[0])?,
+                    b: self.buf(ins[1])?,
+                    dst,
+                }
+            }
+            Op::MatMul(attrs) => self.matmul(attrs, ins, dst)?,
+            Op::Softmax { axis } => {
+                let s = self.shape(ins[0]);
+                Step::Softmax {
+                    len: s[*axis],
+                    inner: s[axis + 1..].iter().product(),
+                    src: self.buf(ins[0])?,
+                    dst,
+                }
+            }
+            Op::LayerNorm { axis, epsilon } => Step::LayerNorm {
+                len: self.shape(ins[0])[*axis..].iter().product(),
+                epsilon: *epsilon,
+                src: self.buf(ins[0])?,
+                scale: self.buf(ins[1])?,
+                bias: ins.get(2).map(|&b| self.buf(b)).transpose()?,
+                dst,
+            },
+            Op::Reduce { kind, axes, .. } => {
+                let s = self.shape(ins[0]);
+                // Size-1 dims do not matter; the rest must be one contiguous run.
+                let real: Vec<usize> = axes.iter().copied().filter(|&a| s[a] != 1).collect();
+                let (lo, hi) = match (real.first(), real.last()) {
+                    (Some(&lo), Some(&hi)) => (lo, hi),
+                    _ => (axes.first().copied().unwrap_or(0), axes.first().copied().unwrap_or(0)),
+                };
+                if (lo..=hi).any(|d| s[d] != 1 && !axes.contains(&d)) {
+                    return Err(internal("reduce axes are not contiguous"));
+                }
+                let (outer, len, inner) = if axes.is_empty() {
+                    (s.iter().product(), 1, 1)
+                } else {
+                    (
+                        s[..lo].iter().product(),
+                        s[lo..=hi].iter().product(),
+                        s[hi + 1..].iter().product(),
+                    )
+                };
+                Step::Reduce {
+                    kind: *kind,
+                    outer,
+                    len,
+                    inner,
+                    src: self.buf(ins[0])?,
+                    dst,
+                }
+            }
+            Op::Transpose { perm } => {
+                let s = self.shape(ins[0]);
+                let st = strides(s);
+                let dims: Vec<usize> = perm.iter().map(|&p| s[p]).collect();
+                let src_strides: Vec<isize> = perm.iter().map(|&p| st[p]).collect();
+                Step::Strided {
+                    dtype: self.dtype(out),
+                    plan: CopyPlan::new(&dims, 0, &src_strides, 0, &strides(&dims)),
+                    src: self.buf(ins[0])?,
+                    dst,
+                }
+            }
+            Op::Concat { axis } => {
+                let out_shape = self.shape(out).to_vec();
+                let dst_strides = strides(&out_shape);
+                let mut at = 0usize;
+                for &v in ins {
+                    let s = self.shape(v).to_vec();
+                    let plan = CopyPlan::new(&s, 0, &strides(&s), at * dst_strides[*axis] as usize, &dst_strides);
+                    at += s[*axis];
+                    let src = self.buf(v)?;
+                    self.steps.push(Step::Strided {
+                        dtype: self.dtype(out),
+                        plan,
+                        src,
+                        dst,
+                    });
+                }
+                return Ok(());
+            }
+            Op::Slice { starts, steps } => {
+                let st = strides(self.shape(ins[0]));
+                let dims = self.shape(out).to_vec();
+                let offset: isize = starts.iter().zip(&st).map(|(&a, &s)| a as isize * s).sum();
+                let src_strides: Vec<isize> = st.iter().zip(steps).map(|(&s, &k)| s * k).collect();
+                Step::Strided {
+                    dtype: self.dtype(out),
+                    plan: CopyPlan::new(&dims, offset as usize, &src_strides, 0, &strides(&dims)),
+                    src: self.buf(ins[0])?,
+                    dst,
+                }
+            }
+            Op::Expand => {
+                let dims = self.shape(out).to_vec();
+                let src_strides: Vec<isize> = broadcast_strides(self.shape(ins[0]), &dims)
+                    .into_iter()
+                    .map(|s| s as isize)
+                    .collect();
+                Step::Strided {
+                    dtype: self.dtype(out),
+                    plan: CopyPlan::new(&dims, 0, &src_strides, 0, &strides(&dims)),
+                    src: self.buf(ins[0])?,
+                    dst,
+                }
+            }
+            Op::Gather { axis } => {
+                let s = self.shape(ins[0]);
+                Step::Gather {
+                    dtype: self.dtype(out),
+                    idx_dtype: self.dtype(ins[1]),
+                    outer: s[..*axis].iter().product(),
+                    axis_len: s[*axis],
+                    inner: s[axis + 1..].iter().product(),
+                    data: self.buf(ins[0])?,
+                    indices: self.buf(ins[1])?,
+                    dst,
+                }
+            }
+            Op::Cast { to } => {
+                let from = self.dtype(ins[0]);
+                let src = self.buf(ins[0])?;
+                if from == *to {
+                    Step::Copy { src, dst }
+                } else {
+                    Step::Cast {
+                        from,
+                        to: *to,
+                        src,
+                        dst,
+                    }
+                }
+            }
+            Op::Where => Step::Where {
+                dtype: self.dtype(out),
+                layout: Where3::for_shapes(
+                    self.shape(ins[0]),
+                    self.shape(ins[1]),
+                    self.shape(ins[2]),
+                    self.shape(out),
+                ),
+                cond: self.buf(ins[0])?,
+                x: self.buf(ins[1])?,
+                y: self.buf(ins[2])?,
+                dst,
+            },
+            Op::Reshape => return Err(internal("an alias reached lowering")),
+            Op::Shape { .. } => return Err(internal("Shape was not folded")),
+        };
+        self.steps.push(step);
+        Ok(())
+    }
+
+    fn matmul(&mut self, attrs: &MatMulAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
+        let (a_shape, b_shape) = (self.shape(ins[0]).to_vec(), self.shape(ins[1]).to_vec());
+        let d = matmul_dims(&a_shape, &b_shape, attrs).map_err(internal)?;
+        let (m, k, n) = (d.m, d.k, d.n);
+        let a_batch = &a_shape[..a_shape.len() - 2];
+        let b_batch = &b_shape[..b_shape.len() - 2];
+        let b_single = b_batch.iter().product::<usize>() == 1;
+        let nb: usize = d.batch.iter().product();
+        // [batch.., m, k] x [k, n]: the batches are just more rows of A.
+        let (rows, batches) = if b_single && !attrs.trans_a && a_batch.iter().product::<usize>() == nb {
+            (m * nb, vec![[0, 0]])
+        } else {
+            let a_st = broadcast_strides(a_batch, &d.batch);
+            let b_st = broadcast_strides(b_batch, &d.batch);
+            let mut batches = Vec::with_capacity(nb);
+            let mut idx = vec![0usize; d.batch.len()];
+            for _ in 0..nb {
+                let ao: usize = idx.iter().zip(&a_st).map(|(i, s)| i * s).sum();
+                let bo: usize = idx.iter().zip(&b_st).map(|(i, s)| i * s).sum();
+                batches.push([ao * m * k, bo * k * n]);
+                for j in (0..idx.len()).rev() {
+                    idx[j] += 1;
+                    if idx[j] < d.batch[j] {
+                        break;
+                    }
+                    idx[j] = 0;
+                }
+            }
+            (m, batches)
+        };
+        let b = match self.graph.constant(ins[1]) {
+            Some(w) if b_single && !attrs.trans_a => {
+                let key = (self.rep[ins[1]], attrs.trans_b);
+                let index = match self.packed_index.get(&key) {
+                    Some(&i) => i,
+                    None => {
+                        let pb = PackedB::pack(self.target, w.as_slice(), k, n, attrs.trans_b);
+                        self.constants.push(Constant {
+                            dtype: DType::F32,
+                            shape: vec![k, n].into(),
+                            data: pb.data().clone(),
+                            packing: Packing::GemmB { k, n },
+                        });
+                        self.packed_index.insert(key, self.constants.len() - 1);
+                        self.constants.len() - 1
+                    }
+                };
+                MatB::Packed(index)
+            }
+            _ => MatB::Buf {
+                buf: self.buf(ins[1])?,
+                trans_b: attrs.trans_b,
+            },
+        };
+        let mut next = 2;
+        let bias = match attrs.bias {
+            BiasKind::None => MatBias::None,
+            BiasKind::Row => {
+                next += 1;
+                MatBias::Row(self.buf(ins[2])?)
+            }
+            BiasKind::Full { beta } => {
+                next += 1;
+                MatBias::Full {
+                    buf: self.buf(ins[2])?,
+                    beta,
+                }
+            }
+        };
+        let residual = if attrs.residual {
+            Some(self.buf(ins[next])?)
+        } else {
+            None
+        };
+        Ok(Step::MatMul(Box::new(MatMulStep {
+            m: rows,
+            n,
+            k,
+            trans_a: attrs.trans_a,
+            a: self.buf(ins[0])?,
+            b,
+            batches,
+            alpha: attrs.alpha,
+            bias,
+            activation: attrs.activation,
+            residual,
+            dst,
+        })))
+    }
+
+    /// The buffer holding value `v` (through its alias representative).
     fn buf(&mut self, v: ValueId) -> Result<BufRef> {
         let root = self.rep[v];
         let home =
-            self.homes[root].ok_or_else(|| internal(format!("value '{}' has no buffer", self.graph.values[v].name)))?;
+            self.homes[root].ok_or_else(|| internal(format_args!("'{}' has no buffer", self.graph.values[v].name)))?;
         Ok(match home {
             Home::Input(i) => BufRef::Input(i),
             Home::Output(j) => BufRef::Output(j),
@@ -165,10 +433,8 @@ impl Lowering<'_> {
             return index;
         }
         let (v, data) = &self.graph.constants[k];
-        self.constants.push(Constant {
-            shape: self.graph.values[*v].ty.shape.clone().into(),
-            data: data.clone(),
-        });
+        let ty = &self.graph.values[*v].ty;
+        self.constants.push(Constant::plain(ty.dtype, &ty.shape, data.clone()));
         self.constant_index[k] = Some(self.constants.len() - 1);
         self.constants.len() - 1
     }
@@ -176,131 +442,27 @@ impl Lowering<'_> {
 
 fn specs(graph: &Graph, ids: &[ValueId]) -> Vec<TensorSpec> {
     ids.iter()
-        .map(|&v| TensorSpec {
-            name: graph.values[v].name.clone(),
-            shape: graph.values[v].ty.shape.clone(),
+        .map(|&v| {
+            let val = &graph.values[v];
+            TensorSpec::new(&val.name, val.ty.dtype, &val.ty.shape)
         })
         .collect()
 }
 
-/// Live nodes per op, in `Op::ALL` order.
-fn op_counts(graph: &Graph, live: &[usize]) -> Vec<(Op, usize)> {
-    Op::ALL
-        .iter()
-        .map(|&op| (op, live.iter().filter(|&&i| graph.nodes[i].op == op).count()))
-        .filter(|&(_, n)| n > 0)
-        .collect()
+/// Nodes per op name, in order of first appearance (aliases included).
+pub(crate) fn op_counts(graph: &Graph, _working: &[usize]) -> Vec<(String, usize)> {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for node in &graph.nodes {
+        let name = node.op.name();
+        match counts.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((name, 1)),
+        }
+    }
+    counts
 }
 
 /// A broken compiler invariant, reported instead of panicking.
-fn internal(what: impl std::fmt::Display) -> Error {
+pub(crate) fn internal(what: impl std::fmt::Display) -> Error {
     Error::fail(format!("kiln compiler bug: {what}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::compiler::{alias, dce};
-    use crate::ir::TensorType;
-
-    fn lowered(g: &Graph) -> Program {
-        g.validate().unwrap();
-        let live = dce::live_nodes(g);
-        let folded = alias::fold_identities(g, &live);
-        lower(g, Target::Generic, &live, &folded).unwrap()
-    }
-
-    fn values(g: &mut Graph, names: &[&str], shape: &[usize]) -> Vec<ValueId> {
-        names
-            .iter()
-            .map(|n| g.add_value(n, TensorType::f32(shape)).unwrap())
-            .collect()
-    }
-
-    #[test]
-    fn outputs_are_written_in_place_and_temps_use_the_arena() {
-        let mut g = Graph::new("g");
-        let v = values(&mut g, &["x", "t", "y", "z"], &[4]);
-        g.inputs.push(v[0]);
-        g.add_node("a", Op::Exp, vec![v[0]], vec![v[1]]);
-        g.add_node("b", Op::Neg, vec![v[1]], vec![v[2]]);
-        g.add_node("c", Op::Add, vec![v[2], v[1]], vec![v[3]]);
-        g.outputs.extend([v[3], v[2]]);
-        let p = lowered(&g);
-        let t = BufRef::Scratch { offset: 0, len: 4 };
-        assert_eq!(
-            p.steps,
-            vec![
-                Step::Unary {
-                    op: UnaryOp::Exp,
-                    src: BufRef::Input(0),
-                    dst: t
-                },
-                Step::Unary {
-                    op: UnaryOp::Neg,
-                    src: t,
-                    dst: BufRef::Output(1)
-                },
-                Step::Binary {
-                    op: BinaryOp::Add,
-                    layout: Layout::Same,
-                    a: BufRef::Output(1),
-                    b: t,
-                    dst: BufRef::Output(0)
-                },
-            ]
-        );
-        assert_eq!(p.arena_len, 4);
-        // Step 3 writes output 0 while reading output 1 (after the hole).
-        let (mut z, mut y) = (vec![0.0; 4], vec![0.0; 4]);
-        let x = [0.0, 1.0, -1.0, 2.0];
-        p.run(Target::Generic, &[&x], &mut [&mut z, &mut y]).unwrap();
-        assert_eq!(y, x.map(|v: f32| -v.exp()));
-        assert_eq!(z, [0.0; 4]);
-    }
-
-    #[test]
-    fn returned_inputs_constants_and_duplicates_are_copied() {
-        let mut g = Graph::new("g");
-        let v = values(&mut g, &["x", "c", "y", "r"], &[2]);
-        g.inputs.push(v[0]);
-        g.add_constant(v[1], vec![1.0, 2.0]).unwrap();
-        g.add_node("id", Op::Identity, vec![v[0]], vec![v[2]]);
-        g.add_node("relu", Op::Relu, vec![v[0]], vec![v[3]]);
-        g.outputs.extend([v[2], v[1], v[3], v[3]]);
-        let p = lowered(&g);
-        let copies: Vec<(BufRef, BufRef)> = p
-            .steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::Copy { src, dst } => Some((*src, *dst)),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(
-            copies,
-            vec![
-                (BufRef::Input(0), BufRef::Output(0)),
-                (BufRef::Constant(0), BufRef::Output(1)),
-                (BufRef::Output(2), BufRef::Output(3)),
-            ]
-        );
-        assert_eq!(p.steps.len(), 4);
-        assert_eq!(p.constants.len(), 1);
-        assert_eq!(p.op_counts, vec![(Op::Relu, 1), (Op::Identity, 1)]);
-    }
-
-    #[test]
-    fn constants_only_dead_code_reads_are_dropped() {
-        let mut g = Graph::new("g");
-        let v = values(&mut g, &["x", "c", "dead", "y"], &[2]);
-        g.inputs.push(v[0]);
-        g.add_constant(v[1], vec![1.0, 2.0]).unwrap();
-        g.add_node("dead", Op::Mul, vec![v[0], v[1]], vec![v[2]]);
-        g.add_node("live", Op::Abs, vec![v[0]], vec![v[3]]);
-        g.outputs.push(v[3]);
-        let p = lowered(&g);
-        assert!(p.constants.is_empty());
-        assert_eq!(p.steps.len(), 1);
-    }
 }

@@ -1,16 +1,21 @@
 //! Static memory plan: places every intermediate buffer in one arena, letting
 //! buffers whose lifetimes do not overlap share space.
 //!
-//! Lifetimes are in step indices. A buffer is busy from the step that writes
-//! it to the last step that reads it, inclusive: kernels never run in place,
-//! so a step's inputs and its output must not share memory.
+//! Sizes are bytes; every buffer starts at a multiple of [`ARENA_ALIGN`]
+//! (64: a cache line, and enough for every element type and vector load).
+//! Lifetimes are in node indices. A buffer is busy from the node that writes
+//! it to the last node that reads it, inclusive: kernels never run in place,
+//! so a node's inputs and its outputs must not share memory.
 
 use crate::error::{Error, Result};
+
+/// Alignment of every arena buffer, in bytes.
+pub(crate) const ARENA_ALIGN: usize = 64;
 
 /// One intermediate buffer to place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Lifetime {
-    /// Elements.
+    /// Bytes.
     pub len: usize,
     /// Step that writes it.
     pub first: usize,
@@ -20,9 +25,9 @@ pub(crate) struct Lifetime {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ArenaPlan {
-    /// Element offset of each buffer, in input order.
+    /// Byte offset of each buffer, in input order.
     pub offsets: Vec<usize>,
-    /// Arena size in elements.
+    /// Arena size in bytes.
     pub len: usize,
 }
 
@@ -61,24 +66,33 @@ pub(crate) fn plan_arena(buffers: &[Lifetime]) -> Result<ArenaPlan> {
     Ok(ArenaPlan { offsets, len: total })
 }
 
-/// Lowest offset with `len` free elements, and where to insert it in `busy`.
+/// Lowest aligned offset with `len` free bytes, and where to insert it in `busy`.
 fn first_fit(busy: &[Placed], len: usize) -> (usize, usize) {
     let mut cursor = 0;
     for (slot, p) in busy.iter().enumerate() {
         if p.offset >= cursor && p.offset - cursor >= len {
             return (slot, cursor);
         }
-        cursor = cursor.max(p.offset + p.len);
+        cursor = align(cursor.max(p.offset + p.len));
     }
     (busy.len(), cursor)
+}
+
+fn align(n: usize) -> usize {
+    n.div_ceil(ARENA_ALIGN) * ARENA_ALIGN
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Sizes in units of 64 bytes, so the expectations read as before.
     fn lt(len: usize, first: usize, last: usize) -> Lifetime {
-        Lifetime { len, first, last }
+        Lifetime {
+            len: len * 64,
+            first,
+            last,
+        }
     }
 
     /// No two buffers that are alive at the same step overlap in memory.
@@ -101,8 +115,8 @@ mod tests {
         let bufs = [lt(8, 0, 1), lt(8, 1, 2), lt(8, 2, 3), lt(8, 3, 4)];
         let plan = plan_arena(&bufs).unwrap();
         assert_sound(&bufs, &plan);
-        assert_eq!(plan.len, 16);
-        assert_eq!(plan.offsets, vec![0, 8, 0, 8]);
+        assert_eq!(plan.len, 16 * 64);
+        assert_eq!(plan.offsets, vec![0, 8 * 64, 0, 8 * 64]);
     }
 
     #[test]
@@ -111,7 +125,7 @@ mod tests {
         let bufs = [lt(4, 0, 5), lt(4, 1, 2), lt(4, 2, 3), lt(4, 3, 5)];
         let plan = plan_arena(&bufs).unwrap();
         assert_sound(&bufs, &plan);
-        assert_eq!(plan.len, 12);
+        assert_eq!(plan.len, 12 * 64);
     }
 
     #[test]
@@ -120,7 +134,7 @@ mod tests {
         let bufs = [lt(4, 0, 1), lt(8, 1, 3), lt(2, 2, 3), lt(4, 4, 4)];
         let plan = plan_arena(&bufs).unwrap();
         assert_sound(&bufs, &plan);
-        assert_eq!(plan.len, 12);
+        assert_eq!(plan.len, 12 * 64);
         assert_eq!(plan.offsets[2], 0);
     }
 
@@ -130,7 +144,7 @@ mod tests {
         let bufs = [lt(0, 0, 1), lt(3, 0, 1)];
         let plan = plan_arena(&bufs).unwrap();
         assert_sound(&bufs, &plan);
-        assert_eq!(plan.len, 3);
+        assert_eq!(plan.len, 3 * 64);
     }
 
     #[test]
@@ -154,5 +168,30 @@ mod tests {
             assert_sound(&bufs, &plan);
             assert!(plan.len <= bufs.iter().map(|b| b.len).sum());
         }
+    }
+
+    #[test]
+    fn odd_sizes_are_aligned() {
+        let bufs = [
+            Lifetime {
+                len: 3,
+                first: 0,
+                last: 2,
+            },
+            Lifetime {
+                len: 100,
+                first: 1,
+                last: 2,
+            },
+            Lifetime {
+                len: 8,
+                first: 2,
+                last: 3,
+            },
+        ];
+        let plan = plan_arena(&bufs).unwrap();
+        assert_sound(&bufs, &plan);
+        assert!(plan.offsets.iter().all(|o| o % ARENA_ALIGN == 0));
+        assert_eq!(plan.offsets, vec![0, 64, 192]);
     }
 }

@@ -4,9 +4,9 @@
 
 use super::proto::{self, buf_info, layout_info, step_info};
 use crate::error::{Error, Result};
-use crate::ir::{DType, Op};
-use crate::kernels::{BinaryOp, Layout, Strided, UnaryOp};
-use crate::plan::{BufRef, Constant, Program, ProgramParts, Step, TensorSpec};
+use crate::ir::{Activation, DType};
+use crate::kernels::{BinaryOp, CopyPlan, Layout, ReduceKind, Strided, UnaryOp, Where3};
+use crate::plan::{BufRef, Constant, MatB, MatBias, MatMulStep, Program, ProgramParts, Step, TensorSpec};
 use crate::target::Target;
 
 // ---- encoding ----
@@ -18,13 +18,13 @@ pub(crate) fn graph_info(name: &str, program: &Program, weight_ids: Vec<u32>) ->
         outputs: program.outputs().iter().map(tensor_info).collect(),
         weight_ids,
         program: Some(proto::ProgramInfo {
-            arena_len: program.arena_len() as u64,
+            arena_bytes: program.arena_bytes() as u64,
             steps: program.steps().iter().map(step_info).collect(),
             op_counts: program
                 .op_counts()
                 .iter()
                 .map(|(op, n)| proto::OpCount {
-                    op: op.onnx_name().to_string(),
+                    op: op.clone(),
                     count: *n as u64,
                 })
                 .collect(),
@@ -36,34 +36,198 @@ pub(crate) fn dims(shape: &[usize]) -> Vec<u64> {
     shape.iter().map(|&d| d as u64).collect()
 }
 
+fn signed(v: &[isize]) -> Vec<i64> {
+    v.iter().map(|&d| d as i64).collect()
+}
+
 fn tensor_info(spec: &TensorSpec) -> proto::TensorInfo {
     proto::TensorInfo {
         name: spec.name.clone(),
-        dtype: DType::F32.onnx_code(),
+        dtype: spec.elem_type,
         shape: dims(&spec.shape),
     }
 }
 
 fn step_info(step: &Step) -> proto::StepInfo {
+    use step_info::Kind as K;
     let kind = match step {
-        Step::Unary { op, src, dst } => step_info::Kind::Unary(proto::UnaryStep {
-            op: unary_kind(*op) as i32,
-            src: Some(buf(*src)),
-            dst: Some(buf(*dst)),
-        }),
-        Step::Binary { op, layout, a, b, dst } => step_info::Kind::Binary(proto::BinaryStep {
+        Step::Unary { op, src, dst } => {
+            let (alpha, lo, hi) = match op {
+                UnaryOp::LeakyRelu(a) => (*a, 0.0, 0.0),
+                UnaryOp::Clip(lo, hi) => (0.0, *lo, *hi),
+                _ => (0.0, 0.0, 0.0),
+            };
+            K::Unary(proto::UnaryStep {
+                op: unary_kind(*op) as i32,
+                src: Some(buf(*src)),
+                dst: Some(buf(*dst)),
+                alpha,
+                lo,
+                hi,
+            })
+        }
+        Step::Binary {
+            op,
+            dtype,
+            layout,
+            a,
+            b,
+            dst,
+        } => K::Binary(proto::BinaryStep {
             op: binary_kind(*op) as i32,
             layout: Some(layout_info(layout)),
             a: Some(buf(*a)),
             b: Some(buf(*b)),
             dst: Some(buf(*dst)),
+            dtype: dtype.onnx_code(),
         }),
-        Step::Copy { src, dst } => step_info::Kind::Copy(proto::CopyStep {
+        Step::Copy { src, dst } => K::Copy(proto::CopyStep {
             src: Some(buf(*src)),
+            dst: Some(buf(*dst)),
+        }),
+        Step::MatMul(m) => {
+            let (b, trans_b, packed_b) = match m.b {
+                MatB::Packed(c) => (None, false, Some(c as u64)),
+                MatB::Buf { buf: r, trans_b } => (Some(buf(r)), trans_b, None),
+            };
+            let (bias_kind, bias, beta) = match m.bias {
+                MatBias::None => (proto::BiasKindInfo::NoBias, None, 0.0),
+                MatBias::Row(r) => (proto::BiasKindInfo::Row, Some(buf(r)), 0.0),
+                MatBias::Full { buf: r, beta } => (proto::BiasKindInfo::Full, Some(buf(r)), beta),
+            };
+            K::MatMul(proto::MatMulStep {
+                m: m.m as u64,
+                n: m.n as u64,
+                k: m.k as u64,
+                trans_a: m.trans_a,
+                a: Some(buf(m.a)),
+                b,
+                trans_b,
+                packed_b,
+                batch_offsets: m.batches.iter().flat_map(|[a, b]| [*a as u64, *b as u64]).collect(),
+                alpha: m.alpha,
+                bias_kind: bias_kind as i32,
+                bias,
+                beta,
+                activation: Some(activation_info(m.activation)),
+                residual: m.residual.map(buf),
+                dst: Some(buf(m.dst)),
+            })
+        }
+        Step::Softmax { len, inner, src, dst } => K::Softmax(proto::SoftmaxStep {
+            len: *len as u64,
+            inner: *inner as u64,
+            src: Some(buf(*src)),
+            dst: Some(buf(*dst)),
+        }),
+        Step::LayerNorm {
+            len,
+            epsilon,
+            src,
+            scale,
+            bias,
+            dst,
+        } => K::LayerNorm(proto::LayerNormStep {
+            len: *len as u64,
+            epsilon: *epsilon,
+            src: Some(buf(*src)),
+            scale: Some(buf(*scale)),
+            bias: bias.map(buf),
+            dst: Some(buf(*dst)),
+        }),
+        Step::Reduce {
+            kind,
+            outer,
+            len,
+            inner,
+            src,
+            dst,
+        } => K::Reduce(proto::ReduceStep {
+            kind: match kind {
+                ReduceKind::Sum => proto::ReduceKindInfo::Sum,
+                ReduceKind::Mean => proto::ReduceKindInfo::Mean,
+                ReduceKind::Max => proto::ReduceKindInfo::Max,
+            } as i32,
+            outer: *outer as u64,
+            len: *len as u64,
+            inner: *inner as u64,
+            src: Some(buf(*src)),
+            dst: Some(buf(*dst)),
+        }),
+        Step::Strided { dtype, plan, src, dst } => K::Strided(proto::StridedStep {
+            dtype: dtype.onnx_code(),
+            dims: dims(&plan.dims),
+            src_offset: plan.src_offset as u64,
+            src_strides: signed(&plan.src_strides),
+            dst_offset: plan.dst_offset as u64,
+            dst_strides: signed(&plan.dst_strides),
+            src: Some(buf(*src)),
+            dst: Some(buf(*dst)),
+        }),
+        Step::Gather {
+            dtype,
+            idx_dtype,
+            outer,
+            axis_len,
+            inner,
+            data,
+            indices,
+            dst,
+        } => K::Gather(proto::GatherStep {
+            dtype: dtype.onnx_code(),
+            idx_dtype: idx_dtype.onnx_code(),
+            outer: *outer as u64,
+            axis_len: *axis_len as u64,
+            inner: *inner as u64,
+            data: Some(buf(*data)),
+            indices: Some(buf(*indices)),
+            dst: Some(buf(*dst)),
+        }),
+        Step::Cast { from, to, src, dst } => K::Cast(proto::CastStep {
+            from: from.onnx_code(),
+            to: to.onnx_code(),
+            src: Some(buf(*src)),
+            dst: Some(buf(*dst)),
+        }),
+        Step::Where {
+            dtype,
+            layout,
+            cond,
+            x,
+            y,
+            dst,
+        } => K::Where(proto::WhereStep {
+            dtype: dtype.onnx_code(),
+            dims: dims(&layout.dims),
+            c_strides: dims(&layout.c_strides),
+            x_strides: dims(&layout.x_strides),
+            y_strides: dims(&layout.y_strides),
+            cond: Some(buf(*cond)),
+            x: Some(buf(*x)),
+            y: Some(buf(*y)),
             dst: Some(buf(*dst)),
         }),
     };
     proto::StepInfo { kind: Some(kind) }
+}
+
+fn activation_info(a: Activation) -> proto::ActivationInfo {
+    use proto::ActivationKind as K;
+    let (kind, x, y) = match a {
+        Activation::None => (K::NoActivation, 0.0, 0.0),
+        Activation::Relu => (K::Relu, 0.0, 0.0),
+        Activation::LeakyRelu(al) => (K::LeakyRelu, al, 0.0),
+        Activation::Sigmoid => (K::Sigmoid, 0.0, 0.0),
+        Activation::Tanh => (K::Tanh, 0.0, 0.0),
+        Activation::GeluErf => (K::GeluErf, 0.0, 0.0),
+        Activation::GeluTanh => (K::GeluTanh, 0.0, 0.0),
+        Activation::Clip(lo, hi) => (K::Clip, lo, hi),
+    };
+    proto::ActivationInfo {
+        kind: kind as i32,
+        a: x,
+        b: y,
+    }
 }
 
 fn buf(r: BufRef) -> proto::BufInfo {
@@ -105,6 +269,13 @@ fn unary_kind(op: UnaryOp) -> proto::UnaryOpKind {
         UnaryOp::Abs => K::Abs,
         UnaryOp::Sqrt => K::Sqrt,
         UnaryOp::Exp => K::Exp,
+        UnaryOp::Log => K::Log,
+        UnaryOp::Erf => K::Erf,
+        UnaryOp::Reciprocal => K::Reciprocal,
+        UnaryOp::LeakyRelu(_) => K::LeakyRelu,
+        UnaryOp::Clip(..) => K::Clip,
+        UnaryOp::Gelu => K::Gelu,
+        UnaryOp::GeluTanh => K::GeluTanh,
     }
 }
 
@@ -115,6 +286,7 @@ fn binary_kind(op: BinaryOp) -> proto::BinaryOpKind {
         BinaryOp::Sub => K::Sub,
         BinaryOp::Mul => K::Mul,
         BinaryOp::Div => K::Div,
+        BinaryOp::Pow => K::Pow,
     }
 }
 
@@ -133,7 +305,7 @@ pub(crate) fn program_parts(g: &proto::GraphInfo, target: Target, constants: &[C
         outputs: specs("output", &g.outputs)?,
         constants: graph_constants(&g.weight_ids, constants)?,
         steps,
-        arena_len: usize_of(program.arena_len, "arena length")?,
+        arena_bytes: usize_of(program.arena_bytes, "arena size")?,
         op_counts: program.op_counts.iter().map(op_count).collect::<Result<_>>()?,
     })
 }
@@ -153,63 +325,195 @@ fn specs(what: &str, infos: &[proto::TensorInfo]) -> Result<Vec<TensorSpec>> {
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            check_dtype(t.dtype).map_err(|e| e.context(format_args!("{what} {i} '{}'", t.name)))?;
-            Ok(TensorSpec {
-                name: t.name.clone(),
-                shape: shape(&t.shape)?,
-            })
+            let dtype = dtype(t.dtype).map_err(|e| e.context(format_args!("{what} {i} '{}'", t.name)))?;
+            Ok(TensorSpec::new(&t.name, dtype, &shape(&t.shape)?))
         })
         .collect()
 }
 
-pub(crate) fn check_dtype(code: i32) -> Result<()> {
-    if DType::from_onnx(code) != Some(DType::F32) {
-        crate::bail!(
-            InvalidGraph,
-            "element type {} (code {code}) is not one this kiln reads (float)",
+/// An element type this kiln holds.
+pub(crate) fn dtype(code: i32) -> Result<DType> {
+    DType::from_onnx(code).ok_or_else(|| {
+        Error::invalid_graph(format!(
+            "element type {} (code {code}) is not one this kiln reads (float, int64, int32, bool)",
             crate::ir::onnx_type_name(code)
-        );
-    }
-    Ok(())
+        ))
+    })
 }
 
 pub(crate) fn shape(dims: &[u64]) -> Result<Vec<usize>> {
     dims.iter().map(|&d| usize_of(d, "dimension")).collect()
 }
 
-fn usize_of(n: u64, what: &str) -> Result<usize> {
+fn strides(v: &[i64]) -> Result<Vec<isize>> {
+    v.iter()
+        .map(|&d| isize::try_from(d).map_err(|_| Error::invalid_graph(format!("stride {d} does not fit"))))
+        .collect()
+}
+
+pub(crate) fn usize_of(n: u64, what: &str) -> Result<usize> {
     usize::try_from(n).map_err(|_| Error::invalid_graph(format!("{what} {n} does not fit in memory")))
 }
 
-fn op_count(c: &proto::OpCount) -> Result<(Op, usize)> {
-    let op =
-        Op::from_onnx("", &c.op).ok_or_else(|| Error::invalid_graph(format!("unknown op '{}' in op counts", c.op)))?;
-    Ok((op, usize_of(c.count, "op count")?))
+fn op_count(c: &proto::OpCount) -> Result<(String, usize)> {
+    if c.op.is_empty() {
+        crate::bail!(InvalidGraph, "an op count has no op name");
+    }
+    Ok((c.op.clone(), usize_of(c.count, "op count")?))
 }
 
 fn step(s: &proto::StepInfo) -> Result<Step> {
+    use step_info::Kind as K;
     Ok(match s.kind.as_ref().ok_or_else(|| missing("step kind"))? {
-        step_info::Kind::Unary(u) => Step::Unary {
-            op: unary_op(u.op)?,
+        K::Unary(u) => Step::Unary {
+            op: unary_op(u)?,
             src: buf_ref(&u.src)?,
             dst: buf_ref(&u.dst)?,
         },
-        step_info::Kind::Binary(b) => Step::Binary {
+        K::Binary(b) => Step::Binary {
             op: binary_op(b.op)?,
+            dtype: dtype(b.dtype)?,
             layout: layout(&b.layout)?,
             a: buf_ref(&b.a)?,
             b: buf_ref(&b.b)?,
             dst: buf_ref(&b.dst)?,
         },
-        step_info::Kind::Copy(c) => Step::Copy {
+        K::Copy(c) => Step::Copy {
             src: buf_ref(&c.src)?,
             dst: buf_ref(&c.dst)?,
+        },
+        K::MatMul(m) => Step::MatMul(Box::new(matmul(m)?)),
+        K::Softmax(s) => Step::Softmax {
+            len: usize_of(s.len, "length")?,
+            inner: usize_of(s.inner, "inner size")?,
+            src: buf_ref(&s.src)?,
+            dst: buf_ref(&s.dst)?,
+        },
+        K::LayerNorm(l) => Step::LayerNorm {
+            len: usize_of(l.len, "length")?,
+            epsilon: l.epsilon,
+            src: buf_ref(&l.src)?,
+            scale: buf_ref(&l.scale)?,
+            bias: l.bias.as_ref().map(|b| buf_ref(&Some(b.clone()))).transpose()?,
+            dst: buf_ref(&l.dst)?,
+        },
+        K::Reduce(r) => Step::Reduce {
+            kind: match proto::ReduceKindInfo::try_from(r.kind) {
+                Ok(proto::ReduceKindInfo::Sum) => ReduceKind::Sum,
+                Ok(proto::ReduceKindInfo::Mean) => ReduceKind::Mean,
+                Ok(proto::ReduceKindInfo::Max) => ReduceKind::Max,
+                _ => crate::bail!(InvalidGraph, "unknown reduce kind {}", r.kind),
+            },
+            outer: usize_of(r.outer, "outer size")?,
+            len: usize_of(r.len, "length")?,
+            inner: usize_of(r.inner, "inner size")?,
+            src: buf_ref(&r.src)?,
+            dst: buf_ref(&r.dst)?,
+        },
+        K::Strided(s) => Step::Strided {
+            dtype: dtype(s.dtype)?,
+            plan: CopyPlan {
+                dims: shape(&s.dims)?,
+                src_offset: usize_of(s.src_offset, "offset")?,
+                src_strides: strides(&s.src_strides)?,
+                dst_offset: usize_of(s.dst_offset, "offset")?,
+                dst_strides: strides(&s.dst_strides)?,
+            },
+            src: buf_ref(&s.src)?,
+            dst: buf_ref(&s.dst)?,
+        },
+        K::Gather(g) => Step::Gather {
+            dtype: dtype(g.dtype)?,
+            idx_dtype: dtype(g.idx_dtype)?,
+            outer: usize_of(g.outer, "outer size")?,
+            axis_len: usize_of(g.axis_len, "axis length")?,
+            inner: usize_of(g.inner, "inner size")?,
+            data: buf_ref(&g.data)?,
+            indices: buf_ref(&g.indices)?,
+            dst: buf_ref(&g.dst)?,
+        },
+        K::Cast(c) => Step::Cast {
+            from: dtype(c.from)?,
+            to: dtype(c.to)?,
+            src: buf_ref(&c.src)?,
+            dst: buf_ref(&c.dst)?,
+        },
+        K::Where(w) => Step::Where {
+            dtype: dtype(w.dtype)?,
+            layout: Where3 {
+                dims: shape(&w.dims)?,
+                c_strides: shape(&w.c_strides)?,
+                x_strides: shape(&w.x_strides)?,
+                y_strides: shape(&w.y_strides)?,
+            },
+            cond: buf_ref(&w.cond)?,
+            x: buf_ref(&w.x)?,
+            y: buf_ref(&w.y)?,
+            dst: buf_ref(&w.dst)?,
         },
     })
 }
 
-fn unary_op(code: i32) -> Result<UnaryOp> {
+fn matmul(m: &proto::MatMulStep) -> Result<MatMulStep> {
+    let b = match (m.packed_b, &m.b) {
+        (Some(c), None) => MatB::Packed(usize_of(c, "packed constant")?),
+        (None, Some(b)) => MatB::Buf {
+            buf: buf_ref(&Some(b.clone()))?,
+            trans_b: m.trans_b,
+        },
+        _ => crate::bail!(InvalidGraph, "matrix product needs exactly one of b and packed_b"),
+    };
+    if !m.batch_offsets.len().is_multiple_of(2) {
+        crate::bail!(InvalidGraph, "matrix product batch offsets come in pairs");
+    }
+    let batches = m
+        .batch_offsets
+        .chunks_exact(2)
+        .map(|p| Ok([usize_of(p[0], "batch offset")?, usize_of(p[1], "batch offset")?]))
+        .collect::<Result<Vec<_>>>()?;
+    let bias = match proto::BiasKindInfo::try_from(m.bias_kind) {
+        Ok(proto::BiasKindInfo::NoBias) => MatBias::None,
+        Ok(proto::BiasKindInfo::Row) => MatBias::Row(buf_ref(&m.bias)?),
+        Ok(proto::BiasKindInfo::Full) => MatBias::Full {
+            buf: buf_ref(&m.bias)?,
+            beta: m.beta,
+        },
+        _ => crate::bail!(InvalidGraph, "unknown bias kind {}", m.bias_kind),
+    };
+    Ok(MatMulStep {
+        m: usize_of(m.m, "m")?,
+        n: usize_of(m.n, "n")?,
+        k: usize_of(m.k, "k")?,
+        trans_a: m.trans_a,
+        a: buf_ref(&m.a)?,
+        b,
+        batches,
+        alpha: m.alpha,
+        bias,
+        activation: activation(m.activation.as_ref().ok_or_else(|| missing("activation"))?)?,
+        residual: m.residual.as_ref().map(|r| buf_ref(&Some(r.clone()))).transpose()?,
+        dst: buf_ref(&m.dst)?,
+    })
+}
+
+fn activation(a: &proto::ActivationInfo) -> Result<Activation> {
+    use proto::ActivationKind as K;
+    Ok(match K::try_from(a.kind) {
+        Ok(K::NoActivation) => Activation::None,
+        Ok(K::Relu) => Activation::Relu,
+        Ok(K::LeakyRelu) => Activation::LeakyRelu(a.a),
+        Ok(K::Sigmoid) => Activation::Sigmoid,
+        Ok(K::Tanh) => Activation::Tanh,
+        Ok(K::GeluErf) => Activation::GeluErf,
+        Ok(K::GeluTanh) => Activation::GeluTanh,
+        Ok(K::Clip) => Activation::Clip(a.a, a.b),
+        Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown activation code {}", a.kind),
+    })
+}
+
+fn unary_op(u: &proto::UnaryStep) -> Result<UnaryOp> {
     use proto::UnaryOpKind as K;
+    let code = u.op;
     Ok(match K::try_from(code) {
         Ok(K::Relu) => UnaryOp::Relu,
         Ok(K::Sigmoid) => UnaryOp::Sigmoid,
@@ -218,6 +522,13 @@ fn unary_op(code: i32) -> Result<UnaryOp> {
         Ok(K::Abs) => UnaryOp::Abs,
         Ok(K::Sqrt) => UnaryOp::Sqrt,
         Ok(K::Exp) => UnaryOp::Exp,
+        Ok(K::Log) => UnaryOp::Log,
+        Ok(K::Erf) => UnaryOp::Erf,
+        Ok(K::Reciprocal) => UnaryOp::Reciprocal,
+        Ok(K::LeakyRelu) => UnaryOp::LeakyRelu(u.alpha),
+        Ok(K::Clip) => UnaryOp::Clip(u.lo, u.hi),
+        Ok(K::Gelu) => UnaryOp::Gelu,
+        Ok(K::GeluTanh) => UnaryOp::GeluTanh,
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown unary op code {code}"),
     })
 }
@@ -229,6 +540,7 @@ fn binary_op(code: i32) -> Result<BinaryOp> {
         Ok(K::Sub) => BinaryOp::Sub,
         Ok(K::Mul) => BinaryOp::Mul,
         Ok(K::Div) => BinaryOp::Div,
+        Ok(K::Pow) => BinaryOp::Pow,
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown binary op code {code}"),
     })
 }

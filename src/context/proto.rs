@@ -28,7 +28,7 @@ pub struct WeightInfo {
     pub offset: u64,
     #[prost(uint64, tag = "2")]
     pub byte_length: u64,
-    /// ONNX `TensorProto.DataType` code (1 = float, the only one today).
+    /// ONNX `TensorProto.DataType` code: 1 float, 6 int32, 7 int64, 9 bool.
     #[prost(int32, tag = "3")]
     pub dtype: i32,
     #[prost(uint64, repeated, tag = "4")]
@@ -36,6 +36,18 @@ pub struct WeightInfo {
     /// xxh3-128 of the weight's bytes, little-endian (16 bytes).
     #[prost(bytes = "vec", tag = "5")]
     pub content_hash: Vec<u8>,
+    /// Set when the bytes are a GEMM B operand packed for the file's target.
+    #[prost(message, optional, tag = "6")]
+    pub gemm_packed: Option<GemmPacking>,
+}
+
+/// A `[k, n]` f32 weight in the target's packed GEMM layout.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GemmPacking {
+    #[prost(uint64, tag = "1")]
+    pub k: u64,
+    #[prost(uint64, tag = "2")]
+    pub n: u64,
 }
 
 /// One compiled graph (an EPContext node's subgraph).
@@ -66,19 +78,19 @@ pub struct TensorInfo {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ProgramInfo {
-    /// Scratch arena size in elements.
+    /// Scratch arena size in bytes.
     #[prost(uint64, tag = "1")]
-    pub arena_len: u64,
+    pub arena_bytes: u64,
     #[prost(message, repeated, tag = "2")]
     pub steps: Vec<StepInfo>,
     #[prost(message, repeated, tag = "3")]
     pub op_counts: Vec<OpCount>,
 }
 
-/// Live nodes of one ONNX op in the source graph (for summaries).
+/// Nodes of one op in the optimised graph (for summaries).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct OpCount {
-    /// ONNX op type, e.g. `Add`.
+    /// Op name, e.g. `Add` or `MatMul+Bias+Gelu`.
     #[prost(string, tag = "1")]
     pub op: String,
     #[prost(uint64, tag = "2")]
@@ -87,7 +99,7 @@ pub struct OpCount {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct StepInfo {
-    #[prost(oneof = "step_info::Kind", tags = "1, 2, 3")]
+    #[prost(oneof = "step_info::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
     pub kind: Option<step_info::Kind>,
 }
 
@@ -100,6 +112,22 @@ pub mod step_info {
         Binary(super::BinaryStep),
         #[prost(message, tag = "3")]
         Copy(super::CopyStep),
+        #[prost(message, tag = "4")]
+        MatMul(super::MatMulStep),
+        #[prost(message, tag = "5")]
+        Softmax(super::SoftmaxStep),
+        #[prost(message, tag = "6")]
+        LayerNorm(super::LayerNormStep),
+        #[prost(message, tag = "7")]
+        Reduce(super::ReduceStep),
+        #[prost(message, tag = "8")]
+        Strided(super::StridedStep),
+        #[prost(message, tag = "9")]
+        Gather(super::GatherStep),
+        #[prost(message, tag = "10")]
+        Cast(super::CastStep),
+        #[prost(message, tag = "11")]
+        Where(super::WhereStep),
     }
 }
 
@@ -111,6 +139,14 @@ pub struct UnaryStep {
     pub src: Option<BufInfo>,
     #[prost(message, optional, tag = "3")]
     pub dst: Option<BufInfo>,
+    /// LeakyRelu's alpha.
+    #[prost(float, tag = "4")]
+    pub alpha: f32,
+    /// Clip's bounds.
+    #[prost(float, tag = "5")]
+    pub lo: f32,
+    #[prost(float, tag = "6")]
+    pub hi: f32,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -125,6 +161,8 @@ pub struct BinaryStep {
     pub b: Option<BufInfo>,
     #[prost(message, optional, tag = "5")]
     pub dst: Option<BufInfo>,
+    #[prost(int32, tag = "6")]
+    pub dtype: i32,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -132,6 +170,176 @@ pub struct CopyStep {
     #[prost(message, optional, tag = "1")]
     pub src: Option<BufInfo>,
     #[prost(message, optional, tag = "2")]
+    pub dst: Option<BufInfo>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MatMulStep {
+    #[prost(uint64, tag = "1")]
+    pub m: u64,
+    #[prost(uint64, tag = "2")]
+    pub n: u64,
+    #[prost(uint64, tag = "3")]
+    pub k: u64,
+    #[prost(bool, tag = "4")]
+    pub trans_a: bool,
+    #[prost(message, optional, tag = "5")]
+    pub a: Option<BufInfo>,
+    /// B as a buffer (with `trans_b`), or ...
+    #[prost(message, optional, tag = "6")]
+    pub b: Option<BufInfo>,
+    #[prost(bool, tag = "7")]
+    pub trans_b: bool,
+    /// ... the index of a packed constant.
+    #[prost(uint64, optional, tag = "8")]
+    pub packed_b: Option<u64>,
+    /// Element offsets into A and B per batch, as pairs.
+    #[prost(uint64, repeated, tag = "9")]
+    pub batch_offsets: Vec<u64>,
+    #[prost(float, tag = "10")]
+    pub alpha: f32,
+    #[prost(enumeration = "BiasKindInfo", tag = "11")]
+    pub bias_kind: i32,
+    #[prost(message, optional, tag = "12")]
+    pub bias: Option<BufInfo>,
+    #[prost(float, tag = "13")]
+    pub beta: f32,
+    #[prost(message, optional, tag = "14")]
+    pub activation: Option<ActivationInfo>,
+    #[prost(message, optional, tag = "15")]
+    pub residual: Option<BufInfo>,
+    #[prost(message, optional, tag = "16")]
+    pub dst: Option<BufInfo>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ActivationInfo {
+    #[prost(enumeration = "ActivationKind", tag = "1")]
+    pub kind: i32,
+    /// LeakyRelu's alpha, Clip's lo.
+    #[prost(float, tag = "2")]
+    pub a: f32,
+    /// Clip's hi.
+    #[prost(float, tag = "3")]
+    pub b: f32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SoftmaxStep {
+    #[prost(uint64, tag = "1")]
+    pub len: u64,
+    #[prost(uint64, tag = "2")]
+    pub inner: u64,
+    #[prost(message, optional, tag = "3")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "4")]
+    pub dst: Option<BufInfo>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LayerNormStep {
+    #[prost(uint64, tag = "1")]
+    pub len: u64,
+    #[prost(float, tag = "2")]
+    pub epsilon: f32,
+    #[prost(message, optional, tag = "3")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "4")]
+    pub scale: Option<BufInfo>,
+    /// Absent: no bias.
+    #[prost(message, optional, tag = "5")]
+    pub bias: Option<BufInfo>,
+    #[prost(message, optional, tag = "6")]
+    pub dst: Option<BufInfo>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ReduceStep {
+    #[prost(enumeration = "ReduceKindInfo", tag = "1")]
+    pub kind: i32,
+    #[prost(uint64, tag = "2")]
+    pub outer: u64,
+    #[prost(uint64, tag = "3")]
+    pub len: u64,
+    #[prost(uint64, tag = "4")]
+    pub inner: u64,
+    #[prost(message, optional, tag = "5")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "6")]
+    pub dst: Option<BufInfo>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StridedStep {
+    #[prost(int32, tag = "1")]
+    pub dtype: i32,
+    #[prost(uint64, repeated, tag = "2")]
+    pub dims: Vec<u64>,
+    #[prost(uint64, tag = "3")]
+    pub src_offset: u64,
+    #[prost(sint64, repeated, tag = "4")]
+    pub src_strides: Vec<i64>,
+    #[prost(uint64, tag = "5")]
+    pub dst_offset: u64,
+    #[prost(sint64, repeated, tag = "6")]
+    pub dst_strides: Vec<i64>,
+    #[prost(message, optional, tag = "7")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub dst: Option<BufInfo>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GatherStep {
+    #[prost(int32, tag = "1")]
+    pub dtype: i32,
+    #[prost(int32, tag = "2")]
+    pub idx_dtype: i32,
+    #[prost(uint64, tag = "3")]
+    pub outer: u64,
+    #[prost(uint64, tag = "4")]
+    pub axis_len: u64,
+    #[prost(uint64, tag = "5")]
+    pub inner: u64,
+    #[prost(message, optional, tag = "6")]
+    pub data: Option<BufInfo>,
+    #[prost(message, optional, tag = "7")]
+    pub indices: Option<BufInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub dst: Option<BufInfo>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CastStep {
+    #[prost(int32, tag = "1")]
+    pub from: i32,
+    #[prost(int32, tag = "2")]
+    pub to: i32,
+    #[prost(message, optional, tag = "3")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "4")]
+    pub dst: Option<BufInfo>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WhereStep {
+    #[prost(int32, tag = "1")]
+    pub dtype: i32,
+    #[prost(uint64, repeated, tag = "2")]
+    pub dims: Vec<u64>,
+    #[prost(uint64, repeated, tag = "3")]
+    pub c_strides: Vec<u64>,
+    #[prost(uint64, repeated, tag = "4")]
+    pub x_strides: Vec<u64>,
+    #[prost(uint64, repeated, tag = "5")]
+    pub y_strides: Vec<u64>,
+    #[prost(message, optional, tag = "6")]
+    pub cond: Option<BufInfo>,
+    #[prost(message, optional, tag = "7")]
+    pub x: Option<BufInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub y: Option<BufInfo>,
+    #[prost(message, optional, tag = "9")]
     pub dst: Option<BufInfo>,
 }
 
@@ -146,6 +354,13 @@ pub enum UnaryOpKind {
     Abs = 5,
     Sqrt = 6,
     Exp = 7,
+    Log = 8,
+    Erf = 9,
+    Reciprocal = 10,
+    LeakyRelu = 11,
+    Clip = 12,
+    Gelu = 13,
+    GeluTanh = 14,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
@@ -156,6 +371,39 @@ pub enum BinaryOpKind {
     Sub = 2,
     Mul = 3,
     Div = 4,
+    Pow = 5,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum BiasKindInfo {
+    Unspecified = 0,
+    NoBias = 1,
+    Row = 2,
+    Full = 3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum ActivationKind {
+    Unspecified = 0,
+    NoActivation = 1,
+    Relu = 2,
+    LeakyRelu = 3,
+    Sigmoid = 4,
+    Tanh = 5,
+    GeluErf = 6,
+    GeluTanh = 7,
+    Clip = 8,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum ReduceKindInfo {
+    Unspecified = 0,
+    Sum = 1,
+    Mean = 2,
+    Max = 3,
 }
 
 /// Where a step reads or writes (`plan::BufRef`).
@@ -179,7 +427,7 @@ pub mod buf_info {
     }
 }
 
-/// `len` elements of the arena from `offset`.
+/// `len` bytes of the arena from byte `offset`.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ScratchRange {
     #[prost(uint64, tag = "1")]

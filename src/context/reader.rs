@@ -9,7 +9,9 @@ use prost::Message;
 use super::header::Header;
 use super::{convert, describe_program, proto};
 use crate::error::{Error, Result};
-use crate::plan::{Constant, Program, Storage, Weight, STORAGE_ALIGN};
+use crate::ir::DType;
+use crate::kernels::gemm::PackedB;
+use crate::plan::{Constant, Packing, Program, Storage, Weight, STORAGE_ALIGN};
 use crate::target::Target;
 
 /// A parsed, fully validated context binary.
@@ -118,7 +120,7 @@ fn parse(storage: Arc<dyn Storage>) -> Result<ContextBinary> {
     let mut constants = Vec::with_capacity(meta.weights.len());
     let mut weight_bytes = 0u64;
     for (i, w) in meta.weights.iter().enumerate() {
-        let c = weight(&storage, &header, w).map_err(|e| e.context(format_args!("weight {i}")))?;
+        let c = weight(&storage, &header, target, w).map_err(|e| e.context(format_args!("weight {i}")))?;
         weight_bytes += w.byte_length;
         constants.push(c);
     }
@@ -144,16 +146,26 @@ fn parse(storage: Arc<dyn Storage>) -> Result<ContextBinary> {
 }
 
 /// Weight `w` as a constant viewing the storage in place, after checking
-/// dtype, size, bounds and 64-byte alignment.
-fn weight(storage: &Arc<dyn Storage>, header: &Header, w: &proto::WeightInfo) -> Result<Constant> {
-    convert::check_dtype(w.dtype)?;
+/// dtype, size (plain, or packed for `target`), bounds and 64-byte alignment.
+fn weight(storage: &Arc<dyn Storage>, header: &Header, target: Target, w: &proto::WeightInfo) -> Result<Constant> {
+    let dtype = convert::dtype(w.dtype)?;
     let shape = convert::shape(&w.shape)?;
     let numel = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-    let expected_bytes = numel.and_then(|n| n.checked_mul(size_of::<f32>()));
+    let (packing, expected_bytes) = match &w.gemm_packed {
+        None => (Packing::None, numel.and_then(|n| n.checked_mul(dtype.size()))),
+        Some(p) => {
+            let (k, n) = (convert::usize_of(p.k, "k")?, convert::usize_of(p.n, "n")?);
+            if dtype != DType::F32 || shape != [k, n] {
+                crate::bail!(InvalidGraph, "a packed GEMM weight must be float of shape [k, n]");
+            }
+            let len = PackedB::packed_len(target, k, n);
+            (Packing::GemmB { k, n }, len.checked_mul(size_of::<f32>()))
+        }
+    };
     if expected_bytes.map(|b| b as u64) != Some(w.byte_length) {
         crate::bail!(
             InvalidGraph,
-            "{} bytes do not hold a float tensor of shape {:?}",
+            "{} bytes do not hold a {dtype} tensor of shape {:?} ({packing:?})",
             w.byte_length,
             w.shape
         );
@@ -175,7 +187,7 @@ fn weight(storage: &Arc<dyn Storage>, header: &Header, w: &proto::WeightInfo) ->
     }
     // In bounds of the file, which is in memory: these fit in usize.
     let file_offset = (header.data_offset + w.offset) as usize;
-    let data = Weight::in_storage(storage.clone(), file_offset, numel.unwrap_or(0))?;
+    let data = Weight::in_storage_bytes(storage.clone(), file_offset, w.byte_length as usize)?;
     if w.content_hash.len() != 16 {
         crate::bail!(
             InvalidGraph,
@@ -184,8 +196,10 @@ fn weight(storage: &Arc<dyn Storage>, header: &Header, w: &proto::WeightInfo) ->
         );
     }
     Ok(Constant {
+        dtype,
         shape: shape.into(),
         data,
+        packing,
     })
 }
 

@@ -8,8 +8,10 @@ use super::header::{checksum, Header, HEADER_LEN};
 use super::*;
 use crate::compiler::compile;
 use crate::error::ErrorKind;
-use crate::ir::{broadcast_shapes, Graph, Op, TensorType, ValueId};
+use crate::ir::{broadcast_shapes, BinaryOp, Graph, Op, TensorType, UnaryOp, ValueId};
+use crate::kernels::parallel::Serial;
 use crate::plan::{AlignedBytes, Storage, STORAGE_ALIGN};
+use crate::plan::{Packing, TensorMut, TensorRef};
 use crate::target::Target;
 
 /// Terse graph building: values named as they are added.
@@ -59,9 +61,9 @@ fn graph_a() -> Graph {
     let x = g.input("x", &[4, 8]);
     let c = g.constant("c", &[8], row(8, 1));
     let two = g.constant("two", &[], vec![2.0]);
-    let s = g.node(Op::Add, &[x, c], "s");
-    let r = g.node(Op::Relu, &[s], "r");
-    let y = g.node(Op::Mul, &[r, two], "y");
+    let s = g.node(Op::Binary(BinaryOp::Add), &[x, c], "s");
+    let r = g.node(Op::Unary(UnaryOp::Relu), &[s], "r");
+    let y = g.node(Op::Binary(BinaryOp::Mul), &[r, two], "y");
     g.0.outputs.push(y);
     g.0
 }
@@ -72,9 +74,9 @@ fn graph_b() -> Graph {
     let x = g.input("x", &[3, 8]);
     let c = g.constant("c", &[8], row(8, 1));
     let col = g.constant("col", &[3, 1], vec![1.5, -2.0, 4.0]);
-    let z = g.node(Op::Sub, &[x, c], "z");
-    let w = g.node(Op::Div, &[z, col], "w");
-    let t = g.node(Op::Tanh, &[w], "t");
+    let z = g.node(Op::Binary(BinaryOp::Sub), &[x, c], "z");
+    let w = g.node(Op::Binary(BinaryOp::Div), &[z, col], "w");
+    let t = g.node(Op::Unary(UnaryOp::Tanh), &[w], "t");
     g.0.outputs.extend([t, z]);
     g.0
 }
@@ -84,7 +86,7 @@ fn graph_c() -> Graph {
     let mut g = G::new("c");
     let x = g.input("x", &[2, 4]);
     let m = g.constant("m", &[2, 4], row(8, 1));
-    let y = g.node(Op::Mul, &[x, m], "y");
+    let y = g.node(Op::Binary(BinaryOp::Mul), &[x, m], "y");
     g.0.outputs.push(y);
     g.0
 }
@@ -116,10 +118,11 @@ fn run(p: &Program, seed: usize) -> Vec<Vec<f32>> {
         .enumerate()
         .map(|(k, s)| row(s.numel(), seed + k))
         .collect();
-    let ins: Vec<&[f32]> = inputs.iter().map(|v| &v[..]).collect();
+    let ins: Vec<TensorRef<'_>> = inputs.iter().map(|v| TensorRef::F32(v)).collect();
     let mut outs: Vec<Vec<f32>> = p.outputs().iter().map(|s| vec![f32::NAN; s.numel()]).collect();
-    let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|v| &mut v[..]).collect();
-    p.run(Target::cpu_best(), &ins, &mut refs).unwrap();
+    let mut refs: Vec<TensorMut<'_>> = outs.iter_mut().map(|v| TensorMut::F32(v)).collect();
+    p.run(Target::cpu_best(), &ins, &mut refs, &Serial).unwrap();
+    drop(refs);
     outs
 }
 
@@ -128,11 +131,12 @@ fn assert_same_program(got: &Program, want: &Program) {
     assert_eq!(got.inputs(), want.inputs());
     assert_eq!(got.outputs(), want.outputs());
     assert_eq!(got.steps(), want.steps());
-    assert_eq!(got.arena_len(), want.arena_len());
+    assert_eq!(got.arena_bytes(), want.arena_bytes());
     assert_eq!(got.op_counts(), want.op_counts());
     assert_eq!(got.constants().len(), want.constants().len());
     for (g, w) in got.constants().iter().zip(want.constants()) {
         assert_eq!(g.shape, w.shape);
+        assert_eq!((g.dtype, g.packing), (w.dtype, w.packing));
         assert_eq!(g.data.as_bytes(), w.data.as_bytes());
     }
     for seed in 0..3 {
@@ -329,8 +333,8 @@ fn equal_hash_candidates_compare_bytes() {
     other[7] += 1.0;
     let c1 = g.constant("c1", &[8], row(8, 1));
     let c2 = g.constant("c2", &[8], other);
-    let s = g.node(Op::Add, &[x, c1], "s");
-    let y = g.node(Op::Mul, &[s, c2], "y");
+    let s = g.node(Op::Binary(BinaryOp::Add), &[x, c1], "s");
+    let y = g.node(Op::Binary(BinaryOp::Mul), &[s, c2], "y");
     g.0.outputs.push(y);
     let stats = builder(&[g.0, graph_a()]).write_to(&mut Vec::new()).unwrap();
     // c1 == a's c; c2 and two are distinct.
@@ -486,7 +490,8 @@ fn hostile_weight_tables() {
         (Box::new(|m| m.weights[0].offset += 4), "multiple of 64"),
         (Box::new(|m| m.weights[0].byte_length += 4), "do not hold"),
         (Box::new(|m| m.weights[0].shape = vec![u64::MAX, 2]), "do not hold"),
-        (Box::new(|m| m.weights[0].dtype = 7), "int64"),
+        (Box::new(|m| m.weights[0].dtype = 7), "do not hold"),
+        (Box::new(|m| m.weights[0].dtype = 10), "float16"),
         (Box::new(|m| m.weights[0].content_hash.truncate(8)), "content hash"),
         (Box::new(|m| m.weights[0].content_hash.clear()), "content hash"),
         (Box::new(|m| m.graphs[0].weight_ids[0] = 99), "weight id 99"),
@@ -545,19 +550,16 @@ fn hostile_programs() {
         (Box::new(|m| first_unary(m).op = 99), "unknown unary op code 99"),
         (Box::new(|m| first_unary(m).op = 0), "unknown unary op code 0"),
         (
-            Box::new(|m| program0(m).arena_len = 1 << 40),
+            Box::new(|m| program0(m).arena_bytes = 1 << 40),
             "larger than its steps use",
         ),
-        (Box::new(|m| program0(m).arena_len = u64::MAX), "too large"),
+        (Box::new(|m| program0(m).arena_bytes = u64::MAX), "too large"),
         (
             Box::new(|m| program0(m).steps.push(proto::StepInfo { kind: None })),
             "step kind is missing",
         ),
         (Box::new(|m| program0(m).steps.clear()), "no step writes output 0"),
-        (
-            Box::new(|m| program0(m).op_counts[0].op = "Conv".into()),
-            "unknown op 'Conv'",
-        ),
+        (Box::new(|m| program0(m).op_counts[0].op = String::new()), "no op name"),
         (Box::new(|m| m.graphs[0].program = None), "program is missing"),
         (
             Box::new(|m| m.graphs[0].inputs[0].shape = vec![1 << 40, 1 << 40]),
@@ -670,8 +672,82 @@ fn describe_program_summarises() {
     let p = compile(&graph_a(), Target::Generic).unwrap();
     let s = describe_program(&p);
     assert!(
-        s.starts_with("target x86_64-generic; ops Add x1, Mul x1, Relu x1;"),
+        s.starts_with("target x86_64-generic; ops Add x1, Relu x1, Mul x1;"),
         "{s}"
     );
     assert!(s.contains("2 constant(s) of 36 bytes"), "{s}");
+}
+
+/// Compiled MLP and BERT-layer programs survive the file: packed GEMM
+/// weights are stored packed, loading adopts them in place (no packing),
+/// and outputs are bit-identical.
+#[test]
+fn packed_programs_round_trip() {
+    use crate::ir::tests::{bert_layer, mlp, random_inputs, run_program, Bert};
+    let descs = [
+        ("mlp", mlp()),
+        (
+            "bert",
+            bert_layer(Bert {
+                mask: true,
+                fused_layernorm: false,
+            }),
+        ),
+    ];
+    for target in Target::ALL {
+        let mut b = ContextBuilder::new(target);
+        let mut programs = Vec::new();
+        for (name, d) in &descs {
+            let ir = crate::ir::import(&d.g, &d.consts).unwrap();
+            let p = compile(&ir, target).unwrap();
+            assert!(p.packed_constants() >= 3);
+            b.add_graph(name, &p).unwrap();
+            programs.push(p);
+        }
+        let bytes = b.to_bytes().unwrap();
+        let (_, meta) = metadata_of(&bytes);
+        let packed = meta.weights.iter().filter(|w| w.gemm_packed.is_some()).count();
+        assert_eq!(packed, 3 + 6, "{target}");
+        let s = storage(&bytes);
+        let ctx = ContextBinary::parse(s.clone()).unwrap();
+        for ((name, d), want) in descs.iter().zip(&programs) {
+            let got = ctx.program(name).unwrap().unwrap();
+            assert_eq!(got.packed_constants(), want.packed_constants());
+            for c in got.constants() {
+                // In place: nothing was re-packed or copied at load.
+                assert!(c.data.shares_storage_with(&s), "{name}");
+                if let Packing::GemmB { k, n } = c.packing {
+                    assert_eq!(c.data.len(), crate::kernels::gemm::PackedB::packed_len(target, k, n));
+                }
+            }
+            assert_eq!(got.steps(), want.steps());
+            if target.can_run_on(Target::cpu_best()) {
+                let inputs = random_inputs(d, 50);
+                let a = run_program(&got, &inputs, &Serial);
+                let b = run_program(want, &inputs, &Serial);
+                assert_eq!(a, b, "{name} on {target}");
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_weights_of_another_size_are_refused() {
+    use crate::ir::tests::mlp;
+    let d = mlp();
+    let p = compile(&crate::ir::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap();
+    let mut b = ContextBuilder::new(Target::Generic);
+    b.add_graph("mlp", &p).unwrap();
+    let bytes = b.to_bytes().unwrap();
+    let bad = tamper(&bytes, |m| {
+        let w = m.weights.iter_mut().find(|w| w.gemm_packed.is_some()).unwrap();
+        w.gemm_packed.as_mut().unwrap().n += 1;
+        w.shape[1] += 1;
+    });
+    refused(&bad, "do not hold");
+    let bad = tamper(&bytes, |m| {
+        let w = m.weights.iter_mut().find(|w| w.gemm_packed.is_some()).unwrap();
+        w.shape = vec![1];
+    });
+    refused(&bad, "[k, n]");
 }

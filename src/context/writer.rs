@@ -11,12 +11,14 @@ use super::header::{align_up, checksum, Header};
 use super::{convert, proto, WriteStats, KILN_VERSION};
 use crate::error::{Error, Result};
 use crate::ir::DType;
-use crate::plan::{Constant, Program, Weight, STORAGE_ALIGN};
+use crate::plan::{Constant, Packing, Program, Weight, STORAGE_ALIGN};
 use crate::target::Target;
 
-/// A weight to store, keyed by dtype, shape and contents.
+/// A weight to store, keyed by dtype, packing, shape and contents.
 #[derive(Clone)]
 struct Pending {
+    dtype: DType,
+    packing: Packing,
     shape: std::sync::Arc<[usize]>,
     hash: u128,
     data: Weight,
@@ -91,7 +93,9 @@ impl ContextBuilder {
     /// The id of a stored weight equal to `c` (dtype, shape, bytes), adding it if new.
     fn intern(&mut self, c: &Constant) -> Result<u32> {
         let hash = xxh3_128(c.data.as_bytes());
-        let same = |p: &Pending| p.shape == c.shape && p.data.as_bytes() == c.data.as_bytes();
+        let same = |p: &Pending| {
+            p.dtype == c.dtype && p.packing == c.packing && p.shape == c.shape && p.data.as_bytes() == c.data.as_bytes()
+        };
         let candidates = self.by_hash.entry(hash).or_default();
         if let Some(&i) = candidates.iter().find(|&&i| same(&self.weights[i])) {
             return Ok(i as u32);
@@ -100,6 +104,8 @@ impl ContextBuilder {
             .map_err(|_| Error::invalid_argument("too many weights for one kiln context binary"))?;
         candidates.push(self.weights.len());
         self.weights.push(Pending {
+            dtype: c.dtype,
+            packing: c.packing,
             shape: c.shape.clone(),
             hash,
             data: c.data.clone(),
@@ -127,9 +133,16 @@ impl ContextBuilder {
             .map(|(w, &offset)| proto::WeightInfo {
                 offset,
                 byte_length: w.data.byte_len() as u64,
-                dtype: DType::F32.onnx_code(),
+                dtype: w.dtype.onnx_code(),
                 shape: convert::dims(&w.shape),
                 content_hash: w.hash.to_le_bytes().to_vec(),
+                gemm_packed: match w.packing {
+                    Packing::None => None,
+                    Packing::GemmB { k, n } => Some(proto::GemmPacking {
+                        k: k as u64,
+                        n: n as u64,
+                    }),
+                },
             })
             .collect();
         proto::Metadata {

@@ -1,46 +1,41 @@
 //! GetCapability: decide which nodes kiln runs and group them into
-//! partitions (see `partition`).
+//! partitions (see `partition`). What kiln can run is decided by the ORT-free
+//! `ir::check_support` on a description of ORT's graph.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
+use super::describe::{describe, Constants};
 use super::partition::{partition, PNode};
 use super::{context_load, KilnEp};
 use crate::error::Result;
 use crate::ffi::ep::SupportInfo;
 use crate::ffi::graph::{Graph, Node, ValueInfo};
-use crate::ir::{DType, Op, TensorType};
+use crate::ir::{self, DType, TensorType};
 
-/// Claims every convex group of supported nodes as one fused partition.
+/// Claims kiln's EPContext nodes (each its own partition) and every convex
+/// group of other nodes kiln supports.
 pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result<()> {
     let nodes = graph.nodes()?;
     let index: HashMap<_, _> = nodes.iter().enumerate().map(|(i, n)| (n.as_ptr(), i)).collect();
-    let mut pnodes = Vec::with_capacity(nodes.len());
     let mut contexts = Vec::new();
-    for node in &nodes {
+    let mut is_context = vec![false; nodes.len()];
+    for (i, node) in nodes.iter().enumerate() {
         if context_load::is_ep_context(node)? {
-            // Each of kiln's EPContext nodes is a partition of its own.
+            is_context[i] = true;
             if claim_context(ep, node)? {
                 contexts.push(*node);
             }
-            pnodes.push(PNode {
-                supported: false,
-                producers: producers(node, &index)?,
-            });
-            continue;
         }
-        let supported = match node_support(ep, node)? {
-            Ok(_) => true,
-            Err(reason) => {
-                ep.logger
-                    .verbose(|| format!("leaving node {} to other EPs: {reason}", node.label()));
-                false
-            }
-        };
+    }
+    let verdicts = verdicts(ep, &graph, &nodes, &is_context)?;
+    let mut pnodes = Vec::with_capacity(nodes.len());
+    for (node, verdict) in nodes.iter().zip(&verdicts) {
         pnodes.push(PNode {
-            supported,
+            supported: verdict.is_ok(),
             producers: producers(node, &index)?,
         });
     }
+    log_left_out(ep, &nodes, &verdicts, &is_context);
     let parts = partition(&pnodes);
     for part in &parts {
         let members: Vec<Node<'_>> = part.iter().map(|&i| nodes[i]).collect();
@@ -59,6 +54,45 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
         )
     });
     Ok(())
+}
+
+/// Whether kiln can run each node (EPContext nodes never join partitions).
+fn verdicts(
+    ep: &KilnEp,
+    graph: &Graph<'_>,
+    nodes: &[Node<'_>],
+    is_context: &[bool],
+) -> Result<Vec<std::result::Result<(), String>>> {
+    let desc = describe(nodes, Vec::new(), Vec::new())?;
+    let constants = Constants::of(graph)?;
+    let mut verdicts = ir::check_support(&desc, &constants, &ep.config.kiln.disabled_ops);
+    for (v, &ctx) in verdicts.iter_mut().zip(is_context) {
+        if ctx {
+            *v = Err("an EPContext node is a partition of its own".into());
+        }
+    }
+    Ok(verdicts)
+}
+
+/// One INFO line summing up what kiln left to other EPs and why; the
+/// details per node at VERBOSE.
+fn log_left_out(ep: &KilnEp, nodes: &[Node<'_>], verdicts: &[std::result::Result<(), String>], is_context: &[bool]) {
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    for ((node, verdict), &ctx) in nodes.iter().zip(verdicts).zip(is_context) {
+        if let (Err(reason), false) = (verdict, ctx) {
+            let op = node.op_type().unwrap_or_default();
+            ep.logger
+                .verbose(|| format!("leaving node {} to other EPs: {reason}", node.label()));
+            *reasons.entry(format!("{op}: {reason}")).or_default() += 1;
+        }
+    }
+    if reasons.is_empty() {
+        return;
+    }
+    ep.logger.info(|| {
+        let parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} x {r}")).collect();
+        format!("nodes left to other EPs: {}", parts.join("; "))
+    });
 }
 
 /// kiln claims an EPContext node only when its `source` names kiln; other
@@ -88,44 +122,8 @@ fn producers(node: &Node<'_>, index: &HashMap<*const crate::ffi::sys::OrtNode, u
     Ok(out)
 }
 
-/// `Ok(Ok(op))` when kiln can run the node, `Ok(Err(reason))` when not.
-fn node_support(ep: &KilnEp, node: &Node<'_>) -> Result<std::result::Result<Op, String>> {
-    let (domain, op_type) = (node.domain()?, node.op_type()?);
-    let Some(op) = Op::from_onnx(&domain, &op_type) else {
-        return Ok(Err(format!(
-            "kiln does not implement {domain}{}{op_type}",
-            if domain.is_empty() { "" } else { "." }
-        )));
-    };
-    if ep.config.kiln.disabled_ops.contains(&op) {
-        return Ok(Err("disabled by the kiln option disabled_ops".into()));
-    }
-    let inputs = match value_types(node.inputs()?, "input")? {
-        Ok(t) => t,
-        Err(reason) => return Ok(Err(reason)),
-    };
-    let outputs = match value_types(node.outputs()?, "output")? {
-        Ok(t) => t,
-        Err(reason) => return Ok(Err(reason)),
-    };
-    Ok(op.check(&inputs, &outputs).map(|()| op))
-}
-
-fn value_types(values: Vec<Option<ValueInfo<'_>>>, what: &str) -> Result<std::result::Result<Vec<TensorType>, String>> {
-    let mut types = Vec::with_capacity(values.len());
-    for (i, v) in values.into_iter().enumerate() {
-        let Some(v) = v else {
-            return Ok(Err(format!("{what} {i} is an omitted optional value")));
-        };
-        match tensor_type(&v)? {
-            Ok(t) => types.push(t),
-            Err(reason) => return Ok(Err(format!("{what} {i} ('{}') {reason}", v.name()?))),
-        }
-    }
-    Ok(Ok(types))
-}
-
-/// kiln's static tensor type of a value, or why it has none.
+/// kiln's static float tensor type of a value, or why it has none (used to
+/// check an EPContext node's inputs and outputs).
 pub fn tensor_type(v: &ValueInfo<'_>) -> Result<std::result::Result<TensorType, String>> {
     let Some(info) = v.tensor_info()? else {
         return Ok(Err("is not a tensor".into()));

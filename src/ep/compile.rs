@@ -3,19 +3,18 @@
 //! them for ORT's Compute. With `ep.context_enable=1` it also produces the
 //! EPContext nodes (see `context_gen`).
 
-use std::collections::HashSet;
-
-use super::capability::tensor_type;
 use super::context_gen::{self, Generated};
 use super::context_load::{self, ContextNode};
+use super::describe::{describe, Constants};
 use super::KilnEp;
 use crate::compiler;
 use crate::error::{Error, Result};
 use crate::ffi::compute::{ComputeImpl, KernelContext};
 use crate::ffi::ep::{Compiled, Partition};
 use crate::ffi::graph::{Graph, Node, ValueInfo};
-use crate::ir::{self, Op, ValueId};
+use crate::ir;
 use crate::plan::Program;
+use crate::plan::{TensorMut, TensorRef};
 use crate::stats;
 use crate::target::Target;
 
@@ -68,20 +67,47 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
             start.elapsed().as_secs_f64() * 1e3
         )
     });
-    Ok(partitions
-        .iter()
-        .zip(programs)
-        .zip(ep_context)
-        .map(|((p, program), ep_context)| Compiled {
+    let mut compiled = Vec::with_capacity(partitions.len());
+    for ((p, program), ep_context) in partitions.iter().zip(programs).zip(ep_context) {
+        let (inputs, outputs) = io_order(p.fused_node, &program)?;
+        compiled.push(Compiled {
             compute: Box::new(Runner {
-                name: p.fused_node.name().unwrap_or_default(),
+                name: p.fused_node.name()?,
                 program,
                 host: ep.host,
                 inject_panic: ep.inject == super::InjectedPanic::Compute,
+                inputs,
+                outputs,
             }),
             ep_context,
-        })
-        .collect())
+        });
+    }
+    Ok(compiled)
+}
+
+/// For each kernel input (output), the program input (output) it is.
+/// ORT orders a fused node's inputs itself: for a graph kiln compiled from
+/// that node they match the program's order, but a reloaded EPContext node's
+/// fused node may list them differently, so match by name.
+fn io_order(fused: Node<'_>, program: &Program) -> Result<(Vec<usize>, Vec<usize>)> {
+    let map = |names: Vec<String>, specs: &[crate::plan::TensorSpec], what: &str| -> Result<Vec<usize>> {
+        if names.len() != specs.len() {
+            return Err(Error::invalid_graph(format!(
+                "the fused node has {} {what}s, its compiled graph {}",
+                names.len(),
+                specs.len()
+            )));
+        }
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Ok(specs.iter().position(|s| &s.name == n).unwrap_or(i)))
+            .collect()
+    };
+    Ok((
+        map(value_names(fused.inputs()?)?, program.inputs(), "input")?,
+        map(value_names(fused.outputs()?)?, program.outputs(), "output")?,
+    ))
 }
 
 fn classify<'a>(graph: Graph<'a>) -> Result<Source<'a>> {
@@ -148,12 +174,16 @@ fn load_contexts(ep: &KilnEp, partitions: &[Partition<'_>], sources: &[Source<'_
 
 fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Program> {
     let name = fused.name()?;
-    let ir = to_ir(graph, fused).map_err(|e| e.context(format!("kiln cannot compile partition '{name}'")))?;
+    let nodes = graph.nodes()?;
+    let desc = describe(&nodes, value_names(fused.inputs()?)?, value_names(fused.outputs()?)?)?;
+    let constants = Constants::of(&graph)?;
+    let ir = ir::import(&desc, &constants).map_err(|e| e.context(format!("kiln cannot compile partition '{name}'")))?;
     let program = compiler::compile(&ir, ep.target).map_err(|e| e.context(format!("compiling '{name}'")))?;
-    stats::partition_compiled(ir.nodes.len());
+    stats::partition_compiled(nodes.len());
     ep.logger.info(|| {
         format!(
-            "compiled partition '{name}' for {}: {} ({} steps, {} arena bytes, {} constant bytes)",
+            "compiled partition '{name}' ({} nodes) for {}: {} ({} steps, {} arena bytes, {} constant bytes)",
+            nodes.len(),
             ep.target.name(),
             program.op_summary(),
             program.num_steps(),
@@ -162,6 +192,13 @@ fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Progr
         )
     });
     Ok(program)
+}
+
+fn value_names(values: Vec<Option<ValueInfo<'_>>>) -> Result<Vec<String>> {
+    values
+        .into_iter()
+        .map(|v| v.map_or(Ok(String::new()), |v| v.name()))
+        .collect()
 }
 
 /// The smallest original node id in a partition: ORT writes the compiled
@@ -175,63 +212,13 @@ fn first_node_id(graph: Graph<'_>) -> Result<usize> {
 }
 
 fn generated<'p>(graph: Graph<'_>, fused: Node<'_>, program: &'p Program) -> Result<Generated<'p>> {
-    let names = |values: Vec<Option<ValueInfo<'_>>>| -> Result<Vec<String>> {
-        values
-            .into_iter()
-            .map(|v| v.map_or(Ok(String::new()), |v| v.name()))
-            .collect()
-    };
     Ok(Generated {
         first_node: first_node_id(graph)?,
         fused_name: fused.name()?,
-        inputs: names(fused.inputs()?)?,
-        outputs: names(fused.outputs()?)?,
+        inputs: value_names(fused.inputs()?)?,
+        outputs: value_names(fused.outputs()?)?,
         program,
     })
-}
-
-/// Builds kiln's IR from ORT's subgraph. Inputs and outputs follow the fused
-/// node's order, which is the order of Compute's kernel inputs and outputs.
-fn to_ir(graph: Graph<'_>, fused: Node<'_>) -> Result<ir::Graph> {
-    let mut g = ir::Graph::new(fused.name()?);
-    let inputs = values(&mut g, fused.inputs()?)?;
-    let outputs = values(&mut g, fused.outputs()?)?;
-    let input_names: HashSet<String> = inputs.iter().map(|&id| g.values[id].name.clone()).collect();
-    let mut initializers = std::collections::HashMap::new();
-    for init in graph.initializers()? {
-        initializers.insert(init.name()?, init);
-    }
-    for node in graph.nodes()? {
-        let op = Op::from_onnx(&node.domain()?, &node.op_type()?)
-            .ok_or_else(|| Error::invalid_graph(format!("node {} is not an op kiln implements", node.label())))?;
-        let ins = values(&mut g, node.inputs()?)?;
-        let outs = values(&mut g, node.outputs()?)?;
-        for &id in &ins {
-            let name = g.values[id].name.clone();
-            if input_names.contains(&name) || g.constants.iter().any(|(c, _)| *c == id) {
-                continue;
-            }
-            if let Some(init) = initializers.get(&name) {
-                g.add_constant(id, init.copy_f32_initializer()?)?;
-            }
-        }
-        g.add_node(&node.name()?, op, ins, outs);
-    }
-    g.inputs = inputs;
-    g.outputs = outputs;
-    Ok(g)
-}
-
-fn values(g: &mut ir::Graph, infos: Vec<Option<ValueInfo<'_>>>) -> Result<Vec<ValueId>> {
-    infos
-        .into_iter()
-        .map(|v| {
-            let v = v.ok_or_else(|| Error::invalid_graph("an omitted optional value in a kiln partition"))?;
-            let name = v.name()?;
-            let ty = tensor_type(&v)?.map_err(|reason| Error::invalid_graph(format!("value '{name}' {reason}")))?;
-            g.add_value(&name, ty)
-        })
-        .collect()
 }
 
 /// A compiled partition, run by ORT's Compute (possibly concurrently).
@@ -240,6 +227,10 @@ struct Runner {
     program: Program,
     host: Target,
     inject_panic: bool,
+    /// Kernel input i is program input `inputs[i]` (see `io_order`).
+    inputs: Vec<usize>,
+    /// Kernel output i is program output `outputs[i]`.
+    outputs: Vec<usize>,
 }
 
 impl ComputeImpl for Runner {
@@ -260,30 +251,117 @@ impl Runner {
             "injected panic in Compute ({})",
             super::INJECT_PANIC_ENV
         );
-        let inputs = ctx.inputs_f32()?;
+        let par = ctx.parallel();
+        let raw = ctx.raw_inputs()?;
         let specs = self.program.inputs();
-        if inputs.len() != specs.len() {
+        if raw.len() != specs.len() {
             return Err(Error::invalid_argument(format!(
                 "partition '{}' expects {} inputs, ORT passed {}",
                 self.name,
                 specs.len(),
-                inputs.len()
+                raw.len()
             )));
         }
-        for (t, spec) in inputs.iter().zip(specs) {
+        let mut inputs: Vec<Option<TensorRef<'_>>> = (0..specs.len()).map(|_| None).collect();
+        for (t, &j) in raw.iter().zip(&self.inputs) {
+            let spec = &specs[j];
             let dims: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
-            if t.dims != dims {
+            if t.dims != dims || t.elem_type != spec.elem_type {
                 return Err(Error::invalid_argument(format!(
-                    "input '{}' has shape {:?}; kiln compiled this partition for {:?}",
-                    spec.name, t.dims, dims
+                    "input '{}' is {} {:?}; kiln compiled this partition for {} {:?}",
+                    spec.name,
+                    ir::onnx_type_name(t.elem_type),
+                    t.dims,
+                    ir::onnx_type_name(spec.elem_type),
+                    dims
                 )));
             }
+            inputs[j] = Some(tensor_ref(t.elem_type, t.bytes, &spec.name)?);
         }
-        let shapes: Vec<Vec<usize>> = self.program.outputs().iter().map(|s| s.shape.clone()).collect();
-        let data: Vec<&[f32]> = inputs.iter().map(|t| t.data).collect();
-        let mut outputs = ctx.outputs_f32(&shapes)?;
-        self.program.run(self.host, &data, &mut outputs)?;
+        let inputs: Vec<TensorRef<'_>> = inputs.into_iter().flatten().collect();
+        let out_specs = self.program.outputs();
+        let kernel_specs: Vec<(i32, Vec<usize>)> = self
+            .outputs
+            .iter()
+            .map(|&j| (out_specs[j].elem_type, out_specs[j].shape.clone()))
+            .collect();
+        let mut outputs: Vec<Option<TensorMut<'_>>> = (0..out_specs.len()).map(|_| None).collect();
+        for (bytes, &j) in ctx.raw_outputs(&kernel_specs)?.into_iter().zip(&self.outputs) {
+            outputs[j] = Some(tensor_mut(out_specs[j].elem_type, bytes, &out_specs[j].name)?);
+        }
+        let mut outputs: Vec<TensorMut<'_>> = outputs.into_iter().flatten().collect();
+        if inputs.len() != specs.len() || outputs.len() != out_specs.len() {
+            return Err(Error::invalid_graph(format!(
+                "partition '{}': inputs or outputs map twice",
+                self.name
+            )));
+        }
+        self.program.run(self.host, &inputs, &mut outputs, &par)?;
         stats::compute_called();
         Ok(())
     }
+}
+
+fn misaligned(name: &str) -> Error {
+    Error::invalid_argument(format!("tensor '{name}' is not aligned for its element type"))
+}
+
+/// Views ORT's input bytes as kiln's typed tensor.
+fn tensor_ref<'a>(elem_type: i32, bytes: &'a [u8], name: &str) -> Result<TensorRef<'a>> {
+    use crate::ffi::sys;
+    // An empty tensor's bytes may sit at any address: give it an aligned empty slice.
+    if bytes.is_empty() {
+        return Ok(match elem_type as u32 {
+            sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT => TensorRef::F32(&[]),
+            sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 => TensorRef::I64(&[]),
+            sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 => TensorRef::I32(&[]),
+            _ => TensorRef::Bool(&[]),
+        });
+    }
+    Ok(match elem_type as u32 {
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT => {
+            TensorRef::F32(bytemuck::try_cast_slice(bytes).map_err(|_| misaligned(name))?)
+        }
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 => {
+            TensorRef::I64(bytemuck::try_cast_slice(bytes).map_err(|_| misaligned(name))?)
+        }
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 => {
+            TensorRef::I32(bytemuck::try_cast_slice(bytes).map_err(|_| misaligned(name))?)
+        }
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL => TensorRef::Bool(bytes),
+        _ => {
+            return Err(Error::invalid_argument(format!(
+                "tensor '{name}' has element type {elem_type}, which kiln does not run"
+            )))
+        }
+    })
+}
+
+fn tensor_mut<'a>(elem_type: i32, bytes: &'a mut [u8], name: &str) -> Result<TensorMut<'a>> {
+    use crate::ffi::sys;
+    if bytes.is_empty() {
+        return Ok(match elem_type as u32 {
+            sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT => TensorMut::F32(&mut []),
+            sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 => TensorMut::I64(&mut []),
+            sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 => TensorMut::I32(&mut []),
+            _ => TensorMut::Bool(&mut []),
+        });
+    }
+    Ok(match elem_type as u32 {
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT => {
+            TensorMut::F32(bytemuck::try_cast_slice_mut(bytes).map_err(|_| misaligned(name))?)
+        }
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 => {
+            TensorMut::I64(bytemuck::try_cast_slice_mut(bytes).map_err(|_| misaligned(name))?)
+        }
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 => {
+            TensorMut::I32(bytemuck::try_cast_slice_mut(bytes).map_err(|_| misaligned(name))?)
+        }
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL => TensorMut::Bool(bytes),
+        _ => {
+            return Err(Error::invalid_argument(format!(
+                "tensor '{name}' has element type {elem_type}, which kiln does not run"
+            )))
+        }
+    })
 }

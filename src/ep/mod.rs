@@ -5,6 +5,7 @@ mod capability;
 mod compile;
 pub mod context_gen;
 pub mod context_load;
+mod describe;
 pub mod options;
 pub mod partition;
 pub mod share;
@@ -151,6 +152,7 @@ impl FactoryImpl for KilnFactory {
             inject: self.inject,
             compat: CString::new(context::compatibility_info(target)).unwrap_or_default(),
             binaries: Default::default(),
+            compiled: Default::default(),
         })
     }
 
@@ -204,6 +206,40 @@ pub struct KilnEp {
     compat: CString,
     /// Context binaries this session opened (each read once).
     binaries: parking_lot::Mutex<context_load::LoadedBinaries>,
+    /// Set once Compile ran (see `Drop`).
+    compiled: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for KilnEp {
+    /// A sharing group's stop session whose model gave kiln nothing to
+    /// compile never reached Compile: end the group here, when ORT releases
+    /// the session, so the group's binary is still written.
+    fn drop(&mut self) {
+        let c = &self.config.context;
+        if !(c.enable && c.share && c.stop_share) || self.compiled.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let written = share::finish_group(|path, b| context_gen::write_atomically(path, |out| b.write_to(out)));
+        match written {
+            Ok(Some((path, stats))) => {
+                self.logger.info(|| {
+                    format!(
+                        "stop session compiled nothing; ended the shared group by writing '{}' ({} bytes)",
+                        path.display(),
+                        stats.file_bytes
+                    )
+                });
+                stats::context_written(
+                    stats.file_bytes,
+                    stats.weight_bytes_referenced - stats.weight_bytes_stored,
+                );
+            }
+            Ok(None) => {}
+            Err(e) => self
+                .logger
+                .error(&format!("could not write the shared context binary: {e}")),
+        }
+    }
 }
 
 impl EpImpl for KilnEp {
@@ -224,6 +260,7 @@ impl EpImpl for KilnEp {
             self.inject != InjectedPanic::Compile,
             "injected panic in Compile ({INJECT_PANIC_ENV})"
         );
+        self.compiled.store(true, std::sync::atomic::Ordering::Release);
         compile::compile_all(self, partitions)
     }
 

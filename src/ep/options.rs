@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
-use crate::ir::Op;
+use crate::ir::SUPPORTED_OPS;
 use crate::target::Target;
 
 /// ORT adds every EP option under `ep.<lower-case EP name>.`.
@@ -16,8 +16,8 @@ pub const OPTION_PREFIX: &str = "ep.kilnexecutionprovider.";
 pub struct KilnOptions {
     /// Compile for this target instead of the selected device's.
     pub target: Option<Target>,
-    /// Ops kiln must leave to other EPs.
-    pub disabled_ops: Vec<Op>,
+    /// Op types kiln must leave to other EPs (as spelled in `ir::SUPPORTED_OPS`).
+    pub disabled_ops: Vec<String>,
 }
 
 /// One option: its key, what it accepts, and its default on a device.
@@ -42,8 +42,7 @@ fn target_names() -> String {
 }
 
 fn op_names() -> String {
-    let names: Vec<_> = Op::ALL.iter().map(|o| o.onnx_name()).collect();
-    format!("a comma-separated list of: {}", names.join(", "))
+    format!("a comma-separated list of: {}", SUPPORTED_OPS.join(", "))
 }
 
 fn bad_value(key: &str, value: &str) -> Error {
@@ -83,12 +82,17 @@ fn unknown_option(name: &str) -> Error {
     ))
 }
 
-fn parse_ops(value: &str) -> Option<Vec<Op>> {
+fn parse_ops(value: &str) -> Option<Vec<String>> {
     value
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| Op::ALL.iter().copied().find(|o| o.onnx_name().eq_ignore_ascii_case(s)))
+        .map(|s| {
+            SUPPORTED_OPS
+                .iter()
+                .find(|o| o.eq_ignore_ascii_case(s))
+                .map(|o| o.to_string())
+        })
         .collect()
 }
 
@@ -173,7 +177,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.kiln.target, Some(Target::Avx2));
-        assert_eq!(c.kiln.disabled_ops, vec![Op::Relu, Op::Mul]);
+        assert_eq!(c.kiln.disabled_ops, vec!["Relu".to_string(), "Mul".to_string()]);
         assert!(c.context.enable && !c.context.embed_mode && c.context.share && c.compile_only);
         assert_eq!(c.context.file_path.as_deref(), Some("out/m_ctx.onnx"));
         assert_eq!(c.context.node_name_prefix, "p_");

@@ -22,6 +22,42 @@ pub struct InputTensor<'a> {
     pub dims: Vec<i64>,
 }
 
+/// A tensor input of any element type, as raw bytes borrowed for Compute.
+pub struct RawInput<'a> {
+    /// ONNX element type code.
+    pub elem_type: i32,
+    pub dims: Vec<i64>,
+    pub bytes: &'a [u8],
+}
+
+/// Bytes per element of an ONNX element type kiln can pass through, or None.
+pub fn element_size(elem_type: i32) -> Option<usize> {
+    Some(match elem_type as u32 {
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
+        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
+        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT32 => 4,
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
+        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT64
+        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE => 8,
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL
+        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
+        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 => 1,
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16
+        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16
+        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT16
+        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT16 => 2,
+        _ => return None,
+    })
+}
+
+fn byte_len(elem_type: i32, dims: &[i64]) -> Result<usize> {
+    let size = element_size(elem_type)
+        .ok_or_else(|| Error::invalid_argument(format!("element type {elem_type} is not one kiln handles")))?;
+    dims.iter()
+        .try_fold(size, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
+        .ok_or_else(|| Error::invalid_argument(format!("tensor shape {dims:?} is not a valid size")))
+}
+
 /// The `OrtKernelContext` of one Compute call.
 pub struct KernelContext<'a> {
     ptr: *mut sys::OrtKernelContext,
@@ -52,6 +88,85 @@ impl<'a> KernelContext<'a> {
             })?
         };
         Ok(n)
+    }
+
+    /// Every input, of any element type, as raw bytes.
+    pub fn raw_inputs(&self) -> Result<Vec<RawInput<'a>>> {
+        (0..self.count(false)?).map(|i| self.raw_input(i)).collect()
+    }
+
+    fn raw_input(&self, index: usize) -> Result<RawInput<'a>> {
+        let api = Api::get();
+        let mut value = std::ptr::null();
+        // SAFETY: live context; the value is borrowed for this Compute call.
+        unsafe { check(ort!(api.ort, KernelContext_GetInput(self.ptr, index, &mut value)))? };
+        let value = non_null(value, "kernel input")?;
+        let mut shape = std::ptr::null_mut();
+        // SAFETY: live value; the shape info is ours to release.
+        let info = unsafe {
+            check(ort!(api.ort, GetTensorTypeAndShape(value, &mut shape)))?;
+            let info = read_tensor_info(shape);
+            ort!(api.ort, ReleaseTensorTypeAndShapeInfo(shape));
+            info?
+        };
+        let len = byte_len(info.elem_type, &info.dims)?;
+        // SAFETY: a tensor of `len` bytes owned by ORT for this call.
+        let bytes = unsafe { super::slice(tensor_data(value)? as *const u8, len, "input data")? };
+        Ok(RawInput {
+            elem_type: info.elem_type,
+            dims: info.dims,
+            bytes,
+        })
+    }
+
+    /// Allocates every output (element type and shape each) as raw bytes.
+    /// Consumes the context so that no output can be borrowed twice.
+    pub fn raw_outputs(self, specs: &[(i32, Vec<usize>)]) -> Result<Vec<&'a mut [u8]>> {
+        let n = self.count(true)?;
+        if n != specs.len() {
+            return Err(Error::invalid_argument(format!(
+                "ORT asks for {n} outputs, the compiled partition has {}",
+                specs.len()
+            )));
+        }
+        specs
+            .iter()
+            .enumerate()
+            .map(|(i, (t, s))| self.raw_output(i, *t, s))
+            .collect()
+    }
+
+    fn raw_output(&self, index: usize, elem_type: i32, shape: &[usize]) -> Result<&'a mut [u8]> {
+        let api = Api::get();
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let len = byte_len(elem_type, &dims)?;
+        let mut value = std::ptr::null_mut();
+        let mut data = std::ptr::null_mut();
+        // SAFETY: live context; ORT allocates the output and owns it.
+        unsafe {
+            check(ort!(
+                api.ort,
+                KernelContext_GetOutput(self.ptr, index, dims.as_ptr(), dims.len(), &mut value)
+            ))?;
+            check(ort!(
+                api.ort,
+                GetTensorMutableData(non_null_mut(value, "kernel output")?, &mut data)
+            ))?;
+        }
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: ORT allocated `len` bytes for this output, distinct per index.
+        Ok(unsafe { std::slice::from_raw_parts_mut(non_null_mut(data.cast::<u8>(), "output data")?, len) })
+    }
+
+    /// ORT's intra-op thread pool for this call, as kiln's `Parallel`.
+    pub fn parallel(&self) -> OrtParallel<'a> {
+        OrtParallel {
+            ctx: self.ptr,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            _life: std::marker::PhantomData,
+        }
     }
 
     /// Every input, which must all be float tensors.
@@ -120,6 +235,72 @@ impl<'a> KernelContext<'a> {
         }
         // SAFETY: ORT allocated `numel` floats for this output, distinct per index.
         Ok(unsafe { std::slice::from_raw_parts_mut(non_null_mut(data.cast::<f32>(), "output data")?, numel) })
+    }
+}
+
+/// `KernelContext_ParallelFor`: runs tasks on the caller plus ORT's intra-op
+/// pool, so kiln respects `intra_op_num_threads` and owns no threads.
+pub struct OrtParallel<'a> {
+    ctx: *mut sys::OrtKernelContext,
+    /// An upper bound: ORT does not tell an EP its pool size, and with
+    /// `intra_op_num_threads=1` ORT simply runs every task on the caller.
+    threads: usize,
+    _life: std::marker::PhantomData<&'a ()>,
+}
+
+// SAFETY: ORT's ParallelFor may be called from the Compute thread only, and
+// `for_each` is where it is; the tasks it runs only see `&dyn Fn + Sync`.
+unsafe impl Sync for OrtParallel<'_> {}
+
+struct Task<'f> {
+    f: &'f (dyn Fn(usize) + Sync),
+    panic: parking_lot::Mutex<Option<Box<dyn std::any::Any + Send>>>,
+}
+
+unsafe extern "C" fn run_task(user: *mut std::ffi::c_void, index: usize) {
+    // SAFETY: `user` is the Task that for_each passed, alive until ParallelFor returns.
+    let task = unsafe { &*(user as *const Task<'_>) };
+    // Never unwind into ORT's thread pool: keep the panic, re-raise it after.
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (task.f)(index))) {
+        task.panic.lock().get_or_insert(p);
+    }
+}
+
+impl crate::kernels::parallel::Parallel for OrtParallel<'_> {
+    fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        if n <= 1 || self.threads <= 1 {
+            return (0..n).for_each(f);
+        }
+        let task = Task {
+            f,
+            panic: parking_lot::Mutex::new(None),
+        };
+        // SAFETY: live context; ORT runs run_task(&task, i) for every i < n and
+        // returns only when all have finished (facts sheet 9.1).
+        let status = unsafe {
+            ort!(
+                Api::get().ort,
+                KernelContext_ParallelFor(
+                    self.ctx,
+                    Some(run_task),
+                    n,
+                    0,
+                    (&task as *const Task<'_>).cast_mut().cast()
+                )
+            )
+        };
+        // SAFETY: status from ORT.
+        if unsafe { check(status) }.is_err() {
+            // The pool refused: run the tasks here, so results stay right.
+            return (0..n).for_each(f);
+        }
+        if let Some(p) = task.panic.into_inner() {
+            std::panic::resume_unwind(p);
+        }
     }
 }
 

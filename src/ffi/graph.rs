@@ -153,6 +153,24 @@ impl<'a> Node<'a> {
         Ok(optional_values(raw))
     }
 
+    /// The opset version of the op's schema this node uses.
+    pub fn since_version(&self) -> Result<i32> {
+        let mut v = 0i32;
+        // SAFETY: live node, valid out-pointer.
+        unsafe { check(ort!(Api::get().ort, Node_GetSinceVersion(self.0, &mut v)))? };
+        Ok(v)
+    }
+
+    /// Every attribute of the node.
+    pub fn attributes(&self) -> Result<Vec<Attribute<'a>>> {
+        let api = Api::get();
+        let raw = fetch(
+            |n| unsafe { ort!(api.ort, Node_GetNumAttributes(self.0, n)) },
+            |buf, n| unsafe { ort!(api.ort, Node_GetAttributes(self.0, buf, n)) },
+        )?;
+        Ok(raw.into_iter().map(|p| Attribute(p, PhantomData)).collect())
+    }
+
     /// The attribute `name`, or `None` when the node lacks it.
     pub fn attribute(&self, name: &str) -> Result<Option<Attribute<'a>>> {
         let api = Api::get();
@@ -181,7 +199,99 @@ impl<'a> Node<'a> {
 #[derive(Clone, Copy)]
 pub struct Attribute<'a>(*const sys::OrtOpAttr, PhantomData<&'a ()>);
 
+/// A tensor's element type, dims and raw little-endian bytes, copied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorBytes {
+    pub elem_type: i32,
+    pub dims: Vec<i64>,
+    pub bytes: Vec<u8>,
+}
+
+/// An attribute's value, copied out of ORT.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttrRead {
+    Int(i64),
+    Ints(Vec<i64>),
+    Float(f32),
+    Floats(Vec<f32>),
+    String(Vec<u8>),
+    Strings(Vec<Vec<u8>>),
+    Tensor(TensorBytes),
+    /// A kind kiln does not read (graphs, sparse tensors ...), by type code.
+    Other(i32),
+}
+
 impl Attribute<'_> {
+    pub fn name(&self) -> Result<String> {
+        get_str(|out| unsafe { ort!(Api::get().ort, OpAttr_GetName(self.0, out)) })
+    }
+
+    /// The value, whatever its kind.
+    pub fn value(&self) -> Result<AttrRead> {
+        Ok(match self.kind()? {
+            sys::ORT_OP_ATTR_INT => AttrRead::Int(self.int()?.unwrap_or_default()),
+            sys::ORT_OP_ATTR_INTS => AttrRead::Ints(self.array::<i64>(sys::ORT_OP_ATTR_INTS)?),
+            sys::ORT_OP_ATTR_FLOAT => AttrRead::Float(
+                self.array::<f32>(sys::ORT_OP_ATTR_FLOAT)?
+                    .first()
+                    .copied()
+                    .unwrap_or(0.0),
+            ),
+            sys::ORT_OP_ATTR_FLOATS => AttrRead::Floats(self.array::<f32>(sys::ORT_OP_ATTR_FLOATS)?),
+            sys::ORT_OP_ATTR_STRING => AttrRead::String(self.bytes()?.unwrap_or_default()),
+            sys::ORT_OP_ATTR_STRINGS => AttrRead::Strings(self.strings()?),
+            sys::ORT_OP_ATTR_TENSOR => AttrRead::Tensor(self.tensor()?),
+            other => AttrRead::Other(other as i32),
+        })
+    }
+
+    /// Reads a numeric attribute into a Vec: ask the byte size, then fill.
+    fn array<T: Copy + Default>(&self, kind: sys::OrtOpAttrType) -> Result<Vec<T>> {
+        let api = Api::get();
+        let mut needed = 0usize;
+        // SAFETY: a size query with a NULL buffer; its "too small" status is expected.
+        let status = unsafe { ort!(api.ort, ReadOpAttr(self.0, kind, std::ptr::null_mut(), 0, &mut needed)) };
+        // SAFETY: status from ORT.
+        let _ = unsafe { check(status) };
+        let mut out = vec![T::default(); needed / std::mem::size_of::<T>()];
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let mut written = 0usize;
+        let bytes = out.len() * std::mem::size_of::<T>();
+        // SAFETY: the buffer holds `bytes` bytes of T.
+        unsafe {
+            check(ort!(
+                api.ort,
+                ReadOpAttr(self.0, kind, out.as_mut_ptr().cast(), bytes, &mut written)
+            ))?
+        };
+        out.truncate(written / std::mem::size_of::<T>());
+        Ok(out)
+    }
+
+    /// STRINGS: ORT fills one buffer of NUL-terminated strings.
+    fn strings(&self) -> Result<Vec<Vec<u8>>> {
+        let raw = self.array::<u8>(sys::ORT_OP_ATTR_STRINGS)?;
+        let mut parts: Vec<Vec<u8>> = raw.split(|&b| b == 0).map(<[u8]>::to_vec).collect();
+        if raw.last() == Some(&0) {
+            parts.pop();
+        }
+        Ok(parts)
+    }
+
+    fn tensor(&self) -> Result<TensorBytes> {
+        let api = Api::get();
+        let mut value = std::ptr::null_mut();
+        // SAFETY: a TENSOR attribute; ORT hands us a new OrtValue.
+        unsafe { check(ort!(api.ort, OpAttr_GetTensorAttributeAsOrtValue(self.0, &mut value)))? };
+        // SAFETY: the value is ours; copy, then release it once.
+        let result = unsafe { copy_tensor(value) };
+        // SAFETY: as above.
+        unsafe { ort!(api.ort, ReleaseValue(value)) };
+        result
+    }
+
     fn kind(&self) -> Result<sys::OrtOpAttrType> {
         let mut t = sys::ORT_OP_ATTR_UNDEFINED;
         // SAFETY: live attribute, valid out-pointer.
@@ -318,6 +428,19 @@ impl<'a> ValueInfo<'a> {
         Ok(yes)
     }
 
+    /// Copies a constant initializer of any element type (ORT frees its copy
+    /// after Compile); `None` when the value has no initializer.
+    pub fn copy_initializer(&self) -> Result<Option<TensorBytes>> {
+        let mut value = std::ptr::null();
+        // SAFETY: borrowed OrtValue, valid during the callback.
+        unsafe { check(ort!(Api::get().ort, ValueInfo_GetInitializerValue(self.0, &mut value)))? };
+        if value.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: a live tensor value borrowed from the graph.
+        unsafe { copy_tensor(value) }.map(Some)
+    }
+
     /// Copies a float initializer's data (ORT frees its copy after Compile).
     pub fn copy_f32_initializer(&self) -> Result<Vec<f32>> {
         let name = self.name()?;
@@ -363,6 +486,35 @@ pub unsafe fn read_tensor_info(info: *const sys::OrtTensorTypeAndShapeInfo) -> R
             dims,
         })
     }
+}
+
+/// Copies a tensor value's type, dims and bytes.
+///
+/// # Safety
+/// `value` must be a live tensor `OrtValue`.
+pub unsafe fn copy_tensor(value: *const sys::OrtValue) -> Result<TensorBytes> {
+    let api = Api::get();
+    let value = super::non_null(value, "tensor value")?;
+    let mut shape = std::ptr::null_mut();
+    // SAFETY: per contract; the shape info is ours to release.
+    let info = unsafe {
+        check(ort!(api.ort, GetTensorTypeAndShape(value, &mut shape)))?;
+        let info = read_tensor_info(shape);
+        ort!(api.ort, ReleaseTensorTypeAndShapeInfo(shape));
+        info?
+    };
+    let size = super::compute::element_size(info.elem_type)
+        .ok_or_else(|| Error::invalid_graph(format!("tensor element type {} is not one kiln reads", info.elem_type)))?;
+    let len = numel(&info.dims)
+        .and_then(|n| n.checked_mul(size))
+        .ok_or_else(|| Error::invalid_graph(format!("tensor shape {:?} is not a valid size", info.dims)))?;
+    // SAFETY: a tensor of `len` bytes.
+    let bytes = unsafe { super::slice(tensor_data(value)? as *const u8, len, "tensor data")? }.to_vec();
+    Ok(TensorBytes {
+        elem_type: info.elem_type,
+        dims: info.dims,
+        bytes,
+    })
 }
 
 /// # Safety

@@ -1,44 +1,73 @@
-//! kiln's graph IR: the subgraph ORT hands over, with static types, in
-//! topological order. It knows nothing of ORT; `ep` builds it.
+//! kiln's graph IR: typed tensors with static shapes, ops with their
+//! attributes resolved, nodes in topological order. It knows nothing of ORT:
+//! [`import`] builds it from an ORT-neutral [`GraphDesc`], and tests build it
+//! directly.
+
+mod check;
+pub mod desc;
+mod import;
+mod tensor;
 
 use std::fmt;
+
+pub use crate::kernels::gemm::Activation;
+pub use crate::kernels::{BinaryOp, ReduceKind, UnaryOp};
+pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc, NO_CONSTANTS, SUPPORTED_OPS};
+pub use import::{check_support, import};
+pub use tensor::{Tensor, TensorData};
 
 use crate::error::{Error, Result};
 use crate::plan::Weight;
 
-/// An element type kiln can compute with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// An element type kiln can hold. Compute is f32; the integer types and
+/// bool carry shapes, indices and masks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
+    I64,
+    I32,
+    /// One byte per element, 0 or 1.
+    Bool,
 }
 
-/// ONNX `TensorProto.DataType` code of `float`.
-const ONNX_FLOAT: i32 = 1;
-
 impl DType {
+    pub const ALL: [DType; 4] = [DType::F32, DType::I64, DType::I32, DType::Bool];
+
     pub fn from_onnx(code: i32) -> Option<DType> {
         match code {
-            ONNX_FLOAT => Some(DType::F32),
+            1 => Some(DType::F32),
+            7 => Some(DType::I64),
+            6 => Some(DType::I32),
+            9 => Some(DType::Bool),
             _ => None,
         }
     }
 
     pub fn onnx_code(self) -> i32 {
         match self {
-            DType::F32 => ONNX_FLOAT,
+            DType::F32 => 1,
+            DType::I64 => 7,
+            DType::I32 => 6,
+            DType::Bool => 9,
         }
     }
 
-    /// Bytes per element.
+    /// Bytes per element (also the alignment kiln gives it).
     pub fn size(self) -> usize {
         match self {
-            DType::F32 => 4,
+            DType::F32 | DType::I32 => 4,
+            DType::I64 => 8,
+            DType::Bool => 1,
         }
     }
 
     /// The ONNX spelling, e.g. "float".
     pub fn name(self) -> &'static str {
         onnx_type_name(self.onnx_code())
+    }
+
+    pub fn is_int(self) -> bool {
+        matches!(self, DType::I64 | DType::I32)
     }
 }
 
@@ -49,7 +78,7 @@ impl fmt::Display for DType {
 }
 
 /// The ONNX spelling of a `TensorProto.DataType` code, for messages such as
-/// "input 1 is int64, kiln supports float".
+/// "input 1 is float16".
 pub fn onnx_type_name(code: i32) -> &'static str {
     match code {
         1 => "float",
@@ -76,23 +105,31 @@ pub fn onnx_type_name(code: i32) -> &'static str {
 }
 
 /// A tensor's element type and static shape.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
     pub dtype: DType,
     pub shape: Vec<usize>,
 }
 
 impl TensorType {
-    pub fn f32(shape: &[usize]) -> Self {
+    pub fn new(dtype: DType, shape: &[usize]) -> Self {
         TensorType {
-            dtype: DType::F32,
+            dtype,
             shape: shape.to_vec(),
         }
+    }
+
+    pub fn f32(shape: &[usize]) -> Self {
+        TensorType::new(DType::F32, shape)
     }
 
     /// Element count; saturates instead of overflowing (validate rejects such shapes).
     pub fn numel(&self) -> usize {
         self.shape.iter().fold(1usize, |n, &d| n.saturating_mul(d))
+    }
+
+    pub fn byte_len(&self) -> usize {
+        self.numel().saturating_mul(self.dtype.size())
     }
 
     /// Element count, or `None` if the tensor could not fit in memory.
@@ -125,140 +162,175 @@ impl fmt::Display for ShapeDisplay<'_> {
     }
 }
 
-/// An operator kiln implements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// The bias a fused matrix product adds before its activation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum BiasKind {
+    None,
+    /// One value per output column (`[n]`).
+    Row,
+    /// A full `[..., m, n]` tensor (the output's shape), times `beta`.
+    Full {
+        beta: f32,
+    },
+}
+
+/// A (batched, broadcasting) matrix product with a fused epilogue:
+/// `y = act(alpha · op(A) · op(B) + bias) + residual`, `op` transposing the
+/// last two dims when asked. Inputs: `a`, `b`, then the bias when
+/// `bias != None`, then the residual when `residual`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatMulAttrs {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub alpha: f32,
+    pub bias: BiasKind,
+    pub activation: Activation,
+    pub residual: bool,
+}
+
+impl Default for MatMulAttrs {
+    fn default() -> Self {
+        MatMulAttrs {
+            trans_a: false,
+            trans_b: false,
+            alpha: 1.0,
+            bias: BiasKind::None,
+            activation: Activation::None,
+            residual: false,
+        }
+    }
+}
+
+impl MatMulAttrs {
+    pub fn num_inputs(&self) -> usize {
+        2 + usize::from(self.bias != BiasKind::None) + usize::from(self.residual)
+    }
+
+    /// Whether anything beyond a plain product is fused in.
+    pub fn has_epilogue(&self) -> bool {
+        self.alpha != 1.0 || self.bias != BiasKind::None || self.activation != Activation::None || self.residual
+    }
+}
+
+/// An operator with its attributes resolved against static shapes.
+#[derive(Clone, Debug, PartialEq)]
 pub enum Op {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Relu,
-    Sigmoid,
-    Tanh,
-    Neg,
-    Abs,
-    Sqrt,
-    Exp,
-    Identity,
+    /// f32 elementwise.
+    Unary(UnaryOp),
+    /// Broadcasting; f32, or int64/int32 for Add/Sub/Mul/Div.
+    Binary(BinaryOp),
+    MatMul(MatMulAttrs),
+    /// Normalises along one axis (f32).
+    Softmax {
+        axis: usize,
+    },
+    /// Normalises over dims `axis..`; inputs x, scale, optional bias.
+    LayerNorm {
+        axis: usize,
+        epsilon: f32,
+    },
+    /// `axes` sorted and unique.
+    Reduce {
+        kind: ReduceKind,
+        axes: Vec<usize>,
+        keepdims: bool,
+    },
+    Transpose {
+        perm: Vec<usize>,
+    },
+    /// Same elements under the output's shape (also Squeeze, Unsqueeze,
+    /// Flatten, Identity, Dropout): an alias, never a copy.
+    Reshape,
+    Concat {
+        axis: usize,
+    },
+    /// `out[i] = in[starts + i·steps]` per axis; the output type gives the counts.
+    Slice {
+        starts: Vec<usize>,
+        steps: Vec<isize>,
+    },
+    /// `data`, `indices` (int64/int32, negative counts from the end).
+    Gather {
+        axis: usize,
+    },
+    Cast {
+        to: DType,
+    },
+    /// `cond` (bool), `x`, `y`, broadcasting.
+    Where,
+    /// Broadcast to the output's shape.
+    Expand,
+    /// int64 dims `start..end` of the input's static shape.
+    Shape {
+        start: usize,
+        end: usize,
+    },
 }
 
 impl Op {
-    pub const ALL: &'static [Op] = &[
-        Op::Add,
-        Op::Sub,
-        Op::Mul,
-        Op::Div,
-        Op::Relu,
-        Op::Sigmoid,
-        Op::Tanh,
-        Op::Neg,
-        Op::Abs,
-        Op::Sqrt,
-        Op::Exp,
-        Op::Identity,
-    ];
-
-    /// The op for an ONNX node of the default domain ("" or "ai.onnx").
-    pub fn from_onnx(domain: &str, op_type: &str) -> Option<Op> {
-        if !matches!(domain, "" | "ai.onnx") {
-            return None;
-        }
-        Op::ALL.iter().copied().find(|op| op.onnx_name() == op_type)
-    }
-
-    pub fn onnx_name(self) -> &'static str {
+    /// Short name for summaries, e.g. `MatMul+Bias+Gelu`.
+    pub fn name(&self) -> String {
         match self {
-            Op::Add => "Add",
-            Op::Sub => "Sub",
-            Op::Mul => "Mul",
-            Op::Div => "Div",
-            Op::Relu => "Relu",
-            Op::Sigmoid => "Sigmoid",
-            Op::Tanh => "Tanh",
-            Op::Neg => "Neg",
-            Op::Abs => "Abs",
-            Op::Sqrt => "Sqrt",
-            Op::Exp => "Exp",
-            Op::Identity => "Identity",
+            Op::Unary(UnaryOp::GeluTanh) => "Gelu(tanh)".into(),
+            Op::Unary(u) => u.onnx_name().into(),
+            Op::Binary(b) => b.onnx_name().into(),
+            Op::MatMul(m) => {
+                let mut s = String::from("MatMul");
+                if m.alpha != 1.0 {
+                    s.push_str("+Scale");
+                }
+                match m.bias {
+                    BiasKind::None => {}
+                    BiasKind::Row => s.push_str("+Bias"),
+                    BiasKind::Full { .. } => s.push_str("+C"),
+                }
+                if m.activation != Activation::None {
+                    s.push('+');
+                    s.push_str(activation_name(m.activation));
+                }
+                if m.residual {
+                    s.push_str("+Residual");
+                }
+                s
+            }
+            Op::Softmax { .. } => "Softmax".into(),
+            Op::LayerNorm { .. } => "LayerNormalization".into(),
+            Op::Reduce { kind, .. } => kind.onnx_name().into(),
+            Op::Transpose { .. } => "Transpose".into(),
+            Op::Reshape => "Reshape".into(),
+            Op::Concat { .. } => "Concat".into(),
+            Op::Slice { .. } => "Slice".into(),
+            Op::Gather { .. } => "Gather".into(),
+            Op::Cast { .. } => "Cast".into(),
+            Op::Where => "Where".into(),
+            Op::Expand => "Expand".into(),
+            Op::Shape { .. } => "Shape".into(),
         }
     }
 
-    pub fn is_binary(self) -> bool {
-        matches!(self, Op::Add | Op::Sub | Op::Mul | Op::Div)
+    /// Whether the op only reinterprets its input's bytes.
+    pub fn is_alias(&self) -> bool {
+        matches!(self, Op::Reshape)
     }
+}
 
-    pub fn num_inputs(self) -> usize {
-        if self.is_binary() {
-            2
-        } else {
-            1
-        }
-    }
-
-    pub fn num_outputs(self) -> usize {
-        1
-    }
-
-    /// Whether kiln can run this node with these static types; `Err` says why not.
-    pub fn check(self, inputs: &[TensorType], outputs: &[TensorType]) -> std::result::Result<(), String> {
-        let name = self.onnx_name();
-        if inputs.len() != self.num_inputs() {
-            return Err(format!(
-                "{name} takes {} input(s), got {}",
-                self.num_inputs(),
-                inputs.len()
-            ));
-        }
-        if outputs.len() != self.num_outputs() {
-            return Err(format!(
-                "{name} has {} output(s), got {}",
-                self.num_outputs(),
-                outputs.len()
-            ));
-        }
-        check_dtypes("input", inputs)?;
-        check_dtypes("output", outputs)?;
-        let expected = self.output_shape(inputs)?;
-        if outputs[0].shape != expected {
-            return Err(format!(
-                "output shape {} does not match the expected {}",
-                ShapeDisplay(&outputs[0].shape),
-                ShapeDisplay(&expected)
-            ));
-        }
-        Ok(())
-    }
-
-    /// The output shape for these inputs (arity already checked).
-    fn output_shape(self, inputs: &[TensorType]) -> std::result::Result<Vec<usize>, String> {
-        if !self.is_binary() {
-            return Ok(inputs[0].shape.clone());
-        }
-        let (a, b) = (&inputs[0].shape, &inputs[1].shape);
-        broadcast_shapes(a, b).ok_or_else(|| {
-            format!(
-                "input shapes {} and {} do not broadcast",
-                ShapeDisplay(a),
-                ShapeDisplay(b)
-            )
-        })
+pub(crate) fn activation_name(a: Activation) -> &'static str {
+    match a {
+        Activation::None => "None",
+        Activation::Relu => "Relu",
+        Activation::LeakyRelu(_) => "LeakyRelu",
+        Activation::Sigmoid => "Sigmoid",
+        Activation::Tanh => "Tanh",
+        Activation::GeluErf => "Gelu",
+        Activation::GeluTanh => "Gelu(tanh)",
+        Activation::Clip(..) => "Clip",
     }
 }
 
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.onnx_name())
+        f.write_str(&self.name())
     }
-}
-
-fn check_dtypes(what: &str, types: &[TensorType]) -> std::result::Result<(), String> {
-    for (i, t) in types.iter().enumerate() {
-        // Only f32 exists today; this is where new dtypes get refused per op.
-        if t.dtype != DType::F32 {
-            return Err(format!("{what} {i} is {}, kiln supports float", t.dtype));
-        }
-    }
-    Ok(())
 }
 
 /// The shape of `a op b` under ONNX multidirectional (NumPy) broadcasting.
@@ -308,6 +380,7 @@ pub struct Graph {
     pub nodes: Vec<Node>,
     pub inputs: Vec<ValueId>,
     pub outputs: Vec<ValueId>,
+    /// Constant values and their bytes (little-endian, the value's dtype).
     pub constants: Vec<(ValueId, Weight)>,
 }
 
@@ -348,15 +421,27 @@ impl Graph {
             }
             return Ok(id);
         }
-        self.values.push(Value {
-            name: name.to_string(),
-            ty,
-        });
-        Ok(self.values.len() - 1)
+        Ok(self.push_value(name.to_string(), ty))
+    }
+
+    /// A new value whose name starts with `hint` and is unique in the graph.
+    pub fn fresh_value(&mut self, hint: &str, ty: TensorType) -> ValueId {
+        let mut name = format!("{hint}#kiln");
+        let mut k = 0;
+        while self.value_id(&name).is_some() {
+            k += 1;
+            name = format!("{hint}#kiln{k}");
+        }
+        self.push_value(name, ty)
+    }
+
+    fn push_value(&mut self, name: String, ty: TensorType) -> ValueId {
+        self.values.push(Value { name, ty });
+        self.values.len() - 1
     }
 
     pub fn value_id(&self, name: &str) -> Option<ValueId> {
-        // Linear: graphs handed to kiln are small, and this runs once per build.
+        // Linear, but only tests and small graphs call it; import keeps a map.
         self.values.iter().position(|v| v.name == name)
     }
 
@@ -369,31 +454,38 @@ impl Graph {
         });
     }
 
-    /// Gives value `id` constant contents (row-major, `numel` elements).
+    /// Gives f32 value `id` constant contents (row-major, `numel` elements).
     pub fn add_constant(&mut self, id: ValueId, data: Vec<f32>) -> Result<()> {
         self.add_constant_weight(id, Weight::from_vec(data))
     }
 
-    /// Like [`Graph::add_constant`], for data that already lives in shared
-    /// storage (kept in place, not copied).
-    pub fn add_constant_weight(&mut self, id: ValueId, data: Weight) -> Result<()> {
+    /// Gives value `id` the contents of `t` (whose type must match).
+    pub fn add_constant_tensor(&mut self, id: ValueId, t: &Tensor) -> Result<()> {
         let value = self.value(id)?;
-        if value.ty.dtype != DType::F32 {
+        if value.ty != t.ty() {
             crate::bail!(
                 InvalidGraph,
-                "constant '{}' is {}, kiln supports float",
-                value.name,
-                value.ty.dtype
-            );
-        }
-        if data.len() != value.ty.numel() {
-            crate::bail!(
-                InvalidGraph,
-                "constant '{}' of type {} has {} elements, expected {}",
+                "constant '{}' of type {} given data of type {}",
                 value.name,
                 value.ty,
-                data.len(),
-                value.ty.numel()
+                t.ty()
+            );
+        }
+        self.add_constant_weight(id, t.to_weight())
+    }
+
+    /// Like [`Graph::add_constant`], for data that already lives in shared
+    /// storage (kept in place, not copied); bytes in the value's dtype.
+    pub fn add_constant_weight(&mut self, id: ValueId, data: Weight) -> Result<()> {
+        let value = self.value(id)?;
+        if data.byte_len() != value.ty.byte_len() {
+            crate::bail!(
+                InvalidGraph,
+                "constant '{}' of type {} has {} bytes, expected {}",
+                value.name,
+                value.ty,
+                data.byte_len(),
+                value.ty.byte_len()
             );
         }
         if self.constants.iter().any(|(c, _)| *c == id) {
@@ -401,6 +493,43 @@ impl Graph {
         }
         self.constants.push((id, data));
         Ok(())
+    }
+
+    /// The constant data of `id`, if it is a constant.
+    pub fn constant(&self, id: ValueId) -> Option<&Weight> {
+        self.constants.iter().find(|(c, _)| *c == id).map(|(_, w)| w)
+    }
+
+    /// The constant `id` as a host tensor.
+    pub fn constant_tensor(&self, id: ValueId) -> Option<Tensor> {
+        let w = self.constant(id)?;
+        Tensor::from_bytes(self.values[id].ty.dtype, &self.values[id].ty.shape, w.as_bytes()).ok()
+    }
+
+    /// For every value, the nodes that read it (a node reading twice is listed twice).
+    pub fn consumers(&self) -> Vec<Vec<usize>> {
+        let mut c = vec![Vec::new(); self.values.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for &v in &n.inputs {
+                c[v].push(i);
+            }
+        }
+        c
+    }
+
+    /// For every value, the node that writes it.
+    pub fn producers(&self) -> Vec<Option<usize>> {
+        let mut p = vec![None; self.values.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for &v in &n.outputs {
+                p[v] = Some(i);
+            }
+        }
+        p
+    }
+
+    pub fn ty(&self, id: ValueId) -> &TensorType {
+        &self.values[id].ty
     }
 
     /// Checks that the graph is well formed and that kiln supports every node.
@@ -422,14 +551,14 @@ impl Graph {
         for (id, data) in &self.constants {
             self.define(&mut source, *id, Source::Constant, "constant")?;
             let v = &self.values[*id];
-            if data.len() != v.ty.numel() {
+            if data.byte_len() != v.ty.byte_len() {
                 crate::bail!(
                     InvalidGraph,
-                    "constant '{}' has {} elements, its type {} needs {}",
+                    "constant '{}' has {} bytes, its type {} needs {}",
                     v.name,
-                    data.len(),
+                    data.byte_len(),
                     v.ty,
-                    v.ty.numel()
+                    v.ty.byte_len()
                 );
             }
         }
@@ -462,13 +591,13 @@ impl Graph {
                     v.name
                 );
             }
-            in_types.push(v.ty.clone());
+            in_types.push(&v.ty);
         }
         let mut out_types = Vec::with_capacity(node.outputs.len());
         for &id in &node.outputs {
-            out_types.push(self.value(id)?.ty.clone());
+            out_types.push(&self.value(id)?.ty);
         }
-        node.op.check(&in_types, &out_types).map_err(Error::invalid_graph)?;
+        check::check(&node.op, &in_types, &out_types).map_err(Error::invalid_graph)?;
         for &id in &node.outputs {
             self.define(source, id, Source::Node(i), "node output")?;
         }
@@ -509,207 +638,13 @@ impl Graph {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::error::ErrorKind;
+pub use check::{infer, matmul_dims, MatMulDims};
 
-    fn f32t(shape: &[usize]) -> TensorType {
-        TensorType::f32(shape)
-    }
-
-    #[test]
-    fn dtype_codes() {
-        assert_eq!(DType::from_onnx(1), Some(DType::F32));
-        assert_eq!(DType::from_onnx(7), None);
-        assert_eq!(DType::F32.onnx_code(), 1);
-        assert_eq!(DType::F32.size(), 4);
-        assert_eq!(DType::F32.to_string(), "float");
-        assert_eq!(onnx_type_name(7), "int64");
-    }
-
-    #[test]
-    fn tensor_type_numel() {
-        assert_eq!(f32t(&[2, 3, 4]).numel(), 24);
-        assert_eq!(f32t(&[]).numel(), 1);
-        assert_eq!(f32t(&[0, 5]).numel(), 0);
-        assert_eq!(f32t(&[usize::MAX, 2]).checked_numel(), None);
-        assert_eq!(f32t(&[2, 3]).to_string(), "float[2,3]");
-    }
-
-    #[test]
-    fn op_names_round_trip() {
-        for &op in Op::ALL {
-            assert_eq!(Op::from_onnx("", op.onnx_name()), Some(op));
-            assert_eq!(Op::from_onnx("ai.onnx", op.onnx_name()), Some(op));
-            assert_eq!(Op::from_onnx("com.microsoft", op.onnx_name()), None);
-        }
-        assert_eq!(Op::from_onnx("", "add"), None);
-        assert_eq!(Op::from_onnx("", "MatMul"), None);
-        assert_eq!(Op::Add.num_inputs(), 2);
-        assert_eq!(Op::Exp.num_inputs(), 1);
-    }
-
-    #[test]
-    fn broadcasting_rules() {
-        let b = broadcast_shapes;
-        assert_eq!(b(&[2, 3, 4], &[3, 1]), Some(vec![2, 3, 4]));
-        assert_eq!(b(&[2, 3, 4], &[4]), Some(vec![2, 3, 4]));
-        assert_eq!(b(&[2, 3, 4], &[]), Some(vec![2, 3, 4]));
-        assert_eq!(b(&[1, 1, 4], &[2, 3, 1]), Some(vec![2, 3, 4]));
-        assert_eq!(b(&[], &[]), Some(vec![]));
-        assert_eq!(b(&[0, 3], &[1, 3]), Some(vec![0, 3]));
-        assert_eq!(b(&[2, 3], &[4]), None);
-        assert_eq!(b(&[0], &[2]), None);
-    }
-
-    #[test]
-    fn check_explains_refusals() {
-        let ok = Op::Add.check(&[f32t(&[2, 3]), f32t(&[3])], &[f32t(&[2, 3])]);
-        assert_eq!(ok, Ok(()));
-        let e = Op::Add
-            .check(&[f32t(&[2, 3]), f32t(&[4])], &[f32t(&[2, 3])])
-            .unwrap_err();
-        assert!(e.contains("[2,3]") && e.contains("[4]"), "{e}");
-        let e = Op::Add.check(&[f32t(&[2])], &[f32t(&[2])]).unwrap_err();
-        assert!(e.contains("2 input"), "{e}");
-        let e = Op::Relu.check(&[f32t(&[2])], &[f32t(&[3])]).unwrap_err();
-        assert!(e.contains("[3]") && e.contains("[2]"), "{e}");
-        let e = Op::Relu.check(&[f32t(&[2])], &[f32t(&[2]), f32t(&[2])]).unwrap_err();
-        assert!(e.contains("output"), "{e}");
-    }
-
-    #[test]
-    fn add_value_dedups_by_name() {
-        let mut g = Graph::new("g");
-        let a = g.add_value("a", f32t(&[2])).unwrap();
-        assert_eq!(g.add_value("a", f32t(&[2])).unwrap(), a);
-        let b = g.add_value("b", f32t(&[2])).unwrap();
-        assert_ne!(a, b);
-        assert_eq!(g.value_id("b"), Some(b));
-        assert_eq!(g.value_id("c"), None);
-        let e = g.add_value("a", f32t(&[3])).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::InvalidGraph);
-        assert!(e.message.contains("'a'"), "{e}");
-        assert!(g.add_value("", f32t(&[1])).is_err());
-    }
-
-    #[test]
-    fn add_constant_checks_length() {
-        let mut g = Graph::new("g");
-        let c = g.add_value("c", f32t(&[2, 2])).unwrap();
-        let e = g.add_constant(c, vec![1.0; 3]).unwrap_err();
-        assert!(e.message.contains("'c'") && e.message.contains('3'), "{e}");
-        g.add_constant(c, vec![1.0; 4]).unwrap();
-        assert!(g.add_constant(c, vec![1.0; 4]).is_err());
-        assert!(g.add_constant(99, vec![]).is_err());
-    }
-
-    /// x -> Relu -> y, plus whatever the test adds.
-    fn relu_graph() -> (Graph, ValueId, ValueId) {
-        let mut g = Graph::new("g");
-        let x = g.add_value("x", f32t(&[4])).unwrap();
-        let y = g.add_value("y", f32t(&[4])).unwrap();
-        g.inputs.push(x);
-        g.add_node("r", Op::Relu, vec![x], vec![y]);
-        g.outputs.push(y);
-        (g, x, y)
-    }
-
-    fn invalid(g: &Graph, needles: &[&str]) {
-        let e = g.validate().unwrap_err();
-        assert_eq!(e.kind, ErrorKind::InvalidGraph, "{e}");
-        for n in needles {
-            assert!(e.message.contains(n), "{n:?} not in {e}");
-        }
-    }
-
-    #[test]
-    fn validate_accepts_good_graphs() {
-        let (mut g, _, y) = relu_graph();
-        let c = g.add_value("c", f32t(&[1])).unwrap();
-        g.add_constant(c, vec![2.0]).unwrap();
-        let z = g.add_value("z", f32t(&[4])).unwrap();
-        g.add_node("m", Op::Mul, vec![y, c], vec![z]);
-        g.outputs.push(z);
-        g.outputs.push(c); // a constant may be an output
-        g.validate().unwrap();
-    }
-
-    #[test]
-    fn validate_rejects_undefined_input() {
-        let (mut g, x, _) = relu_graph();
-        let u = g.add_value("u", f32t(&[4])).unwrap();
-        let z = g.add_value("z", f32t(&[4])).unwrap();
-        g.add_node("add", Op::Add, vec![x, u], vec![z]);
-        invalid(&g, &["'add'", "'u'", "earlier"]);
-    }
-
-    #[test]
-    fn validate_rejects_out_of_order_nodes() {
-        let (mut g, _, y) = relu_graph();
-        let z = g.add_value("z", f32t(&[4])).unwrap();
-        g.nodes.insert(
-            0,
-            Node {
-                name: "first".into(),
-                op: Op::Neg,
-                inputs: vec![y],
-                outputs: vec![z],
-            },
-        );
-        invalid(&g, &["'first'", "'y'"]);
-    }
-
-    #[test]
-    fn validate_rejects_two_producers() {
-        let (mut g, x, y) = relu_graph();
-        g.add_node("again", Op::Neg, vec![x], vec![y]);
-        invalid(&g, &["'again'", "'y'", "'r'"]);
-        let (mut g, x, _) = relu_graph();
-        g.inputs.push(x);
-        invalid(&g, &["'x'", "graph input"]);
-        let (mut g, x, _) = relu_graph();
-        g.add_constant(x, vec![0.0; 4]).unwrap();
-        invalid(&g, &["'x'", "constant"]);
-    }
-
-    #[test]
-    fn validate_rejects_unsupported_node() {
-        let (mut g, x, _) = relu_graph();
-        let w = g.add_value("w", f32t(&[3])).unwrap();
-        g.inputs.push(w);
-        let z = g.add_value("z", f32t(&[4])).unwrap();
-        g.add_node("", Op::Sub, vec![x, w], vec![z]);
-        invalid(&g, &["node #1 (Sub)", "[4]", "[3]", "broadcast"]);
-        let (mut g, x, _) = relu_graph();
-        let z = g.add_value("z", f32t(&[4])).unwrap();
-        g.add_node("one", Op::Add, vec![x], vec![z]);
-        invalid(&g, &["'one'", "2 input"]);
-    }
-
-    #[test]
-    fn validate_rejects_unproduced_output_and_bad_ids() {
-        let (mut g, _, _) = relu_graph();
-        let z = g.add_value("z", f32t(&[4])).unwrap();
-        g.outputs.push(z);
-        invalid(&g, &["output 'z'"]);
-        let (mut g, _, _) = relu_graph();
-        g.outputs.push(42);
-        invalid(&g, &["42"]);
-        let (mut g, _, _) = relu_graph();
-        g.nodes[0].inputs[0] = 42;
-        invalid(&g, &["42", "'r'"]);
-    }
-
-    #[test]
-    fn validate_rejects_bad_constant_and_huge_values() {
-        let (mut g, _, _) = relu_graph();
-        let c = g.add_value("c", f32t(&[2])).unwrap();
-        g.constants.push((c, vec![1.0].into()));
-        invalid(&g, &["'c'", "1 elements"]);
-        let (mut g, _, _) = relu_graph();
-        g.add_value("big", f32t(&[usize::MAX, 4])).unwrap();
-        invalid(&g, &["'big'", "too large"]);
-    }
+/// Drops leading 1s: `[1, 1, 768]` → `[768]`.
+pub(crate) fn strip_ones(s: &[usize]) -> &[usize] {
+    let k = s.iter().take_while(|&&d| d == 1).count();
+    &s[k..]
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -3,128 +3,133 @@
 //! Everything here is `#[inline(always)]` so that it is compiled inside each
 //! `#[target_feature]` wrapper in `kernels/mod.rs`: LLVM then vectorises the
 //! same loop for SSE2, AVX2 and AVX-512. The loops are plain zipped slice
-//! iterations, which LLVM vectorises without bounds checks.
+//! iterations, which LLVM vectorises without bounds checks; the math comes
+//! from [`super::math`] (branch-free approximations) or is native (`sqrt`,
+//! division). `Log` and `Pow` call libm.
 //!
 //! Callers check lengths first (`Layout::fits`, equal lengths for unary) and
 //! skip empty outputs, so the slicing below cannot go out of bounds.
 
 use super::layout::{Layout, Strided};
-use super::{BinaryOp, UnaryOp};
-
-trait Unary {
-    fn apply(x: f32) -> f32;
-}
-
-trait Binary {
-    fn apply(a: f32, b: f32) -> f32;
-}
-
-macro_rules! unary_fn {
-    ($name:ident, |$x:ident| $body:expr) => {
-        struct $name;
-        impl Unary for $name {
-            #[inline(always)]
-            fn apply($x: f32) -> f32 {
-                $body
-            }
-        }
-    };
-}
-
-macro_rules! binary_fn {
-    ($name:ident, |$a:ident, $b:ident| $body:expr) => {
-        struct $name;
-        impl Binary for $name {
-            #[inline(always)]
-            fn apply($a: f32, $b: f32) -> f32 {
-                $body
-            }
-        }
-    };
-}
-
-// `x < 0 ? 0 : x` keeps NaN as NaN, like a max that propagates NaN.
-unary_fn!(Relu, |x| if x < 0.0 { 0.0 } else { x });
-unary_fn!(Sigmoid, |x| sigmoid(x));
-unary_fn!(Tanh, |x| x.tanh());
-unary_fn!(Neg, |x| -x);
-unary_fn!(Abs, |x| x.abs());
-unary_fn!(Sqrt, |x| x.sqrt());
-unary_fn!(Exp, |x| x.exp());
-
-binary_fn!(Add, |a, b| a + b);
-binary_fn!(Sub, |a, b| a - b);
-binary_fn!(Mul, |a, b| a * b);
-binary_fn!(Div, |a, b| a / b);
-
-/// `1 / (1 + e^-x)`, using `e^x / (1 + e^x)` for negative x so that `exp`
-/// never overflows and tiny results keep their precision.
-#[inline(always)]
-fn sigmoid(x: f32) -> f32 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
-}
+use super::{math, BinaryOp, UnaryOp};
 
 /// `dst[i] = op(src[i])`; lengths are equal.
 #[inline(always)]
 pub(super) fn unary(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
     match op {
-        UnaryOp::Relu => map::<Relu>(src, dst),
-        UnaryOp::Sigmoid => map::<Sigmoid>(src, dst),
-        UnaryOp::Tanh => map::<Tanh>(src, dst),
-        UnaryOp::Neg => map::<Neg>(src, dst),
-        UnaryOp::Abs => map::<Abs>(src, dst),
-        UnaryOp::Sqrt => map::<Sqrt>(src, dst),
-        UnaryOp::Exp => map::<Exp>(src, dst),
+        // `x < 0 ? 0 : x` keeps NaN as NaN, like a max that propagates NaN.
+        UnaryOp::Relu => map(src, dst, |x| if x < 0.0 { 0.0 } else { x }),
+        UnaryOp::Sigmoid => map(src, dst, math::sigmoid),
+        UnaryOp::Tanh => map(src, dst, math::tanh),
+        UnaryOp::Neg => map(src, dst, |x| -x),
+        UnaryOp::Abs => map(src, dst, f32::abs),
+        UnaryOp::Sqrt => map(src, dst, f32::sqrt),
+        UnaryOp::Exp => map(src, dst, math::exp),
+        UnaryOp::Log => map(src, dst, f32::ln),
+        UnaryOp::Erf => map(src, dst, math::erf),
+        UnaryOp::Reciprocal => map(src, dst, |x| 1.0 / x),
+        UnaryOp::LeakyRelu(alpha) => map(src, dst, move |x| if x < 0.0 { alpha * x } else { x }),
+        UnaryOp::Clip(lo, hi) => map(src, dst, move |x| {
+            let y = if x < lo { lo } else { x };
+            if y > hi {
+                hi
+            } else {
+                y
+            }
+        }),
+        UnaryOp::Gelu => map(src, dst, math::gelu),
+        UnaryOp::GeluTanh => map(src, dst, math::gelu_tanh),
     }
 }
 
-/// `dst = a op b` with the given broadcast layout; `layout.fits` holds and
-/// `dst` is not empty.
+/// `dst = a op b` on f32 with the given broadcast layout; `layout.fits`
+/// holds and `dst` is not empty.
 #[inline(always)]
-pub(super) fn binary(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], dst: &mut [f32]) {
+pub(super) fn binary_f32(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], dst: &mut [f32]) {
     match op {
-        BinaryOp::Add => broadcast::<Add>(layout, a, b, dst),
-        BinaryOp::Sub => broadcast::<Sub>(layout, a, b, dst),
-        BinaryOp::Mul => broadcast::<Mul>(layout, a, b, dst),
-        BinaryOp::Div => broadcast::<Div>(layout, a, b, dst),
+        BinaryOp::Add => broadcast(layout, a, b, dst, |x, y| x + y),
+        BinaryOp::Sub => broadcast(layout, a, b, dst, |x, y| x - y),
+        BinaryOp::Mul => broadcast(layout, a, b, dst, |x, y| x * y),
+        BinaryOp::Div => broadcast(layout, a, b, dst, |x, y| x / y),
+        BinaryOp::Pow => broadcast(layout, a, b, dst, pow),
+    }
+}
+
+/// Integer `a op b` (wrapping, like ONNX Runtime); the caller refuses Pow
+/// and checks divisors for zero.
+#[inline(always)]
+pub(super) fn binary_i64(op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], dst: &mut [i64]) {
+    match op {
+        BinaryOp::Add => broadcast(layout, a, b, dst, i64::wrapping_add),
+        BinaryOp::Sub => broadcast(layout, a, b, dst, i64::wrapping_sub),
+        BinaryOp::Mul => broadcast(layout, a, b, dst, i64::wrapping_mul),
+        BinaryOp::Div => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
+        BinaryOp::Pow => {}
     }
 }
 
 #[inline(always)]
-fn map<F: Unary>(src: &[f32], dst: &mut [f32]) {
+pub(super) fn binary_i32(op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], dst: &mut [i32]) {
+    match op {
+        BinaryOp::Add => broadcast(layout, a, b, dst, i32::wrapping_add),
+        BinaryOp::Sub => broadcast(layout, a, b, dst, i32::wrapping_sub),
+        BinaryOp::Mul => broadcast(layout, a, b, dst, i32::wrapping_mul),
+        BinaryOp::Div => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
+        BinaryOp::Pow => {}
+    }
+}
+
+/// `x^y` with the common exponents done exactly and fast.
+#[inline(always)]
+fn pow(x: f32, y: f32) -> f32 {
+    if y == 2.0 {
+        x * x
+    } else if y == 1.0 {
+        x
+    } else if y == 3.0 {
+        x * x * x
+    } else if y == 0.5 {
+        // powf(-0, 0.5) is +0 and powf(-inf, 0.5) is +inf; sqrt differs there.
+        if x == f32::NEG_INFINITY {
+            f32::INFINITY
+        } else {
+            x.sqrt().abs()
+        }
+    } else {
+        x.powf(y)
+    }
+}
+
+#[inline(always)]
+fn map(src: &[f32], dst: &mut [f32], f: impl Fn(f32) -> f32) {
     for (d, &x) in dst.iter_mut().zip(src) {
-        *d = F::apply(x);
+        *d = f(x);
     }
 }
 
 #[inline(always)]
-fn broadcast<F: Binary>(layout: &Layout, a: &[f32], b: &[f32], dst: &mut [f32]) {
+fn broadcast<T: Copy>(layout: &Layout, a: &[T], b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T + Copy) {
     match layout {
-        Layout::Same => vv::<F>(a, b, dst),
-        Layout::ScalarA => sv::<F>(a[0], b, dst),
-        Layout::ScalarB => vs::<F>(a, b[0], dst),
+        Layout::Same => vv(a, b, dst, f),
+        Layout::ScalarA => sv(a[0], b, dst, f),
+        Layout::ScalarB => vs(a, b[0], dst, f),
         Layout::RowA { inner } => {
             for (d, b) in dst.chunks_exact_mut(*inner).zip(b.chunks_exact(*inner)) {
-                vv::<F>(a, b, d);
+                vv(a, b, d, f);
             }
         }
         Layout::RowB { inner } => {
             for (d, a) in dst.chunks_exact_mut(*inner).zip(a.chunks_exact(*inner)) {
-                vv::<F>(a, b, d);
+                vv(a, b, d, f);
             }
         }
-        Layout::Strided(s) => strided::<F>(s, a, b, dst),
+        Layout::Strided(s) => strided(s, a, b, dst, f),
     }
 }
 
 /// Walks the outer dims with an odometer; each innermost run is a slice loop.
 #[inline(always)]
-fn strided<F: Binary>(s: &Strided, a: &[f32], b: &[f32], dst: &mut [f32]) {
+fn strided<T: Copy>(s: &Strided, a: &[T], b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T + Copy) {
     let outer = s.dims.len() - 1;
     let inner = s.dims[outer];
     let (step_a, step_b) = (s.a_strides[outer], s.b_strides[outer]);
@@ -134,10 +139,10 @@ fn strided<F: Binary>(s: &Strided, a: &[f32], b: &[f32], dst: &mut [f32]) {
         let run_a = &a[at_a..at_a + if step_a == 1 { inner } else { 1 }];
         let run_b = &b[at_b..at_b + if step_b == 1 { inner } else { 1 }];
         match (step_a, step_b) {
-            (1, 1) => vv::<F>(run_a, run_b, d),
-            (1, _) => vs::<F>(run_a, run_b[0], d),
-            (_, 1) => sv::<F>(run_a[0], run_b, d),
-            _ => d.fill(F::apply(run_a[0], run_b[0])),
+            (1, 1) => vv(run_a, run_b, d, f),
+            (1, _) => vs(run_a, run_b[0], d, f),
+            (_, 1) => sv(run_a[0], run_b, d, f),
+            _ => d.fill(f(run_a[0], run_b[0])),
         }
         for k in (0..outer).rev() {
             index[k] += 1;
@@ -154,22 +159,22 @@ fn strided<F: Binary>(s: &Strided, a: &[f32], b: &[f32], dst: &mut [f32]) {
 }
 
 #[inline(always)]
-fn vv<F: Binary>(a: &[f32], b: &[f32], dst: &mut [f32]) {
+fn vv<T: Copy>(a: &[T], b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T) {
     for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
-        *d = F::apply(x, y);
+        *d = f(x, y);
     }
 }
 
 #[inline(always)]
-fn vs<F: Binary>(a: &[f32], y: f32, dst: &mut [f32]) {
+fn vs<T: Copy>(a: &[T], y: T, dst: &mut [T], f: impl Fn(T, T) -> T) {
     for (d, &x) in dst.iter_mut().zip(a) {
-        *d = F::apply(x, y);
+        *d = f(x, y);
     }
 }
 
 #[inline(always)]
-fn sv<F: Binary>(x: f32, b: &[f32], dst: &mut [f32]) {
+fn sv<T: Copy>(x: T, b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T) {
     for (d, &y) in dst.iter_mut().zip(b) {
-        *d = F::apply(x, y);
+        *d = f(x, y);
     }
 }

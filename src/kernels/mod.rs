@@ -1,23 +1,35 @@
 //! Compute kernels, one variant per [`Target`].
 //!
-//! The loops live once, in `elementwise`, as `#[inline(always)]` generics.
-//! `isa_variant!` compiles them again inside `#[target_feature]` functions so
-//! LLVM vectorises them for AVX2 and AVX-512. Which variant runs is decided by
-//! the program's target alone, through an [`Isa`] token that can only exist
-//! when this CPU supports the target: that is what makes the `unsafe` calls
-//! to the `#[target_feature]` functions sound.
+//! The loops live once (`elementwise`, `norm`) as `#[inline(always)]`
+//! generics. `isa_kernels!` compiles them again inside `#[target_feature]`
+//! functions so LLVM vectorises them for AVX2 and AVX-512. Which variant runs
+//! is decided by the program's target alone, through an [`Isa`] token that
+//! can only exist when this CPU supports the target: that is what makes the
+//! `unsafe` calls to the `#[target_feature]` functions sound.
+//!
+//! Big steps are split over a [`parallel::Parallel`] by rows; the GEMM
+//! ([`gemm`]) parallelises itself.
 
 mod elementwise;
+pub mod gemm;
 pub mod layout;
+pub mod math;
+pub mod movement;
+mod norm;
+pub mod parallel;
 
 pub use layout::{Layout, Strided};
+pub use movement::{CopyPlan, Where3};
+
+use std::ops::Range;
+use std::sync::Mutex;
 
 use crate::error::{Error, Result};
-use crate::ir::Op;
 use crate::target::Target;
+use parallel::Parallel;
 
-/// A unary elementwise op.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A unary elementwise op on f32.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryOp {
     Relu,
     Sigmoid,
@@ -26,6 +38,37 @@ pub enum UnaryOp {
     Abs,
     Sqrt,
     Exp,
+    Log,
+    Erf,
+    Reciprocal,
+    LeakyRelu(f32),
+    /// `min(max(x, lo), hi)`.
+    Clip(f32, f32),
+    /// `x/2·(1 + erf(x/√2))`.
+    Gelu,
+    /// `x/2·(1 + tanh(√(2/π)(x + 0.044715x³)))`.
+    GeluTanh,
+}
+
+impl UnaryOp {
+    /// The ONNX op type this computes (`Gelu` for both GELUs).
+    pub fn onnx_name(self) -> &'static str {
+        match self {
+            UnaryOp::Relu => "Relu",
+            UnaryOp::Sigmoid => "Sigmoid",
+            UnaryOp::Tanh => "Tanh",
+            UnaryOp::Neg => "Neg",
+            UnaryOp::Abs => "Abs",
+            UnaryOp::Sqrt => "Sqrt",
+            UnaryOp::Exp => "Exp",
+            UnaryOp::Log => "Log",
+            UnaryOp::Erf => "Erf",
+            UnaryOp::Reciprocal => "Reciprocal",
+            UnaryOp::LeakyRelu(_) => "LeakyRelu",
+            UnaryOp::Clip(..) => "Clip",
+            UnaryOp::Gelu | UnaryOp::GeluTanh => "Gelu",
+        }
+    }
 }
 
 /// A binary elementwise op with broadcasting.
@@ -35,32 +78,123 @@ pub enum BinaryOp {
     Sub,
     Mul,
     Div,
-}
-
-impl UnaryOp {
-    pub fn from_op(op: Op) -> Option<UnaryOp> {
-        Some(match op {
-            Op::Relu => UnaryOp::Relu,
-            Op::Sigmoid => UnaryOp::Sigmoid,
-            Op::Tanh => UnaryOp::Tanh,
-            Op::Neg => UnaryOp::Neg,
-            Op::Abs => UnaryOp::Abs,
-            Op::Sqrt => UnaryOp::Sqrt,
-            Op::Exp => UnaryOp::Exp,
-            _ => return None,
-        })
-    }
+    /// f32 only.
+    Pow,
 }
 
 impl BinaryOp {
-    pub fn from_op(op: Op) -> Option<BinaryOp> {
-        Some(match op {
-            Op::Add => BinaryOp::Add,
-            Op::Sub => BinaryOp::Sub,
-            Op::Mul => BinaryOp::Mul,
-            Op::Div => BinaryOp::Div,
-            _ => return None,
-        })
+    pub fn onnx_name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "Add",
+            BinaryOp::Sub => "Sub",
+            BinaryOp::Mul => "Mul",
+            BinaryOp::Div => "Div",
+            BinaryOp::Pow => "Pow",
+        }
+    }
+}
+
+/// How a reduction combines values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceKind {
+    Sum,
+    Mean,
+    Max,
+}
+
+impl ReduceKind {
+    pub fn onnx_name(self) -> &'static str {
+        match self {
+            ReduceKind::Sum => "ReduceSum",
+            ReduceKind::Mean => "ReduceMean",
+            ReduceKind::Max => "ReduceMax",
+        }
+    }
+}
+
+/// A read-only tensor of one of the element types that cross kiln's
+/// boundary (bool as one byte, 0 or 1).
+#[derive(Clone, Copy, Debug)]
+pub enum TensorRef<'a> {
+    F32(&'a [f32]),
+    I64(&'a [i64]),
+    I32(&'a [i32]),
+    Bool(&'a [u8]),
+}
+
+/// A writable tensor, see [`TensorRef`].
+#[derive(Debug)]
+pub enum TensorMut<'a> {
+    F32(&'a mut [f32]),
+    I64(&'a mut [i64]),
+    I32(&'a mut [i32]),
+    Bool(&'a mut [u8]),
+}
+
+impl TensorRef<'_> {
+    /// ONNX element type code.
+    pub fn elem_type(&self) -> i32 {
+        match self {
+            TensorRef::F32(_) => 1,
+            TensorRef::I64(_) => 7,
+            TensorRef::I32(_) => 6,
+            TensorRef::Bool(_) => 9,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            TensorRef::F32(s) => s.len(),
+            TensorRef::I64(s) => s.len(),
+            TensorRef::I32(s) => s.len(),
+            TensorRef::Bool(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            TensorRef::F32(s) => bytemuck::cast_slice(s),
+            TensorRef::I64(s) => bytemuck::cast_slice(s),
+            TensorRef::I32(s) => bytemuck::cast_slice(s),
+            TensorRef::Bool(s) => s,
+        }
+    }
+}
+
+impl TensorMut<'_> {
+    pub fn elem_type(&self) -> i32 {
+        match self {
+            TensorMut::F32(_) => 1,
+            TensorMut::I64(_) => 7,
+            TensorMut::I32(_) => 6,
+            TensorMut::Bool(_) => 9,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            TensorMut::F32(s) => s.len(),
+            TensorMut::I64(s) => s.len(),
+            TensorMut::I32(s) => s.len(),
+            TensorMut::Bool(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            TensorMut::F32(s) => bytemuck::cast_slice_mut(s),
+            TensorMut::I64(s) => bytemuck::cast_slice_mut(s),
+            TensorMut::I32(s) => bytemuck::cast_slice_mut(s),
+            TensorMut::Bool(s) => s,
+        }
     }
 }
 
@@ -79,9 +213,103 @@ impl Isa {
     }
 }
 
+/// For each `fn name(args) => implementation;` defines `name(isa, args)`,
+/// which runs the implementation compiled for `isa`'s target.
+macro_rules! isa_kernels {
+    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $imp:path;)*) => {
+        /// Baseline build of the loops (SSE2 on x86_64).
+        mod generic_isa {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[inline(never)]
+                pub(super) fn $name($($arg: $ty),*) {
+                    $imp($($arg),*)
+                }
+            )*
+        }
+
+        isa_kernels!(@variant avx2_isa, "avx2,fma", $($name($($arg: $ty),*) => $imp;)*);
+        isa_kernels!(@variant avx512_isa, "avx512f,avx512bw,avx512vl,fma", $($name($($arg: $ty),*) => $imp;)*);
+
+        $(
+            #[allow(unsafe_code)] // calls the ISA variants, see SAFETY below
+            fn $name(isa: Isa, $($arg: $ty),*) {
+                match isa.0 {
+                    // SAFETY: `Isa::new` checked that this CPU has AVX-512F/BW/VL and FMA.
+                    #[cfg(target_arch = "x86_64")]
+                    Target::Avx512 => unsafe { avx512_isa::$name($($arg),*) },
+                    // SAFETY: `Isa::new` checked that this CPU has AVX2 and FMA.
+                    #[cfg(target_arch = "x86_64")]
+                    Target::Avx2 => unsafe { avx2_isa::$name($($arg),*) },
+                    _ => generic_isa::$name($($arg),*),
+                }
+            }
+        )*
+    };
+    (@variant $module:ident, $features:literal, $($name:ident($($arg:ident: $ty:ty),*) => $imp:path;)*) => {
+        /// The loops compiled with `$features` enabled.
+        #[cfg(target_arch = "x86_64")]
+        #[allow(unsafe_code)] // target_feature functions are unsafe to call
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                /// # Safety
+                /// The CPU must support the module's target features.
+                #[target_feature(enable = $features)]
+                pub(super) unsafe fn $name($($arg: $ty),*) {
+                    $imp($($arg),*)
+                }
+            )*
+        }
+    };
+}
+
+isa_kernels! {
+    fn unary_isa(op: UnaryOp, src: &[f32], dst: &mut [f32]) => elementwise::unary;
+    fn binary_f32_isa(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], dst: &mut [f32]) => elementwise::binary_f32;
+    fn binary_i64_isa(op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], dst: &mut [i64]) => elementwise::binary_i64;
+    fn binary_i32_isa(op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], dst: &mut [i32]) => elementwise::binary_i32;
+    fn softmax_isa(len: usize, inner: usize, src: &[f32], dst: &mut [f32]) => norm::softmax;
+    fn layer_norm_isa(len: usize, epsilon: f32, src: &[f32], scale: &[f32], bias: Option<&[f32]>, dst: &mut [f32]) => norm::layer_norm;
+    fn reduce_isa(kind: ReduceKind, len: usize, inner: usize, src: &[f32], dst: &mut [f32]) => norm::reduce;
+}
+
+/// Elements below which a step is not worth splitting over threads.
+const PAR_MIN_ELEMS: usize = 1 << 15;
+
+/// Splits `rows` rows of `dst` (each `row_len` elements) into contiguous
+/// chunks and runs `f(rows, chunk)` for each, over `par` when it pays off.
+fn par_rows<T: Send>(
+    par: &dyn Parallel,
+    rows: usize,
+    row_len: usize,
+    dst: &mut [T],
+    f: &(dyn Fn(Range<usize>, &mut [T]) + Sync),
+) {
+    let total = rows.saturating_mul(row_len);
+    let threads = par.threads();
+    if threads <= 1 || total < 2 * PAR_MIN_ELEMS || rows < 2 || row_len == 0 {
+        return f(0..rows, dst);
+    }
+    let tasks = (threads * 4).min(rows).min(total / PAR_MIN_ELEMS).max(2);
+    let per = rows.div_ceil(tasks);
+    let chunks: Vec<Mutex<(Range<usize>, &mut [T])>> = dst
+        .chunks_mut(per * row_len)
+        .enumerate()
+        .map(|(t, c)| Mutex::new((t * per..(t * per + c.len() / row_len), c)))
+        .collect();
+    par.for_each(chunks.len(), &|t| {
+        // Each task locks its own chunk once: never contended.
+        let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+        let (range, chunk) = &mut *guard;
+        f(range.clone(), chunk);
+    });
+}
+
 /// `dst[i] = op(src[i])`.
-#[allow(unsafe_code)] // calls the ISA variants, see SAFETY below
-pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32]) -> Result<()> {
+pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32], par: &dyn Parallel) -> Result<()> {
     if src.len() != dst.len() {
         return Err(length_error(format_args!(
             "{op:?} reads {} elements but writes {}",
@@ -89,54 +317,156 @@ pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32]) -> Result<()> 
             dst.len()
         )));
     }
-    match isa.0 {
-        // SAFETY: `Isa::new` checked that this CPU has AVX-512F/BW/VL and FMA.
-        #[cfg(target_arch = "x86_64")]
-        Target::Avx512 => unsafe { avx512::unary(op, src, dst) },
-        // SAFETY: `Isa::new` checked that this CPU has AVX2 and FMA.
-        #[cfg(target_arch = "x86_64")]
-        Target::Avx2 => unsafe { avx2::unary(op, src, dst) },
-        _ => generic::unary(op, src, dst),
-    }
+    par_rows(par, dst.len(), 1, dst, &|r, d| unary_isa(isa, op, &src[r], d));
     Ok(())
 }
 
-/// `dst = a op b`, broadcast as `layout` says.
-#[allow(unsafe_code)] // calls the ISA variants, see SAFETY below
-pub fn binary(isa: Isa, op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], dst: &mut [f32]) -> Result<()> {
-    if !layout.fits(a.len(), b.len(), dst.len()) {
-        return Err(length_error(format_args!(
-            "{op:?} with layout {layout:?} cannot read {} and {} elements into {}",
-            a.len(),
-            b.len(),
-            dst.len()
-        )));
-    }
+/// `dst = a op b` on f32, broadcast as `layout` says.
+pub fn binary(
+    isa: Isa,
+    op: BinaryOp,
+    layout: &Layout,
+    a: &[f32],
+    b: &[f32],
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
+    check_layout(op, layout, a.len(), b.len(), dst.len())?;
     if dst.is_empty() {
         return Ok(());
     }
-    match isa.0 {
-        // SAFETY: `Isa::new` checked that this CPU has AVX-512F/BW/VL and FMA.
-        #[cfg(target_arch = "x86_64")]
-        Target::Avx512 => unsafe { avx512::binary(op, layout, a, b, dst) },
-        // SAFETY: `Isa::new` checked that this CPU has AVX2 and FMA.
-        #[cfg(target_arch = "x86_64")]
-        Target::Avx2 => unsafe { avx2::binary(op, layout, a, b, dst) },
-        _ => generic::binary(op, layout, a, b, dst),
+    match layout {
+        Layout::Same => par_rows(par, dst.len(), 1, dst, &|r, d| {
+            binary_f32_isa(isa, op, layout, &a[r.clone()], &b[r], d)
+        }),
+        Layout::ScalarA => par_rows(par, dst.len(), 1, dst, &|r, d| {
+            binary_f32_isa(isa, op, layout, a, &b[r], d)
+        }),
+        Layout::ScalarB => par_rows(par, dst.len(), 1, dst, &|r, d| {
+            binary_f32_isa(isa, op, layout, &a[r], b, d)
+        }),
+        Layout::RowA { inner } => par_rows(par, dst.len() / inner, *inner, dst, &|r, d| {
+            binary_f32_isa(isa, op, layout, a, &b[r.start * inner..r.end * inner], d)
+        }),
+        Layout::RowB { inner } => par_rows(par, dst.len() / inner, *inner, dst, &|r, d| {
+            binary_f32_isa(isa, op, layout, &a[r.start * inner..r.end * inner], b, d)
+        }),
+        Layout::Strided(_) => binary_f32_isa(isa, op, layout, a, b, dst),
     }
     Ok(())
 }
 
-/// `dst = src`.
-pub fn copy(src: &[f32], dst: &mut [f32]) -> Result<()> {
-    if src.len() != dst.len() {
+/// Integer `dst = a op b` (Add, Sub, Mul, Div; wrapping). Division by zero is an error.
+pub fn binary_i64(isa: Isa, op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], dst: &mut [i64]) -> Result<()> {
+    check_int_op(op, b.contains(&0))?;
+    check_layout(op, layout, a.len(), b.len(), dst.len())?;
+    if !dst.is_empty() {
+        binary_i64_isa(isa, op, layout, a, b, dst);
+    }
+    Ok(())
+}
+
+pub fn binary_i32(isa: Isa, op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], dst: &mut [i32]) -> Result<()> {
+    check_int_op(op, b.contains(&0))?;
+    check_layout(op, layout, a.len(), b.len(), dst.len())?;
+    if !dst.is_empty() {
+        binary_i32_isa(isa, op, layout, a, b, dst);
+    }
+    Ok(())
+}
+
+fn check_int_op(op: BinaryOp, zero_divisor: bool) -> Result<()> {
+    match op {
+        BinaryOp::Pow => Err(length_error(format_args!("Pow on integers"))),
+        BinaryOp::Div if zero_divisor => Err(Error::invalid_argument("integer division by zero")),
+        _ => Ok(()),
+    }
+}
+
+fn check_layout(op: BinaryOp, layout: &Layout, a: usize, b: usize, out: usize) -> Result<()> {
+    if !layout.fits(a, b, out) {
         return Err(length_error(format_args!(
-            "copy of {} elements into {}",
+            "{op:?} with layout {layout:?} cannot read {a} and {b} elements into {out}"
+        )));
+    }
+    Ok(())
+}
+
+/// Softmax along `len` of `[outer, len, inner]`.
+pub fn softmax(isa: Isa, len: usize, inner: usize, src: &[f32], dst: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    let block = len.checked_mul(inner).filter(|&b| b > 0 || src.is_empty());
+    match block {
+        Some(b) if src.len() == dst.len() && (b == 0 || src.len().is_multiple_of(b)) => {
+            if let Some(rows) = src.len().checked_div(b) {
+                par_rows(par, rows, b, dst, &|r, d| {
+                    softmax_isa(isa, len, inner, &src[r.start * b..r.end * b], d)
+                });
+            }
+            Ok(())
+        }
+        _ => Err(length_error(format_args!(
+            "softmax over {len}x{inner} of {} elements into {}",
+            src.len(),
+            dst.len()
+        ))),
+    }
+}
+
+/// Layer normalisation of rows of `len` elements.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm(
+    isa: Isa,
+    len: usize,
+    epsilon: f32,
+    src: &[f32],
+    scale: &[f32],
+    bias: Option<&[f32]>,
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
+    let ok = src.len() == dst.len()
+        && scale.len() == len
+        && bias.is_none_or(|b| b.len() == len)
+        && (len > 0 && src.len().is_multiple_of(len) || src.is_empty());
+    if !ok {
+        return Err(length_error(format_args!(
+            "layer norm of rows of {len} over {} elements (scale {})",
+            src.len(),
+            scale.len()
+        )));
+    }
+    if let Some(rows) = src.len().checked_div(len) {
+        par_rows(par, rows, len, dst, &|r, d| {
+            layer_norm_isa(isa, len, epsilon, &src[r.start * len..r.end * len], scale, bias, d)
+        });
+    }
+    Ok(())
+}
+
+/// Reduces `[outer, len, inner]` along `len` into `[outer, inner]`.
+#[allow(clippy::too_many_arguments)]
+pub fn reduce(
+    isa: Isa,
+    kind: ReduceKind,
+    outer: usize,
+    len: usize,
+    inner: usize,
+    src: &[f32],
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
+    let src_ok = outer.checked_mul(len).and_then(|n| n.checked_mul(inner)) == Some(src.len());
+    if !src_ok || outer.checked_mul(inner) != Some(dst.len()) {
+        return Err(length_error(format_args!(
+            "reduce {outer}x{len}x{inner} of {} elements into {}",
             src.len(),
             dst.len()
         )));
     }
-    dst.copy_from_slice(src);
+    let block = len * inner;
+    par_rows(par, outer, inner, dst, &|r, d| {
+        reduce_isa(isa, kind, len, inner, &src[r.start * block..r.end * block], d)
+    });
     Ok(())
 }
 
@@ -145,245 +475,5 @@ fn length_error(what: std::fmt::Arguments<'_>) -> Error {
     Error::runtime(format!("kiln kernel given inconsistent buffers: {what}"))
 }
 
-/// Baseline build of the loops (SSE2 on x86_64).
-mod generic {
-    use super::{elementwise, BinaryOp, Layout, UnaryOp};
-
-    pub(super) fn unary(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
-        elementwise::unary(op, src, dst)
-    }
-
-    pub(super) fn binary(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], dst: &mut [f32]) {
-        elementwise::binary(op, layout, a, b, dst)
-    }
-}
-
-/// The loops compiled with `$features` enabled.
-macro_rules! isa_variant {
-    ($module:ident, $features:literal) => {
-        #[cfg(target_arch = "x86_64")]
-        #[allow(unsafe_code)] // target_feature functions are unsafe to call
-        mod $module {
-            use super::{elementwise, BinaryOp, Layout, UnaryOp};
-
-            /// # Safety
-            /// The CPU must support the module's target features.
-            #[target_feature(enable = $features)]
-            pub(super) unsafe fn unary(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
-                elementwise::unary(op, src, dst)
-            }
-
-            /// # Safety
-            /// The CPU must support the module's target features.
-            #[target_feature(enable = $features)]
-            pub(super) unsafe fn binary(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], dst: &mut [f32]) {
-                elementwise::binary(op, layout, a, b, dst)
-            }
-        }
-    };
-}
-
-isa_variant!(avx2, "avx2,fma");
-isa_variant!(avx512, "avx512f,avx512bw,avx512vl,fma");
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ir::broadcast_shapes;
-
-    /// Every target this machine can run.
-    fn isas() -> Vec<Isa> {
-        let isas: Vec<Isa> = Target::ALL.into_iter().filter_map(Isa::new).collect();
-        assert!(isas.iter().any(|i| i.target() == Target::Generic));
-        isas
-    }
-
-    /// Deterministic values in [-4, 4), with a few special ones up front.
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-        (0..n)
-            .map(|i| match i {
-                0 => 0.0,
-                1 => -0.5,
-                _ => {
-                    state ^= state << 13;
-                    state ^= state >> 17;
-                    state ^= state << 5;
-                    (state % 8000) as f32 / 1000.0 - 4.0
-                }
-            })
-            .collect()
-    }
-
-    fn close(got: f32, want: f32) -> bool {
-        (got.is_nan() && want.is_nan()) || (got - want).abs() <= 1e-6 * want.abs().max(1e-30)
-    }
-
-    fn unary_ref(op: UnaryOp, x: f32) -> f32 {
-        let x = x as f64;
-        let y = match op {
-            UnaryOp::Relu => x.max(0.0),
-            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            UnaryOp::Tanh => x.tanh(),
-            UnaryOp::Neg => -x,
-            UnaryOp::Abs => x.abs(),
-            UnaryOp::Sqrt => x.sqrt(),
-            UnaryOp::Exp => x.exp(),
-        };
-        y as f32
-    }
-
-    fn binary_ref(op: BinaryOp, a: f32, b: f32) -> f32 {
-        match op {
-            BinaryOp::Add => a + b,
-            BinaryOp::Sub => a - b,
-            BinaryOp::Mul => a * b,
-            BinaryOp::Div => a / b,
-        }
-    }
-
-    const UNARY: [UnaryOp; 7] = [
-        UnaryOp::Relu,
-        UnaryOp::Sigmoid,
-        UnaryOp::Tanh,
-        UnaryOp::Neg,
-        UnaryOp::Abs,
-        UnaryOp::Sqrt,
-        UnaryOp::Exp,
-    ];
-    const BINARY: [BinaryOp; 4] = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div];
-
-    #[test]
-    fn unary_ops_match_reference() {
-        // 67 covers full vectors of every width plus a tail.
-        let x = data(67, 1);
-        for isa in isas() {
-            for op in UNARY {
-                let mut y = vec![f32::NAN; x.len()];
-                unary(isa, op, &x, &mut y).unwrap();
-                for (i, (&xi, &yi)) in x.iter().zip(&y).enumerate() {
-                    let want = unary_ref(op, xi);
-                    assert!(close(yi, want), "{isa:?} {op:?}({xi}) [{i}] = {yi}, want {want}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn sigmoid_and_exp_extremes() {
-        let x = [-1000.0, -100.0, -20.0, 20.0, 100.0, 1000.0, f32::NEG_INFINITY];
-        for isa in isas() {
-            let mut y = [0.0; 7];
-            unary(isa, UnaryOp::Sigmoid, &x, &mut y).unwrap();
-            assert_eq!(y[0], 0.0);
-            assert!(close(y[2], unary_ref(UnaryOp::Sigmoid, -20.0)));
-            assert_eq!(&y[3..6], &[1.0, 1.0, 1.0]);
-            assert_eq!(y[6], 0.0);
-            assert!(y.iter().all(|v| v.is_finite()));
-            unary(isa, UnaryOp::Exp, &x, &mut y).unwrap();
-            assert_eq!(y[5], f32::INFINITY);
-            unary(isa, UnaryOp::Relu, &[f32::NAN, -1.0], &mut y[..2]).unwrap();
-            assert!(y[0].is_nan() && y[1] == 0.0);
-        }
-    }
-
-    /// Naive broadcast by multi-index, the definition kiln must match.
-    fn broadcast_ref(op: BinaryOp, sa: &[usize], a: &[f32], sb: &[usize], b: &[f32]) -> Vec<f32> {
-        let out = broadcast_shapes(sa, sb).unwrap();
-        let n: usize = out.iter().product();
-        let index = |shape: &[usize], mut flat: usize| {
-            // Map an output flat index to an input's flat index.
-            let pad = out.len() - shape.len();
-            let (mut idx, mut stride) = (0, 1);
-            for d in (0..out.len()).rev() {
-                let i = flat % out[d];
-                flat /= out[d];
-                if d >= pad && shape[d - pad] != 1 {
-                    idx += i * stride;
-                }
-                if d >= pad {
-                    stride *= shape[d - pad];
-                }
-            }
-            idx
-        };
-        (0..n)
-            .map(|i| binary_ref(op, a[index(sa, i)], b[index(sb, i)]))
-            .collect()
-    }
-
-    fn check_broadcast(sa: &[usize], sb: &[usize]) {
-        let na: usize = sa.iter().product();
-        let nb: usize = sb.iter().product();
-        let a = data(na, 3);
-        // Keep divisors away from zero so Div compares cleanly.
-        let b: Vec<f32> = data(nb, 7).iter().map(|v| v + 5.0).collect();
-        let layout = Layout::for_shapes(sa, sb).unwrap();
-        for isa in isas() {
-            for op in BINARY {
-                let want = broadcast_ref(op, sa, &a, sb, &b);
-                let mut got = vec![f32::NAN; want.len()];
-                binary(isa, op, &layout, &a, &b, &mut got).unwrap();
-                assert_eq!(got, want, "{isa:?} {op:?} {sa:?} op {sb:?} via {layout:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn broadcasting_matches_reference() {
-        let cases: &[(&[usize], &[usize])] = &[
-            (&[2, 3, 4], &[2, 3, 4]),
-            (&[2, 3, 4], &[3, 1]),
-            (&[2, 3, 4], &[4]),
-            (&[2, 3, 4], &[]),
-            (&[], &[2, 3, 4]),
-            (&[2, 3, 4], &[1, 1, 4]),
-            (&[2, 3, 4], &[2, 1, 4]),
-            (&[3, 1], &[2, 3, 4]),
-            (&[4], &[2, 3, 4]),
-            (&[2, 1], &[1, 3]),
-            (&[5, 1, 3, 1], &[1, 4, 1, 6]),
-            (&[6, 1], &[6, 37]),
-            (&[3, 37], &[37]),
-            (&[], &[]),
-            (&[1], &[1, 1]),
-        ];
-        for (sa, sb) in cases {
-            check_broadcast(sa, sb);
-        }
-    }
-
-    #[test]
-    fn empty_tensors_are_fine() {
-        let layout = Layout::for_shapes(&[0, 3], &[3]).unwrap();
-        for isa in isas() {
-            binary(isa, BinaryOp::Add, &layout, &[], &[1.0; 3], &mut []).unwrap();
-            unary(isa, UnaryOp::Exp, &[], &mut []).unwrap();
-        }
-    }
-
-    #[test]
-    fn inconsistent_buffers_are_errors() {
-        let isa = Isa::new(Target::Generic).unwrap();
-        assert!(unary(isa, UnaryOp::Neg, &[1.0; 3], &mut [0.0; 2]).is_err());
-        let layout = Layout::for_shapes(&[2, 3], &[3]).unwrap();
-        let e = binary(isa, BinaryOp::Add, &layout, &[1.0; 6], &[1.0; 2], &mut [0.0; 6]);
-        assert_eq!(e.unwrap_err().kind, crate::error::ErrorKind::Runtime);
-        assert!(copy(&[1.0; 3], &mut [0.0; 4]).is_err());
-    }
-
-    #[test]
-    fn isa_requires_cpu_support() {
-        for t in Target::ALL {
-            assert_eq!(Isa::new(t).is_some(), t.can_run_on(Target::cpu_best()));
-        }
-    }
-
-    #[test]
-    fn op_mapping_covers_ir_ops() {
-        for &op in Op::ALL {
-            let mapped = UnaryOp::from_op(op).is_some() as u8 + BinaryOp::from_op(op).is_some() as u8;
-            assert_eq!(mapped, (op != Op::Identity) as u8, "{op:?}");
-        }
-    }
-}
+mod tests;

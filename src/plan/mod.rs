@@ -3,9 +3,11 @@
 //!
 //! Nothing here holds code pointers, so a `Program` can be serialised as is
 //! (see `context`); kernels are chosen from `target` each time a step runs.
-//! Constants are [`Weight`]s, which can point into a memory-mapped file.
+//! Constants are [`Weight`]s, which can point into a memory-mapped file;
+//! GEMM weights are stored already packed for the target ([`Packing`]).
 //! [`Program::from_parts`] rebuilds a program from untrusted data and
-//! validates it, so that running it can never read out of bounds.
+//! validates it, so that running it can never read out of bounds. Buffers
+//! are bytes; each step views them as its element types.
 
 mod validate;
 mod weight;
@@ -13,33 +15,74 @@ mod weight;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+pub use crate::ir::DType;
+pub use crate::kernels::{TensorMut, TensorRef};
 pub use weight::{AlignedBytes, Storage, Weight, STORAGE_ALIGN};
 
 use crate::error::{Error, Result};
-use crate::ir::{Op, ShapeDisplay};
-use crate::kernels::{self, BinaryOp, Isa, Layout, UnaryOp};
+use crate::ir::ShapeDisplay;
+use crate::kernels::gemm::{self, Activation, Bias, Epilogue, PackedB};
+use crate::kernels::parallel::Parallel;
+use crate::kernels::{self, movement, BinaryOp, CopyPlan, Isa, Layout, ReduceKind, UnaryOp, Where3};
 use crate::target::Target;
 
-/// A graph input or output: name and static shape (f32 for now).
-#[derive(Clone, Debug, PartialEq)]
+/// A graph input or output: name, ONNX element type and static shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorSpec {
     pub name: String,
+    /// ONNX `TensorProto.DataType` code.
+    pub elem_type: i32,
     pub shape: Vec<usize>,
 }
 
 impl TensorSpec {
+    pub fn new(name: &str, dtype: DType, shape: &[usize]) -> TensorSpec {
+        TensorSpec {
+            name: name.to_string(),
+            elem_type: dtype.onnx_code(),
+            shape: shape.to_vec(),
+        }
+    }
+
     /// Element count; saturates instead of overflowing (validation rejects such shapes).
     pub fn numel(&self) -> usize {
         self.shape.iter().fold(1usize, |n, &d| n.saturating_mul(d))
     }
+
+    pub fn dtype(&self) -> Option<DType> {
+        DType::from_onnx(self.elem_type)
+    }
 }
 
-/// A program constant: its static shape and its data. Cheap to clone (a
+/// How a constant's bytes are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Packing {
+    /// Row-major, the constant's dtype and shape.
+    None,
+    /// A `[k, n]` f32 GEMM B operand packed for the program's target
+    /// (`kernels::gemm::PackedB`); its shape is `[k, n]`.
+    GemmB { k: usize, n: usize },
+}
+
+/// A program constant: type, shape, layout and data. Cheap to clone (a
 /// hostile file may reference one weight many times).
 #[derive(Clone, Debug)]
 pub struct Constant {
+    pub dtype: DType,
     pub shape: Arc<[usize]>,
     pub data: Weight,
+    pub packing: Packing,
+}
+
+impl Constant {
+    pub fn plain(dtype: DType, shape: &[usize], data: Weight) -> Constant {
+        Constant {
+            dtype,
+            shape: shape.into(),
+            data,
+            packing: Packing::None,
+        }
+    }
 }
 
 /// Where a step reads or writes.
@@ -51,27 +94,133 @@ pub enum BufRef {
     Constant(usize),
     /// The caller's output `i`.
     Output(usize),
-    /// `len` elements of the scratch arena starting at `offset`.
+    /// `len` bytes of the scratch arena starting at byte `offset`.
     Scratch { offset: usize, len: usize },
+}
+
+/// The B operand of a matrix product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatB {
+    /// A constant packed at compile time ([`Packing::GemmB`]).
+    Packed(usize),
+    /// Row-major `[k, n]` blocks (`[n, k]` when `trans_b`).
+    Buf { buf: BufRef, trans_b: bool },
+}
+
+/// The bias a matrix product adds before its activation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MatBias {
+    None,
+    /// `n` values, one per column.
+    Row(BufRef),
+    /// `beta ·` a tensor of the output's size.
+    Full {
+        buf: BufRef,
+        beta: f32,
+    },
+}
+
+/// `dst[i] = act(alpha · A_i · B_i + bias_i) + residual_i` for each batch
+/// `i`, where `A_i` is the `m×k` block (`k×m` when `trans_a`) at element
+/// `batches[i][0]` of `a`, `B_i` the `k×n` block at `batches[i][1]` of `b`
+/// (always 0 when packed), and output block `i` starts at `i·m·n`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatMulStep {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub trans_a: bool,
+    pub a: BufRef,
+    pub b: MatB,
+    pub batches: Vec<[usize; 2]>,
+    pub alpha: f32,
+    pub bias: MatBias,
+    pub activation: Activation,
+    pub residual: Option<BufRef>,
+    pub dst: BufRef,
 }
 
 /// One instruction of a program.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
+    /// f32 elementwise.
     Unary {
         op: UnaryOp,
         src: BufRef,
         dst: BufRef,
     },
+    /// Broadcasting, on `dtype` elements.
     Binary {
         op: BinaryOp,
+        dtype: DType,
         layout: Layout,
         a: BufRef,
         b: BufRef,
         dst: BufRef,
     },
+    /// Byte copy of equal-sized buffers.
     Copy {
         src: BufRef,
+        dst: BufRef,
+    },
+    MatMul(Box<MatMulStep>),
+    /// Softmax along `len` of `[outer, len, inner]` (f32).
+    Softmax {
+        len: usize,
+        inner: usize,
+        src: BufRef,
+        dst: BufRef,
+    },
+    /// Layer normalisation of rows of `len` (f32).
+    LayerNorm {
+        len: usize,
+        epsilon: f32,
+        src: BufRef,
+        scale: BufRef,
+        bias: Option<BufRef>,
+        dst: BufRef,
+    },
+    /// `[outer, len, inner]` reduced along `len` (f32).
+    Reduce {
+        kind: ReduceKind,
+        outer: usize,
+        len: usize,
+        inner: usize,
+        src: BufRef,
+        dst: BufRef,
+    },
+    /// Transpose, slice, concat part, split part, expand: a strided copy of
+    /// `dtype` elements. Several steps may write parts of one destination.
+    Strided {
+        dtype: DType,
+        plan: CopyPlan,
+        src: BufRef,
+        dst: BufRef,
+    },
+    /// `data` `[outer, axis_len, inner]` gathered by `indices` (`idx_dtype`).
+    Gather {
+        dtype: DType,
+        idx_dtype: DType,
+        outer: usize,
+        axis_len: usize,
+        inner: usize,
+        data: BufRef,
+        indices: BufRef,
+        dst: BufRef,
+    },
+    Cast {
+        from: DType,
+        to: DType,
+        src: BufRef,
+        dst: BufRef,
+    },
+    /// `dst = cond ? x : y` on `dtype` elements.
+    Where {
+        dtype: DType,
+        layout: Where3,
+        cond: BufRef,
+        x: BufRef,
+        y: BufRef,
         dst: BufRef,
     },
 }
@@ -79,14 +228,93 @@ pub enum Step {
 impl Step {
     pub fn dst(&self) -> BufRef {
         match self {
-            Step::Unary { dst, .. } | Step::Binary { dst, .. } | Step::Copy { dst, .. } => *dst,
+            Step::Unary { dst, .. }
+            | Step::Binary { dst, .. }
+            | Step::Copy { dst, .. }
+            | Step::Softmax { dst, .. }
+            | Step::LayerNorm { dst, .. }
+            | Step::Reduce { dst, .. }
+            | Step::Strided { dst, .. }
+            | Step::Gather { dst, .. }
+            | Step::Cast { dst, .. }
+            | Step::Where { dst, .. } => *dst,
+            Step::MatMul(m) => m.dst,
         }
     }
 
+    /// Every buffer the step reads.
     pub fn srcs(&self) -> Vec<BufRef> {
+        self.typed_srcs().into_iter().map(|(r, _)| r).collect()
+    }
+
+    /// Every buffer read with the element type it is read as (`None`: raw bytes).
+    pub(crate) fn typed_srcs(&self) -> Vec<(BufRef, Option<DType>)> {
+        use DType::*;
         match self {
-            Step::Unary { src, .. } | Step::Copy { src, .. } => vec![*src],
-            Step::Binary { a, b, .. } => vec![*a, *b],
+            Step::Unary { src, .. } | Step::Softmax { src, .. } | Step::Reduce { src, .. } => vec![(*src, Some(F32))],
+            Step::Binary { a, b, dtype, .. } => vec![(*a, Some(*dtype)), (*b, Some(*dtype))],
+            Step::Copy { src, .. } => vec![(*src, None)],
+            Step::MatMul(m) => {
+                let mut v = vec![(m.a, Some(F32))];
+                if let MatB::Buf { buf, .. } = m.b {
+                    v.push((buf, Some(F32)));
+                }
+                match m.bias {
+                    MatBias::None => {}
+                    MatBias::Row(b) | MatBias::Full { buf: b, .. } => v.push((b, Some(F32))),
+                }
+                v.extend(m.residual.map(|r| (r, Some(F32))));
+                v
+            }
+            Step::LayerNorm { src, scale, bias, .. } => {
+                let mut v = vec![(*src, Some(F32)), (*scale, Some(F32))];
+                v.extend(bias.map(|b| (b, Some(F32))));
+                v
+            }
+            Step::Strided { src, dtype, .. } => vec![(*src, Some(*dtype))],
+            Step::Gather {
+                data,
+                indices,
+                dtype,
+                idx_dtype,
+                ..
+            } => vec![(*data, Some(*dtype)), (*indices, Some(*idx_dtype))],
+            Step::Cast { src, from, .. } => vec![(*src, Some(*from))],
+            Step::Where { cond, x, y, dtype, .. } => vec![(*cond, Some(Bool)), (*x, Some(*dtype)), (*y, Some(*dtype))],
+        }
+    }
+
+    /// The element type the destination is written as (`None`: raw bytes).
+    pub(crate) fn dst_dtype(&self) -> Option<DType> {
+        match self {
+            Step::Unary { .. }
+            | Step::MatMul(_)
+            | Step::Softmax { .. }
+            | Step::LayerNorm { .. }
+            | Step::Reduce { .. } => Some(DType::F32),
+            Step::Binary { dtype, .. }
+            | Step::Strided { dtype, .. }
+            | Step::Gather { dtype, .. }
+            | Step::Where { dtype, .. } => Some(*dtype),
+            Step::Cast { to, .. } => Some(*to),
+            Step::Copy { .. } => None,
+        }
+    }
+
+    /// Short kind name for messages.
+    pub fn kind(&self) -> String {
+        match self {
+            Step::Unary { op, .. } => format!("{op:?}"),
+            Step::Binary { op, dtype, .. } => format!("{op:?} on {dtype}"),
+            Step::Copy { .. } => "Copy".into(),
+            Step::MatMul(_) => "MatMul".into(),
+            Step::Softmax { .. } => "Softmax".into(),
+            Step::LayerNorm { .. } => "LayerNorm".into(),
+            Step::Reduce { kind, .. } => format!("{kind:?}"),
+            Step::Strided { .. } => "StridedCopy".into(),
+            Step::Gather { .. } => "Gather".into(),
+            Step::Cast { from, to, .. } => format!("Cast {from}->{to}"),
+            Step::Where { .. } => "Where".into(),
         }
     }
 }
@@ -99,11 +327,13 @@ pub struct Program {
     pub(crate) inputs: Vec<TensorSpec>,
     pub(crate) outputs: Vec<TensorSpec>,
     pub(crate) constants: Vec<Constant>,
+    /// For each constant with [`Packing::GemmB`], its kernel view (made
+    /// from the stored bytes, never re-packed).
+    pub(crate) packed: Vec<Option<Arc<PackedB>>>,
     pub(crate) steps: Vec<Step>,
-    /// Arena size in elements.
-    pub(crate) arena_len: usize,
-    /// How many nodes of each op the source graph had after dead-code removal.
-    pub(crate) op_counts: Vec<(Op, usize)>,
+    pub(crate) arena_bytes: usize,
+    /// How many nodes of each op the optimised graph had.
+    pub(crate) op_counts: Vec<(String, usize)>,
     /// Run-time cache, not part of the program's meaning.
     pub(crate) scratch: ScratchPool,
 }
@@ -116,22 +346,34 @@ pub struct ProgramParts {
     pub outputs: Vec<TensorSpec>,
     pub constants: Vec<Constant>,
     pub steps: Vec<Step>,
-    /// Arena size in elements.
-    pub arena_len: usize,
-    pub op_counts: Vec<(Op, usize)>,
+    /// Scratch arena size in bytes.
+    pub arena_bytes: usize,
+    pub op_counts: Vec<(String, usize)>,
 }
 
 impl Program {
     /// Rebuilds a program from (possibly corrupt or hostile) parts, checking
     /// everything a run relies on; `Err(InvalidGraph)` says what is wrong.
+    /// Packed weights are adopted as stored: no packing happens here.
     pub fn from_parts(parts: ProgramParts) -> Result<Program> {
+        let mut packed = Vec::with_capacity(parts.constants.len());
+        for (i, c) in parts.constants.iter().enumerate() {
+            packed.push(match c.packing {
+                Packing::None => None,
+                Packing::GemmB { k, n } => Some(Arc::new(
+                    PackedB::from_parts(parts.target, k, n, c.data.clone())
+                        .map_err(|e| e.context(format_args!("corrupt kiln program: constant {i}")))?,
+                )),
+            });
+        }
         let p = Program {
             target: parts.target,
             inputs: parts.inputs,
             outputs: parts.outputs,
             constants: parts.constants,
+            packed,
             steps: parts.steps,
-            arena_len: parts.arena_len,
+            arena_bytes: parts.arena_bytes,
             op_counts: parts.op_counts,
             scratch: ScratchPool::default(),
         };
@@ -139,8 +381,8 @@ impl Program {
         Ok(p)
     }
 
-    /// Checks buffer references, lengths, layouts and sizes: a program that
-    /// passes cannot make `run` read or write out of bounds.
+    /// Checks buffer references, types, lengths, layouts and sizes: a program
+    /// that passes cannot make `run` read or write out of bounds.
     pub fn validate(&self) -> Result<()> {
         validate::check(self).map_err(|e| e.context("corrupt kiln program"))
     }
@@ -165,13 +407,8 @@ impl Program {
         &self.constants
     }
 
-    /// Arena size in elements.
-    pub fn arena_len(&self) -> usize {
-        self.arena_len
-    }
-
-    /// Live nodes per op in the source graph.
-    pub fn op_counts(&self) -> &[(Op, usize)] {
+    /// Ops of the optimised graph and how often each occurs.
+    pub fn op_counts(&self) -> &[(String, usize)] {
         &self.op_counts
     }
 
@@ -181,15 +418,19 @@ impl Program {
 
     /// Scratch memory one run needs.
     pub fn arena_bytes(&self) -> usize {
-        self.arena_len * std::mem::size_of::<f32>()
+        self.arena_bytes
     }
 
     pub fn constant_bytes(&self) -> usize {
-        let elems: usize = self.constants.iter().map(|c| c.data.len()).sum();
-        elems * std::mem::size_of::<f32>()
+        self.constants.iter().map(|c| c.data.byte_len()).sum()
     }
 
-    /// e.g. "Add x1, Mul x1, Relu x1"; "none" for a program with no ops.
+    /// Constants stored packed for the GEMM.
+    pub fn packed_constants(&self) -> usize {
+        self.packed.iter().filter(|p| p.is_some()).count()
+    }
+
+    /// e.g. "MatMul+Bias x2, Add x1"; "none" for a program with no ops.
     pub fn op_summary(&self) -> String {
         if self.op_counts.is_empty() {
             return "none".to_string();
@@ -198,12 +439,21 @@ impl Program {
         parts.join(", ")
     }
 
-    /// Runs the program. Safe to call from several threads at once.
-    pub fn run(&self, host: Target, inputs: &[&[f32]], outputs: &mut [&mut [f32]]) -> Result<()> {
+    /// Runs the program. Safe to call from several threads at once; big
+    /// steps are split over `par`.
+    pub fn run(
+        &self,
+        host: Target,
+        inputs: &[TensorRef<'_>],
+        outputs: &mut [TensorMut<'_>],
+        par: &dyn Parallel,
+    ) -> Result<()> {
         let isa = self.check_target(host)?;
         self.check_io(inputs, outputs)?;
-        let mut arena = self.scratch.take(self.arena_len)?;
-        let result = self.execute(isa, inputs, outputs, &mut arena);
+        let mut arena = self.scratch.take(self.arena_bytes)?;
+        let ins: Vec<&[u8]> = inputs.iter().map(|t| t.bytes()).collect();
+        let mut outs: Vec<&mut [u8]> = outputs.iter_mut().map(|t| t.bytes_mut()).collect();
+        let result = self.execute(isa, &ins, &mut outs, arena.bytes_mut(), par);
         self.scratch.give(arena);
         result
     }
@@ -229,28 +479,36 @@ impl Program {
         Isa::new(self.target).ok_or_else(|| Error::fail("CPU support check disagrees"))
     }
 
-    fn check_io(&self, inputs: &[&[f32]], outputs: &[&mut [f32]]) -> Result<()> {
+    fn check_io(&self, inputs: &[TensorRef<'_>], outputs: &[TensorMut<'_>]) -> Result<()> {
         check_count("input", &self.inputs, inputs.len())?;
         check_count("output", &self.outputs, outputs.len())?;
-        for (spec, data) in self.inputs.iter().zip(inputs) {
-            check_len("input", spec, data.len())?;
+        for (spec, t) in self.inputs.iter().zip(inputs) {
+            check_tensor("input", spec, t.elem_type(), t.len())?;
         }
-        for (spec, data) in self.outputs.iter().zip(outputs) {
-            check_len("output", spec, data.len())?;
+        for (spec, t) in self.outputs.iter().zip(outputs) {
+            check_tensor("output", spec, t.elem_type(), t.len())?;
         }
         Ok(())
     }
 
-    fn execute(&self, isa: Isa, inputs: &[&[f32]], outputs: &mut [&mut [f32]], arena: &mut [f32]) -> Result<()> {
+    fn execute(
+        &self,
+        isa: Isa,
+        inputs: &[&[u8]],
+        outputs: &mut [&mut [u8]],
+        arena: &mut [u8],
+        par: &dyn Parallel,
+    ) -> Result<()> {
         let mut mem = Memory {
             inputs,
             constants: &self.constants,
+            packed: &self.packed,
             outputs,
             arena,
         };
         for (i, step) in self.steps.iter().enumerate() {
-            mem.run_step(isa, step)
-                .map_err(|e| e.context(format_args!("kiln step {i}")))?;
+            mem.run_step(isa, step, par)
+                .map_err(|e| e.context(format_args!("kiln step {i} ({})", step.kind())))?;
         }
         Ok(())
     }
@@ -267,7 +525,16 @@ fn check_count(what: &str, specs: &[TensorSpec], got: usize) -> Result<()> {
     Ok(())
 }
 
-fn check_len(what: &str, spec: &TensorSpec, got: usize) -> Result<()> {
+fn check_tensor(what: &str, spec: &TensorSpec, elem_type: i32, got: usize) -> Result<()> {
+    if spec.elem_type != elem_type {
+        crate::bail!(
+            InvalidArgument,
+            "{what} '{}' is {}, got {}",
+            spec.name,
+            crate::ir::onnx_type_name(spec.elem_type),
+            crate::ir::onnx_type_name(elem_type)
+        );
+    }
     if spec.numel() != got {
         crate::bail!(
             InvalidArgument,
@@ -288,7 +555,7 @@ impl fmt::Debug for Program {
             .field("inputs", &self.inputs)
             .field("outputs", &self.outputs)
             .field("constant_bytes", &self.constant_bytes())
-            .field("arena_bytes", &self.arena_bytes())
+            .field("arena_bytes", &self.arena_bytes)
             .field("steps", &self.steps)
             .finish()
     }
@@ -296,39 +563,178 @@ impl fmt::Debug for Program {
 
 /// The buffers one run works on.
 struct Memory<'r, 'i, 'o> {
-    inputs: &'r [&'i [f32]],
+    inputs: &'r [&'i [u8]],
     constants: &'r [Constant],
-    outputs: &'r mut [&'o mut [f32]],
-    arena: &'r mut [f32],
+    packed: &'r [Option<Arc<PackedB>>],
+    outputs: &'r mut [&'o mut [u8]],
+    arena: &'r mut [u8],
 }
 
 /// Read-only view of everything but the step's destination.
 struct Sources<'v> {
-    inputs: &'v [&'v [f32]],
+    inputs: &'v [&'v [u8]],
     constants: &'v [Constant],
-    outputs_before: &'v [&'v mut [f32]],
-    outputs_after: &'v [&'v mut [f32]],
+    outputs_before: &'v [&'v mut [u8]],
+    outputs_after: &'v [&'v mut [u8]],
     /// Output index of the destination, or `outputs.len()` when it is scratch.
     hole: usize,
-    arena_before: &'v [f32],
-    arena_after: &'v [f32],
+    arena_before: &'v [u8],
+    arena_after: &'v [u8],
     /// Arena range of the destination (empty at the end when it is an output).
     arena_hole: (usize, usize),
 }
 
+fn cast_err() -> Error {
+    Error::runtime("corrupt kiln program: a buffer is misaligned or mis-sized for its element type")
+}
+
+fn as_f32_mut(b: &mut [u8]) -> Result<&mut [f32]> {
+    bytemuck::try_cast_slice_mut(b).map_err(|_| cast_err())
+}
+
+/// Runs `f` with `src`/`dst` viewed as elements of `size` bytes' bit patterns.
+macro_rules! by_size {
+    ($size:expr, $src:expr, $dst:expr, |$s:ident, $d:ident| $body:expr) => {
+        match $size {
+            1 => {
+                let ($s, $d) = ($src, $dst);
+                $body
+            }
+            4 => {
+                let $s: &[u32] = bytemuck::try_cast_slice($src).map_err(|_| cast_err())?;
+                let $d: &mut [u32] = bytemuck::try_cast_slice_mut($dst).map_err(|_| cast_err())?;
+                $body
+            }
+            _ => {
+                let $s: &[u64] = bytemuck::try_cast_slice($src).map_err(|_| cast_err())?;
+                let $d: &mut [u64] = bytemuck::try_cast_slice_mut($dst).map_err(|_| cast_err())?;
+                $body
+            }
+        }
+    };
+}
+
 impl Memory<'_, '_, '_> {
-    fn run_step(&mut self, isa: Isa, step: &Step) -> Result<()> {
+    fn run_step(&mut self, isa: Isa, step: &Step, par: &dyn Parallel) -> Result<()> {
+        let packed = self.packed;
         let (src, dst) = self.split(step.dst())?;
         match step {
-            Step::Unary { op, src: s, .. } => kernels::unary(isa, *op, src.get(*s)?, dst),
-            Step::Binary { op, layout, a, b, .. } => kernels::binary(isa, *op, layout, src.get(*a)?, src.get(*b)?, dst),
-            Step::Copy { src: s, .. } => kernels::copy(src.get(*s)?, dst),
+            Step::Unary { op, src: s, .. } => kernels::unary(isa, *op, src.f32(*s)?, as_f32_mut(dst)?, par),
+            Step::Binary {
+                op,
+                dtype,
+                layout,
+                a,
+                b,
+                ..
+            } => match dtype {
+                DType::F32 => kernels::binary(isa, *op, layout, src.f32(*a)?, src.f32(*b)?, as_f32_mut(dst)?, par),
+                DType::I64 => kernels::binary_i64(isa, *op, layout, src.typed(*a)?, src.typed(*b)?, typed_mut(dst)?),
+                DType::I32 => kernels::binary_i32(isa, *op, layout, src.typed(*a)?, src.typed(*b)?, typed_mut(dst)?),
+                DType::Bool => Err(cast_err()),
+            },
+            Step::Copy { src: s, .. } => {
+                let s = src.get(*s)?;
+                if s.len() != dst.len() {
+                    return Err(cast_err());
+                }
+                dst.copy_from_slice(s);
+                Ok(())
+            }
+            Step::MatMul(m) => matmul(isa, m, &src, packed, as_f32_mut(dst)?, par),
+            Step::Softmax { len, inner, src: s, .. } => {
+                kernels::softmax(isa, *len, *inner, src.f32(*s)?, as_f32_mut(dst)?, par)
+            }
+            Step::LayerNorm {
+                len,
+                epsilon,
+                src: s,
+                scale,
+                bias,
+                ..
+            } => {
+                let bias = bias.map(|b| src.f32(b)).transpose()?;
+                kernels::layer_norm(
+                    isa,
+                    *len,
+                    *epsilon,
+                    src.f32(*s)?,
+                    src.f32(*scale)?,
+                    bias,
+                    as_f32_mut(dst)?,
+                    par,
+                )
+            }
+            Step::Reduce {
+                kind,
+                outer,
+                len,
+                inner,
+                src: s,
+                ..
+            } => kernels::reduce(isa, *kind, *outer, *len, *inner, src.f32(*s)?, as_f32_mut(dst)?, par),
+            Step::Strided {
+                dtype, plan, src: s, ..
+            } => {
+                let s = src.get(*s)?;
+                let size = dtype.size();
+                if !plan.fits(s.len() / size, dst.len() / size) {
+                    return Err(cast_err());
+                }
+                by_size!(size, s, dst, |s, d| movement::strided_copy(plan, s, d));
+                Ok(())
+            }
+            Step::Gather {
+                dtype,
+                idx_dtype,
+                outer,
+                axis_len,
+                inner,
+                data,
+                indices,
+                ..
+            } => {
+                let idx: Vec<i64> = match idx_dtype {
+                    DType::I64 => src.typed::<i64>(*indices)?.to_vec(),
+                    DType::I32 => src.typed::<i32>(*indices)?.iter().map(|&i| i as i64).collect(),
+                    _ => return Err(cast_err()),
+                };
+                let s = src.get(*data)?;
+                let size = dtype.size();
+                let want_src = outer * axis_len * inner * size;
+                let want_dst = outer * idx.len() * inner * size;
+                if s.len() != want_src || dst.len() != want_dst {
+                    return Err(cast_err());
+                }
+                by_size!(size, s, dst, |s, d| movement::gather(*axis_len, *inner, &idx, s, d))
+            }
+            Step::Cast { from, to, src: s, .. } => cast(*from, *to, src.get(*s)?, dst),
+            Step::Where {
+                dtype,
+                layout,
+                cond,
+                x,
+                y,
+                ..
+            } => {
+                let (c, xs, ys) = (src.get(*cond)?, src.get(*x)?, src.get(*y)?);
+                let size = dtype.size();
+                if !layout.fits(c.len(), xs.len() / size, ys.len() / size, dst.len() / size) {
+                    return Err(cast_err());
+                }
+                match size {
+                    1 => movement::where_select(layout, c, xs, ys, dst),
+                    4 => movement::where_select::<u32>(layout, c, cast_ref(xs)?, cast_ref(ys)?, typed_mut(dst)?),
+                    _ => movement::where_select::<u64>(layout, c, cast_ref(xs)?, cast_ref(ys)?, typed_mut(dst)?),
+                }
+                Ok(())
+            }
         }
     }
 
     /// Splits off `dst` mutably and leaves the rest readable: the borrow
     /// checker then proves that no step reads the buffer it writes.
-    fn split(&mut self, dst: BufRef) -> Result<(Sources<'_>, &mut [f32])> {
+    fn split(&mut self, dst: BufRef) -> Result<(Sources<'_>, &mut [u8])> {
         let n_out = self.outputs.len();
         let arena_len = self.arena.len();
         let (hole, arena_hole) = match dst {
@@ -346,7 +752,7 @@ impl Memory<'_, '_, '_> {
         };
         let (arena_before, rest) = self.arena.split_at_mut(arena_hole.0);
         let (arena_dst, arena_after) = rest.split_at_mut(arena_hole.1 - arena_hole.0);
-        let dst: &mut [f32] = match out_dst {
+        let dst: &mut [u8] = match out_dst {
             Some(d) => d,
             None => arena_dst,
         };
@@ -364,11 +770,122 @@ impl Memory<'_, '_, '_> {
     }
 }
 
+fn cast_ref<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T]> {
+    bytemuck::try_cast_slice(b).map_err(|_| cast_err())
+}
+
+fn typed_mut<T: bytemuck::Pod>(b: &mut [u8]) -> Result<&mut [T]> {
+    bytemuck::try_cast_slice_mut(b).map_err(|_| cast_err())
+}
+
+fn matmul(
+    isa: Isa,
+    m: &MatMulStep,
+    src: &Sources<'_>,
+    packed: &[Option<Arc<PackedB>>],
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
+    let (mm, n, k) = (m.m, m.n, m.k);
+    let block = mm * n;
+    let a = src.f32(m.a)?;
+    let bias = match m.bias {
+        MatBias::None => None,
+        MatBias::Row(b) | MatBias::Full { buf: b, .. } => Some(src.f32(b)?),
+    };
+    let residual = m.residual.map(|r| src.f32(r)).transpose()?;
+    let b = match m.b {
+        MatB::Buf { buf, .. } => Some(src.f32(buf)?),
+        MatB::Packed(_) => None,
+    };
+    if dst.len() != block * m.batches.len() {
+        return Err(cast_err());
+    }
+    let lda = if m.trans_a { mm } else { k };
+    for (i, &[ao, bo]) in m.batches.iter().enumerate() {
+        let out = &mut dst[i * block..(i + 1) * block];
+        let a_i = a.get(ao..ao + mm * k).ok_or_else(cast_err)?;
+        let bias = match (m.bias, bias) {
+            (MatBias::Row(_), Some(row)) => Bias::PerColumn(row),
+            (MatBias::Full { beta, .. }, Some(full)) => Bias::Full {
+                c: block_of(full, i, block)?,
+                beta,
+            },
+            _ => Bias::None,
+        };
+        let epi = Epilogue {
+            alpha: m.alpha,
+            bias,
+            activation: m.activation,
+            residual: residual.map(|r| block_of(r, i, block)).transpose()?,
+        };
+        match (m.b, b) {
+            (MatB::Packed(c), _) => {
+                let pb = packed.get(c).and_then(|p| p.as_deref()).ok_or_else(cast_err)?;
+                gemm::gemm_packed(isa, mm, a_i, lda, pb, out, n, &epi, par)?;
+            }
+            (MatB::Buf { trans_b, .. }, Some(b)) => {
+                let b_i = b.get(bo..bo + k * n).ok_or_else(cast_err)?;
+                let ldb = if trans_b { k } else { n };
+                gemm::gemm(isa, mm, n, k, a_i, lda, m.trans_a, b_i, ldb, trans_b, out, n, &epi, par)?;
+            }
+            _ => return Err(cast_err()),
+        }
+    }
+    Ok(())
+}
+
+fn block_of(t: &[f32], i: usize, block: usize) -> Result<&[f32]> {
+    t.get(i * block..(i + 1) * block).ok_or_else(cast_err)
+}
+
+fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) -> Result<()> {
+    fn read(from: DType, src: &[u8]) -> Result<Vec<f64>> {
+        // Exact for every value but i64 beyond 2^53, handled below.
+        Ok(match from {
+            DType::F32 => cast_ref::<f32>(src)?.iter().map(|&x| x as f64).collect(),
+            DType::I32 => cast_ref::<i32>(src)?.iter().map(|&x| x as f64).collect(),
+            DType::Bool => src.iter().map(|&x| (x != 0) as u8 as f64).collect(),
+            DType::I64 => unreachable!("handled by the caller"),
+        })
+    }
+    if src.len() / from.size() != dst.len() / to.size() {
+        return Err(cast_err());
+    }
+    match (from, to) {
+        (DType::I64, _) => {
+            let s = cast_ref::<i64>(src)?;
+            match to {
+                DType::I64 => typed_mut::<i64>(dst)?.copy_from_slice(s),
+                DType::I32 => s.iter().zip(typed_mut::<i32>(dst)?).for_each(|(&x, d)| *d = x as i32),
+                DType::F32 => s.iter().zip(typed_mut::<f32>(dst)?).for_each(|(&x, d)| *d = x as f32),
+                DType::Bool => s.iter().zip(dst.iter_mut()).for_each(|(&x, d)| *d = u8::from(x != 0)),
+            }
+        }
+        (DType::F32, DType::F32) => dst.copy_from_slice(src),
+        (DType::F32, DType::I64) => {
+            // Truncation toward zero, saturating (NaN -> 0).
+            let s = cast_ref::<f32>(src)?;
+            s.iter().zip(typed_mut::<i64>(dst)?).for_each(|(&x, d)| *d = x as i64);
+        }
+        _ => {
+            let v = read(from, src)?;
+            match to {
+                DType::F32 => v.iter().zip(typed_mut::<f32>(dst)?).for_each(|(&x, d)| *d = x as f32),
+                DType::I32 => v.iter().zip(typed_mut::<i32>(dst)?).for_each(|(&x, d)| *d = x as i32),
+                DType::I64 => v.iter().zip(typed_mut::<i64>(dst)?).for_each(|(&x, d)| *d = x as i64),
+                DType::Bool => v.iter().zip(dst.iter_mut()).for_each(|(&x, d)| *d = u8::from(x != 0.0)),
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Sources<'_> {
-    fn get(&self, r: BufRef) -> Result<&[f32]> {
+    fn get(&self, r: BufRef) -> Result<&[u8]> {
         let found = match r {
             BufRef::Input(i) => self.inputs.get(i).map(|s| &**s),
-            BufRef::Constant(i) => self.constants.get(i).map(|c| c.data.as_slice()),
+            BufRef::Constant(i) => self.constants.get(i).map(|c| c.data.as_bytes()),
             BufRef::Output(i) if i < self.hole => self.outputs_before.get(i).map(|s| &**s),
             BufRef::Output(i) if i > self.hole => self.outputs_after.get(i - self.hole - 1).map(|s| &**s),
             BufRef::Output(_) => None,
@@ -377,7 +894,15 @@ impl Sources<'_> {
         found.ok_or_else(|| bad_ref(r))
     }
 
-    fn scratch(&self, offset: usize, len: usize) -> Option<&[f32]> {
+    fn f32(&self, r: BufRef) -> Result<&[f32]> {
+        cast_ref(self.get(r)?)
+    }
+
+    fn typed<T: bytemuck::Pod>(&self, r: BufRef) -> Result<&[T]> {
+        cast_ref(self.get(r)?)
+    }
+
+    fn scratch(&self, offset: usize, len: usize) -> Option<&[u8]> {
         let end = offset.checked_add(len)?;
         let (hole_start, hole_end) = self.arena_hole;
         if end <= hole_start {
@@ -399,35 +924,38 @@ fn bad_ref(r: BufRef) -> Error {
 /// Scratch arenas kept between runs, one per concurrent caller at most.
 #[derive(Default)]
 pub(crate) struct ScratchPool {
-    free: Mutex<Vec<Vec<f32>>>,
+    free: Mutex<Vec<AlignedBytes>>,
 }
 
 /// Arenas kept at most; more only happens under heavy concurrency.
 const MAX_POOLED: usize = 16;
 
 impl ScratchPool {
-    fn take(&self, len: usize) -> Result<Vec<f32>> {
+    fn take(&self, len: usize) -> Result<AlignedBytes> {
         if len == 0 {
-            return Ok(Vec::new());
+            return Ok(AlignedBytes::zeroed(0));
         }
         if let Some(v) = self.lock().pop() {
             return Ok(v);
         }
-        let mut v = Vec::new();
-        v.try_reserve_exact(len)
-            .map_err(|_| Error::runtime(format!("kiln could not allocate {len} f32 of scratch memory")))?;
-        v.resize(len, 0.0);
-        Ok(v)
+        let blocks = len.div_ceil(STORAGE_ALIGN);
+        let mut probe: Vec<u8> = Vec::new();
+        // Fail cleanly rather than abort when the arena cannot be allocated.
+        probe
+            .try_reserve_exact(blocks * STORAGE_ALIGN)
+            .map_err(|_| Error::runtime(format!("kiln could not allocate {len} bytes of scratch memory")))?;
+        drop(probe);
+        Ok(AlignedBytes::zeroed(len))
     }
 
-    fn give(&self, v: Vec<f32>) {
+    fn give(&self, v: AlignedBytes) {
         let mut free = self.lock();
         if !v.is_empty() && free.len() < MAX_POOLED {
             free.push(v);
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Vec<f32>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<AlignedBytes>> {
         // A panic elsewhere cannot leave the pool inconsistent: it only holds buffers.
         self.free.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -440,144 +968,4 @@ impl Clone for ScratchPool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::error::ErrorKind;
-
-    /// y = relu(x + c); z = y * x, hand-built to test the interpreter alone.
-    fn program(target: Target) -> Program {
-        let spec = |name: &str| TensorSpec {
-            name: name.into(),
-            shape: vec![2, 2],
-        };
-        let scratch = BufRef::Scratch { offset: 0, len: 4 };
-        Program {
-            target,
-            inputs: vec![spec("x")],
-            outputs: vec![spec("y"), spec("z")],
-            constants: vec![Constant {
-                shape: Arc::new([]),
-                data: Weight::from_vec(vec![1.0]),
-            }],
-            steps: vec![
-                Step::Binary {
-                    op: BinaryOp::Add,
-                    layout: Layout::ScalarB,
-                    a: BufRef::Input(0),
-                    b: BufRef::Constant(0),
-                    dst: scratch,
-                },
-                Step::Unary {
-                    op: UnaryOp::Relu,
-                    src: scratch,
-                    dst: BufRef::Output(0),
-                },
-                Step::Binary {
-                    op: BinaryOp::Mul,
-                    layout: Layout::Same,
-                    a: BufRef::Output(0),
-                    b: BufRef::Input(0),
-                    dst: BufRef::Output(1),
-                },
-            ],
-            arena_len: 4,
-            op_counts: vec![(Op::Add, 1), (Op::Mul, 1), (Op::Relu, 1)],
-            scratch: ScratchPool::default(),
-        }
-    }
-
-    fn run(p: &Program, x: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
-        let (mut y, mut z) = (vec![0.0; 4], vec![0.0; 4]);
-        p.run(Target::Generic.max(p.target), &[x], &mut [&mut y, &mut z])?;
-        Ok((y, z))
-    }
-
-    #[test]
-    fn interprets_steps() {
-        let p = program(Target::Generic);
-        let (y, z) = run(&p, &[-3.0, -1.0, 0.0, 2.0]).unwrap();
-        assert_eq!(y, [0.0, 0.0, 1.0, 3.0]);
-        assert_eq!(z, [0.0, 0.0, 0.0, 6.0]);
-        assert_eq!(p.op_summary(), "Add x1, Mul x1, Relu x1");
-        assert_eq!(p.num_steps(), 3);
-        assert_eq!(p.arena_bytes(), 16);
-        assert_eq!(p.constant_bytes(), 4);
-        assert!(format!("{p:?}").contains("Program"));
-    }
-
-    #[test]
-    fn wrong_io_is_invalid_argument() {
-        let p = program(Target::Generic);
-        let e = run(&p, &[1.0; 3]).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::InvalidArgument);
-        assert!(e.message.contains("'x'") && e.message.contains('3'), "{e}");
-        let mut y = vec![0.0; 4];
-        let e = p.run(Target::Generic, &[&[1.0; 4]], &mut [&mut y]).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::InvalidArgument);
-        let mut z = vec![0.0; 5];
-        let e = p.run(Target::Generic, &[&[1.0; 4]], &mut [&mut y, &mut z]).unwrap_err();
-        assert!(e.message.contains("'z'"), "{e}");
-    }
-
-    #[test]
-    fn refuses_newer_target() {
-        let p = program(Target::Avx2);
-        let mut y = vec![0.0; 4];
-        let mut z = vec![0.0; 4];
-        let e = p.run(Target::Generic, &[&[1.0; 4]], &mut [&mut y, &mut z]).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::InvalidGraph);
-        assert!(e.message.contains("x86_64-avx2"), "{e}");
-        assert!(e.message.contains("x86_64-generic"), "{e}");
-    }
-
-    #[test]
-    fn corrupt_steps_are_errors_not_panics() {
-        let bad = [
-            BufRef::Scratch { offset: 2, len: 4 },
-            BufRef::Input(3),
-            BufRef::Constant(1),
-            BufRef::Output(7),
-        ];
-        for r in bad {
-            let mut p = program(Target::Generic);
-            p.steps[1] = Step::Unary {
-                op: UnaryOp::Neg,
-                src: r,
-                dst: BufRef::Output(0),
-            };
-            let e = run(&p, &[1.0; 4]).unwrap_err();
-            assert_eq!(e.kind, ErrorKind::Runtime, "{r:?}: {e}");
-        }
-        // Reading the destination itself.
-        let mut p = program(Target::Generic);
-        p.steps[2] = Step::Copy {
-            src: BufRef::Output(1),
-            dst: BufRef::Output(1),
-        };
-        assert!(run(&p, &[1.0; 4]).is_err());
-        let mut p = program(Target::Generic);
-        p.steps[0] = Step::Copy {
-            src: BufRef::Input(0),
-            dst: BufRef::Input(0),
-        };
-        assert!(run(&p, &[1.0; 4]).is_err());
-    }
-
-    #[test]
-    fn scratch_pool_reuses_buffers() {
-        let pool = ScratchPool::default();
-        let v = pool.take(8).unwrap();
-        assert_eq!(v.len(), 8);
-        pool.give(v);
-        assert_eq!(pool.lock().len(), 1);
-        let _v = pool.take(8).unwrap();
-        assert_eq!(pool.lock().len(), 0);
-        assert!(pool.take(0).unwrap().is_empty());
-    }
-
-    #[test]
-    fn program_is_send_sync() {
-        fn check<T: Send + Sync + fmt::Debug>() {}
-        check::<Program>();
-    }
-}
+mod tests;

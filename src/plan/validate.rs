@@ -1,27 +1,28 @@
 //! Static checks of a [`Program`] that may come from an untrusted file.
 //!
-//! They mirror what `run` relies on: every buffer reference in range, no step
-//! reading the buffer it writes, kernel lengths consistent with the buffers,
-//! and sizes whose byte counts fit in memory. `run` keeps its own checks as a
-//! second line; these make a bad file fail at load, with a reason.
+//! They mirror what `run` relies on: every buffer reference in range and of
+//! the element type the step reads it as (size and alignment), no step
+//! reading the buffer it writes, kernel parameters consistent with the
+//! buffers, and sizes whose byte counts fit in memory. `run` keeps its own
+//! checks as a second line; these make a bad file fail at load, with a reason.
 
-use super::{BufRef, Constant, Program, Step, TensorSpec};
+use super::{BufRef, DType, MatB, MatBias, Packing, Program, Step, TensorSpec};
 use crate::error::{Error, Result};
 use crate::ir::ShapeDisplay;
 
-/// Arena slack allowed past the last scratch buffer (64 bytes of f32), so a
-/// future planner may round the arena up.
-const ARENA_SLACK: usize = 16;
+/// Arena slack allowed past the last scratch buffer, so that a planner may
+/// round the arena up to whole cache lines.
+const ARENA_SLACK: usize = 64;
 
 pub(super) fn check(p: &Program) -> Result<()> {
     check_specs("input", &p.inputs)?;
     check_specs("output", &p.outputs)?;
-    check_constants(&p.constants)?;
-    elements_fit("the scratch arena", p.arena_len)?;
+    check_constants(p)?;
+    bytes_fit("the scratch arena", p.arena_bytes)?;
     let mut written = vec![false; p.outputs.len()];
     let mut scratch_end = 0;
     for (i, step) in p.steps.iter().enumerate() {
-        check_step(p, step).map_err(|e| e.context(format_args!("step {i}")))?;
+        check_step(p, step).map_err(|e| e.context(format_args!("step {i} ({})", step.kind())))?;
         if let BufRef::Output(j) = step.dst() {
             written[j] = true;
         }
@@ -30,11 +31,11 @@ pub(super) fn check(p: &Program) -> Result<()> {
     if let Some(j) = written.iter().position(|w| !w) {
         crate::bail!(InvalidGraph, "no step writes output {j} '{}'", p.outputs[j].name);
     }
-    if p.arena_len > scratch_end.saturating_add(ARENA_SLACK) {
+    if p.arena_bytes > scratch_end.saturating_add(ARENA_SLACK) {
         crate::bail!(
             InvalidGraph,
-            "arena of {} elements is larger than its steps use ({scratch_end})",
-            p.arena_len
+            "arena of {} bytes is larger than its steps use ({scratch_end})",
+            p.arena_bytes
         );
     }
     Ok(())
@@ -45,33 +46,50 @@ fn check_specs(what: &str, specs: &[TensorSpec]) -> Result<()> {
         if spec.name.is_empty() {
             crate::bail!(InvalidGraph, "{what} {i} has an empty name");
         }
+        let dtype = spec.dtype().ok_or_else(|| {
+            Error::invalid_graph(format!(
+                "{what} {i} '{}' has element type {}, which kiln does not hold",
+                spec.name,
+                crate::ir::onnx_type_name(spec.elem_type)
+            ))
+        })?;
         let numel = spec.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-        let numel = numel.ok_or_else(|| too_large(&spec.name, &spec.shape))?;
-        elements_fit(&spec.name, numel)?;
+        let bytes = numel.and_then(|n| n.checked_mul(dtype.size()));
+        let bytes = bytes.ok_or_else(|| too_large(&spec.name, &spec.shape))?;
+        bytes_fit(&spec.name, bytes)?;
     }
     Ok(())
 }
 
-fn check_constants(constants: &[Constant]) -> Result<()> {
-    for (i, c) in constants.iter().enumerate() {
+fn check_constants(p: &Program) -> Result<()> {
+    for (i, c) in p.constants.iter().enumerate() {
         let numel = c.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-        if numel != Some(c.data.len()) {
+        let ok = match c.packing {
+            Packing::None => numel.and_then(|n| n.checked_mul(c.dtype.size())) == Some(c.data.byte_len()),
+            // PackedB::from_parts checked the length for the target.
+            Packing::GemmB { k, n } => c.dtype == DType::F32 && *c.shape == [k, n] && p.packed[i].is_some(),
+        };
+        if !ok {
             crate::bail!(
                 InvalidGraph,
-                "constant {i} of shape {} has {} elements",
+                "constant {i} ({} {} {:?}) has {} bytes",
+                c.dtype,
                 ShapeDisplay(&c.shape),
-                c.data.len()
+                c.packing,
+                c.data.byte_len()
             );
+        }
+        if !(c.data.as_bytes().as_ptr() as usize).is_multiple_of(c.dtype.size()) {
+            crate::bail!(InvalidGraph, "constant {i} is not aligned for {}", c.dtype);
         }
     }
     Ok(())
 }
 
-/// Refuses element counts whose f32 byte size could not be allocated.
-fn elements_fit(what: &str, numel: usize) -> Result<()> {
-    let bytes = numel.checked_mul(size_of::<f32>());
-    if bytes.is_none_or(|b| b > isize::MAX as usize) {
-        crate::bail!(InvalidGraph, "{what} of {numel} elements is too large");
+/// Refuses byte counts that could not be allocated.
+fn bytes_fit(what: &str, bytes: usize) -> Result<()> {
+    if bytes > isize::MAX as usize {
+        crate::bail!(InvalidGraph, "{what} of {bytes} bytes is too large");
     }
     Ok(())
 }
@@ -80,62 +98,168 @@ fn too_large(name: &str, shape: &[usize]) -> Error {
     Error::invalid_graph(format!("'{name}' of shape {} is too large", ShapeDisplay(shape)))
 }
 
+/// Elements of `r` read as `dtype` (or bytes when `None`), after checking
+/// that `r` exists, holds that type and is aligned for it.
+fn buf_elems(p: &Program, r: BufRef, dtype: Option<DType>) -> Result<usize> {
+    let (bytes, held) = match r {
+        BufRef::Input(i) => p
+            .inputs
+            .get(i)
+            .map(|s| (s.numel() * s.dtype().map_or(1, DType::size), s.dtype())),
+        BufRef::Constant(i) => p.constants.get(i).map(|c| (c.data.byte_len(), Some(c.dtype))),
+        BufRef::Output(i) => p
+            .outputs
+            .get(i)
+            .map(|s| (s.numel() * s.dtype().map_or(1, DType::size), s.dtype())),
+        BufRef::Scratch { offset, len } => offset
+            .checked_add(len)
+            .is_some_and(|end| end <= p.arena_bytes)
+            .then_some((len, None)),
+    }
+    .ok_or_else(|| {
+        Error::invalid_graph(format!(
+            "{r:?} is out of range ({} inputs, {} constants, {} outputs, arena of {} bytes)",
+            p.inputs.len(),
+            p.constants.len(),
+            p.outputs.len(),
+            p.arena_bytes
+        ))
+    })?;
+    let Some(dtype) = dtype else {
+        return Ok(bytes);
+    };
+    if let Some(held) = held {
+        if held != dtype {
+            crate::bail!(InvalidGraph, "reads {r:?}, which holds {held}, as {dtype}");
+        }
+    }
+    if let BufRef::Scratch { offset, .. } = r {
+        if !offset.is_multiple_of(dtype.size()) {
+            crate::bail!(InvalidGraph, "{r:?} is not aligned for {dtype}");
+        }
+    }
+    if !bytes.is_multiple_of(dtype.size()) {
+        crate::bail!(InvalidGraph, "{r:?} of {bytes} bytes is not a whole number of {dtype}");
+    }
+    Ok(bytes / dtype.size())
+}
+
 fn check_step(p: &Program, step: &Step) -> Result<()> {
     let dst = step.dst();
     if matches!(dst, BufRef::Input(_) | BufRef::Constant(_)) {
         crate::bail!(InvalidGraph, "writes {dst:?}, which is read-only");
     }
-    let dst_len = buf_len(p, dst)?;
-    let mut src_lens = Vec::with_capacity(2);
-    for src in step.srcs() {
-        src_lens.push(buf_len(p, src)?);
+    let d = buf_elems(p, dst, step.dst_dtype())?;
+    let mut s = Vec::with_capacity(4);
+    for (src, dtype) in step.typed_srcs() {
+        s.push(buf_elems(p, src, dtype)?);
         if overlaps(src, dst) {
             crate::bail!(InvalidGraph, "reads {src:?}, which overlaps its destination {dst:?}");
         }
     }
-    let consistent = match (step, &src_lens[..]) {
-        (Step::Unary { .. } | Step::Copy { .. }, [n]) => *n == dst_len,
-        (Step::Binary { layout, .. }, [a, b]) => layout.fits(*a, *b, dst_len),
-        _ => false,
+    let mul = |a: usize, b: usize| a.checked_mul(b);
+    let consistent = match step {
+        Step::Unary { .. } => s[0] == d,
+        Step::Binary { layout, dtype, .. } => layout.fits(s[0], s[1], d) && *dtype != DType::Bool,
+        Step::Copy { .. } => s[0] == d,
+        Step::Softmax { len, inner, .. } => {
+            s[0] == d && mul(*len, *inner).is_some_and(|b| if b == 0 { d == 0 } else { d % b == 0 })
+        }
+        Step::LayerNorm { len, bias, .. } => {
+            s[0] == d
+                && s[1] == *len
+                && (bias.is_none() || s[2] == *len)
+                && (if *len == 0 { d == 0 } else { d % len == 0 })
+        }
+        Step::Reduce { outer, len, inner, .. } => {
+            mul(*outer, *len).and_then(|n| mul(n, *inner)) == Some(s[0]) && mul(*outer, *inner) == Some(d)
+        }
+        Step::Strided { plan, .. } => plan.fits(s[0], d),
+        Step::Gather {
+            outer,
+            axis_len,
+            inner,
+            idx_dtype,
+            ..
+        } => {
+            matches!(idx_dtype, DType::I64 | DType::I32)
+                && mul(*outer, *axis_len).and_then(|n| mul(n, *inner)) == Some(s[0])
+                && mul(*outer, s[1]).and_then(|n| mul(n, *inner)) == Some(d)
+        }
+        Step::Cast { .. } => s[0] == d,
+        Step::Where { layout, .. } => layout.fits(s[0], s[1], s[2], d),
+        Step::MatMul(m) => matmul_fits(p, m, &s, d)?,
     };
     if !consistent {
         crate::bail!(
             InvalidGraph,
-            "{} reads buffers of {src_lens:?} elements into {dst_len}, which its kind and layout do not allow",
-            step_kind(step)
+            "reads buffers of {s:?} elements into {d}, which its parameters do not allow"
         );
     }
     Ok(())
 }
 
-fn step_kind(step: &Step) -> String {
-    match step {
-        Step::Unary { op, .. } => format!("{op:?}"),
-        Step::Binary { op, layout, .. } => format!("{op:?} with layout {layout:?}"),
-        Step::Copy { .. } => "Copy".to_string(),
-    }
-}
-
-/// Elements of the buffer `r` names, or why it names none.
-fn buf_len(p: &Program, r: BufRef) -> Result<usize> {
-    let len = match r {
-        BufRef::Input(i) => p.inputs.get(i).map(TensorSpec::numel),
-        BufRef::Constant(i) => p.constants.get(i).map(|c| c.data.len()),
-        BufRef::Output(i) => p.outputs.get(i).map(TensorSpec::numel),
-        BufRef::Scratch { offset, len } => offset
-            .checked_add(len)
-            .is_some_and(|end| end <= p.arena_len)
-            .then_some(len),
+fn matmul_fits(p: &Program, m: &super::MatMulStep, s: &[usize], d: usize) -> Result<bool> {
+    let block = m.m.checked_mul(m.n);
+    let a_block = m.m.checked_mul(m.k);
+    let b_block = m.k.checked_mul(m.n);
+    let (Some(block), Some(a_block), Some(b_block)) = (block, a_block, b_block) else {
+        return Ok(false);
     };
-    len.ok_or_else(|| {
-        Error::invalid_graph(format!(
-            "{r:?} is out of range ({} inputs, {} constants, {} outputs, arena of {} elements)",
-            p.inputs.len(),
-            p.constants.len(),
-            p.outputs.len(),
-            p.arena_len
-        ))
-    })
+    let total = block.checked_mul(m.batches.len());
+    if total != Some(d) {
+        return Ok(false);
+    }
+    let a_len = s[0];
+    let mut next = 1;
+    let b_len = match m.b {
+        MatB::Buf { .. } => {
+            next += 1;
+            Some(s[1])
+        }
+        MatB::Packed(c) => {
+            let packed = p.packed.get(c).and_then(|x| x.as_ref());
+            match packed {
+                Some(pb) if pb.k() == m.k && pb.n() == m.n && !m.trans_a => None,
+                _ => crate::bail!(
+                    InvalidGraph,
+                    "packed B {c} does not fit a {}x{}x{} product",
+                    m.m,
+                    m.k,
+                    m.n
+                ),
+            }
+        }
+    };
+    let in_range = |off: usize, len: usize, total: usize| off.checked_add(len).is_some_and(|e| e <= total);
+    for &[ao, bo] in &m.batches {
+        let b_ok = match b_len {
+            Some(b_len) => in_range(bo, b_block, b_len),
+            None => bo == 0,
+        };
+        if !in_range(ao, a_block, a_len) || !b_ok {
+            return Ok(false);
+        }
+    }
+    match m.bias {
+        MatBias::None => {}
+        MatBias::Row(_) => {
+            if s[next] != m.n {
+                return Ok(false);
+            }
+            next += 1;
+        }
+        MatBias::Full { .. } => {
+            if s[next] != d {
+                return Ok(false);
+            }
+            next += 1;
+        }
+    }
+    if m.residual.is_some() && s[next] != d {
+        return Ok(false);
+    }
+    Ok(true)
 }
 
 /// Whether a step reading `src` while writing `dst` would alias; mirrors
@@ -162,191 +286,4 @@ fn max_scratch_end(step: &Step) -> usize {
         })
         .max()
         .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::{ProgramParts, ScratchPool, Weight};
-    use super::*;
-    use crate::error::ErrorKind;
-    use crate::ir::Op;
-    use crate::kernels::{BinaryOp, Layout, Strided, UnaryOp};
-    use crate::target::Target;
-
-    fn spec(name: &str, shape: &[usize]) -> TensorSpec {
-        TensorSpec {
-            name: name.into(),
-            shape: shape.to_vec(),
-        }
-    }
-
-    /// y = relu(x + c) with x, y [2,2], c [2] and one scratch buffer.
-    fn parts() -> ProgramParts {
-        let t = BufRef::Scratch { offset: 0, len: 4 };
-        ProgramParts {
-            target: Target::Generic,
-            inputs: vec![spec("x", &[2, 2])],
-            outputs: vec![spec("y", &[2, 2])],
-            constants: vec![Constant {
-                shape: vec![2].into(),
-                data: Weight::from_vec(vec![1.0, 2.0]),
-            }],
-            steps: vec![
-                Step::Binary {
-                    op: BinaryOp::Add,
-                    layout: Layout::RowB { inner: 2 },
-                    a: BufRef::Input(0),
-                    b: BufRef::Constant(0),
-                    dst: t,
-                },
-                Step::Unary {
-                    op: UnaryOp::Relu,
-                    src: t,
-                    dst: BufRef::Output(0),
-                },
-            ],
-            arena_len: 4,
-            op_counts: vec![(Op::Add, 1), (Op::Relu, 1)],
-        }
-    }
-
-    fn refused(p: ProgramParts, needle: &str) {
-        let e = Program::from_parts(p).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::InvalidGraph, "{e}");
-        assert!(e.message.contains(needle), "{needle:?} not in: {e}");
-        assert!(e.message.starts_with("corrupt kiln program"), "{e}");
-    }
-
-    #[test]
-    fn valid_parts_run() {
-        let p = Program::from_parts(parts()).unwrap();
-        let mut y = [0.0; 4];
-        p.run(Target::Generic, &[&[-5.0, 0.0, 1.0, 2.0]], &mut [&mut y])
-            .unwrap();
-        assert_eq!(y, [0.0, 2.0, 2.0, 4.0]);
-        assert_eq!(p.arena_len(), 4);
-        assert_eq!(p.op_counts().len(), 2);
-        assert_eq!(*p.constants()[0].shape, [2]);
-        // Clones share constants and run on their own scratch.
-        let q = p.clone();
-        assert!(matches!(q.scratch, ScratchPool { .. }));
-        q.run(Target::Generic, &[&[1.0; 4]], &mut [&mut y]).unwrap();
-        assert_eq!(y, [2.0, 3.0, 2.0, 3.0]);
-    }
-
-    #[test]
-    fn out_of_range_refs() {
-        let bad = [
-            BufRef::Input(1),
-            BufRef::Constant(1),
-            BufRef::Output(1),
-            BufRef::Scratch { offset: 1, len: 4 },
-            BufRef::Scratch {
-                offset: usize::MAX,
-                len: 2,
-            },
-        ];
-        for r in bad {
-            let mut p = parts();
-            p.steps[1] = Step::Unary {
-                op: UnaryOp::Neg,
-                src: r,
-                dst: BufRef::Output(0),
-            };
-            refused(p, "out of range");
-        }
-    }
-
-    #[test]
-    fn writes_to_read_only_or_aliased_buffers() {
-        for dst in [BufRef::Input(0), BufRef::Constant(0)] {
-            let mut p = parts();
-            p.steps[1] = Step::Copy {
-                src: BufRef::Output(0),
-                dst,
-            };
-            refused(p, "read-only");
-        }
-        let mut p = parts();
-        p.steps[1] = Step::Copy {
-            src: BufRef::Output(0),
-            dst: BufRef::Output(0),
-        };
-        refused(p, "overlaps");
-        let mut p = parts();
-        p.arena_len = 8;
-        p.steps.insert(
-            1,
-            Step::Unary {
-                op: UnaryOp::Exp,
-                src: BufRef::Scratch { offset: 0, len: 4 },
-                dst: BufRef::Scratch { offset: 2, len: 4 },
-            },
-        );
-        refused(p, "overlaps");
-    }
-
-    #[test]
-    fn inconsistent_lengths_and_layouts() {
-        let mut p = parts();
-        p.steps[1] = Step::Unary {
-            op: UnaryOp::Relu,
-            src: BufRef::Constant(0),
-            dst: BufRef::Output(0),
-        };
-        refused(p, "do not allow");
-        let layouts = [
-            Layout::Same,
-            Layout::ScalarB,
-            Layout::RowB { inner: 3 },
-            Layout::RowA { inner: 0 },
-            Layout::Strided(Strided {
-                dims: vec![2, 2],
-                a_strides: vec![2, 1],
-                b_strides: vec![2, 1],
-            }),
-            Layout::Strided(Strided {
-                dims: vec![],
-                a_strides: vec![],
-                b_strides: vec![],
-            }),
-            Layout::Strided(Strided {
-                dims: vec![usize::MAX, 2],
-                a_strides: vec![0, 1],
-                b_strides: vec![0, 1],
-            }),
-        ];
-        for layout in layouts {
-            let mut p = parts();
-            if let Step::Binary { layout: l, .. } = &mut p.steps[0] {
-                *l = layout.clone();
-            }
-            refused(p, "do not allow");
-        }
-    }
-
-    #[test]
-    fn bad_sizes_and_specs() {
-        let mut p = parts();
-        p.arena_len = 1 << 40;
-        refused(p, "larger than its steps use");
-        let mut p = parts();
-        p.arena_len = usize::MAX;
-        refused(p, "too large");
-        let mut p = parts();
-        p.inputs[0].shape = vec![1 << 40, 1 << 40];
-        refused(p, "too large");
-        let mut p = parts();
-        p.outputs[0].shape = vec![usize::MAX / 2];
-        refused(p, "too large");
-        let mut p = parts();
-        p.outputs[0].name.clear();
-        refused(p, "empty name");
-        let mut p = parts();
-        p.constants[0].shape = vec![3].into();
-        refused(p, "constant 0");
-        let mut p = parts();
-        p.outputs.push(spec("z", &[1]));
-        refused(p, "no step writes output 1 'z'");
-    }
 }

@@ -86,35 +86,51 @@ impl fmt::Debug for VecStorage {
     }
 }
 
-/// `len` f32 values at `byte_offset` in `storage`. Cloning shares the storage.
+/// Bytes at `byte_offset` in `storage`, 4-byte aligned in memory. Most
+/// weights are f32 ([`Weight::as_slice`]); integer and bool constants use
+/// the typed views. Cloning shares the storage.
 #[derive(Clone)]
 pub struct Weight {
     storage: Arc<dyn Storage>,
     byte_offset: usize,
-    /// Elements.
-    len: usize,
+    byte_len: usize,
 }
 
 impl Weight {
     pub fn from_vec(data: Vec<f32>) -> Weight {
-        let len = data.len();
+        let byte_len = data.len() * size_of::<f32>();
         Weight {
             storage: Arc::new(VecStorage(data)),
             byte_offset: 0,
-            len,
+            byte_len,
+        }
+    }
+
+    /// A copy of `bytes` in 64-byte-aligned memory (any element type).
+    pub fn from_bytes(bytes: &[u8]) -> Weight {
+        Weight {
+            byte_len: bytes.len(),
+            storage: Arc::new(AlignedBytes::copy_from(bytes)),
+            byte_offset: 0,
         }
     }
 
     /// A view of `len` f32 at `byte_offset` in `storage`, without copying.
     /// `Err(InvalidGraph)` if it is out of bounds or not 4-byte aligned in memory.
     pub fn in_storage(storage: Arc<dyn Storage>, byte_offset: usize, len: usize) -> Result<Weight> {
-        let bytes = storage.bytes();
-        let end = len
+        let byte_len = len
             .checked_mul(size_of::<f32>())
-            .and_then(|n| n.checked_add(byte_offset));
+            .ok_or_else(|| Error::invalid_graph(format!("weight of {len} f32 is too large")))?;
+        Weight::in_storage_bytes(storage, byte_offset, byte_len)
+    }
+
+    /// A view of `byte_len` bytes at `byte_offset` in `storage`, without copying.
+    pub fn in_storage_bytes(storage: Arc<dyn Storage>, byte_offset: usize, byte_len: usize) -> Result<Weight> {
+        let bytes = storage.bytes();
+        let end = byte_offset.checked_add(byte_len);
         if end.is_none_or(|end| end > bytes.len()) {
             return Err(Error::invalid_graph(format!(
-                "weight of {len} f32 at byte offset {byte_offset} does not fit in {} bytes of storage",
+                "weight of {byte_len} bytes at byte offset {byte_offset} does not fit in {} bytes of storage",
                 bytes.len()
             )));
         }
@@ -128,35 +144,43 @@ impl Weight {
         Ok(Weight {
             storage,
             byte_offset,
-            len,
+            byte_len,
         })
     }
 
+    /// The bytes as f32 (a trailing partial element is ignored).
     pub fn as_slice(&self) -> &[f32] {
         let bytes = self.as_bytes();
-        if bytes.is_empty() {
-            // bytemuck checks alignment even for empty slices; an empty weight has none to offer.
-            return &[];
-        }
-        bytemuck::cast_slice(bytes)
+        let n = bytes.len() / size_of::<f32>() * size_of::<f32>();
+        // Cannot fail: the address is 4-byte aligned (checked when made).
+        bytemuck::try_cast_slice(&bytes[..n]).unwrap_or(&[])
+    }
+
+    /// The bytes as i64, or `None` if they are not 8-byte aligned or sized.
+    pub fn as_i64(&self) -> Option<&[i64]> {
+        bytemuck::try_cast_slice(self.as_bytes()).ok()
+    }
+
+    /// The bytes as i32, or `None` if not a multiple of 4 bytes.
+    pub fn as_i32(&self) -> Option<&[i32]> {
+        bytemuck::try_cast_slice(self.as_bytes()).ok()
     }
 
     pub fn as_bytes(&self) -> &[u8] {
-        // In bounds: checked when made, and `Storage::bytes` never changes.
-        &self.storage.bytes()[self.byte_offset..self.byte_offset + self.len * size_of::<f32>()]
+        &self.storage.bytes()[self.byte_offset..self.byte_offset + self.byte_len]
     }
 
-    /// Elements.
+    /// f32 elements (`byte_len / 4`).
     pub fn len(&self) -> usize {
-        self.len
+        self.byte_len / size_of::<f32>()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.byte_len == 0
     }
 
     pub fn byte_len(&self) -> usize {
-        self.len * size_of::<f32>()
+        self.byte_len
     }
 
     /// Whether this weight's bytes live inside `storage` (proof that nothing was copied).
@@ -186,8 +210,8 @@ impl fmt::Debug for Weight {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Weight({} f32 at byte {} of {:?})",
-            self.len, self.byte_offset, self.storage
+            "Weight({} bytes at byte {} of {:?})",
+            self.byte_len, self.byte_offset, self.storage
         )
     }
 }
@@ -238,7 +262,7 @@ mod tests {
         let other = storage(&[2.0, 3.0, 4.0]);
         assert!(!w.shares_storage_with(&other));
         assert!(Weight::in_storage(s.clone(), 20, 0).unwrap().is_empty());
-        assert!(format!("{w:?}").contains("3 f32 at byte 8"));
+        assert!(format!("{w:?}").contains("12 bytes at byte 8"));
     }
 
     #[test]

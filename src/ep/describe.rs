@@ -1,0 +1,129 @@
+//! ORT's graph → kiln's ORT-neutral description (`ir::GraphDesc`), which the
+//! ORT-free compiler checks (GetCapability) and imports (Compile).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::error::Result;
+use crate::ffi::graph::{AttrRead, Graph, Node, TensorBytes, ValueInfo};
+use crate::ir::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc};
+
+/// Describes `nodes` (topological) and every value they touch. `inputs` and
+/// `outputs` name the graph's (or fused node's) inputs and outputs in order.
+pub fn describe(nodes: &[Node<'_>], inputs: Vec<String>, outputs: Vec<String>) -> Result<GraphDesc> {
+    let mut desc = GraphDesc {
+        inputs,
+        outputs,
+        ..Default::default()
+    };
+    for node in nodes {
+        let ins = node.inputs()?;
+        let outs = node.outputs()?;
+        for v in ins.iter().chain(&outs).flatten() {
+            if let std::collections::hash_map::Entry::Vacant(e) = desc.values.entry(v.name()?) {
+                e.insert(value_desc(v)?);
+            }
+        }
+        desc.nodes.push(node_desc(node, &ins, &outs)?);
+    }
+    Ok(desc)
+}
+
+fn names(values: &[Option<ValueInfo<'_>>]) -> Result<Vec<String>> {
+    values
+        .iter()
+        .map(|v| v.map_or(Ok(String::new()), |v| v.name()))
+        .collect()
+}
+
+fn node_desc(node: &Node<'_>, ins: &[Option<ValueInfo<'_>>], outs: &[Option<ValueInfo<'_>>]) -> Result<NodeDesc> {
+    let mut attrs = BTreeMap::new();
+    for a in node.attributes()? {
+        attrs.insert(a.name()?, attr_value(a.value()?));
+    }
+    Ok(NodeDesc {
+        name: node.name()?,
+        domain: node.domain()?,
+        op_type: node.op_type()?,
+        since_version: node.since_version()?,
+        inputs: names(ins)?,
+        outputs: names(outs)?,
+        attrs,
+    })
+}
+
+fn value_desc(v: &ValueInfo<'_>) -> Result<ValueDesc> {
+    Ok(match v.tensor_info()? {
+        Some(info) => ValueDesc {
+            elem_type: info.elem_type,
+            dims: Some(info.dims),
+        },
+        None => ValueDesc {
+            elem_type: 0,
+            dims: None,
+        },
+    })
+}
+
+fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn attr_value(v: AttrRead) -> AttrValue {
+    match v {
+        AttrRead::Int(i) => AttrValue::Int(i),
+        AttrRead::Ints(v) => AttrValue::Ints(v),
+        AttrRead::Float(f) => AttrValue::Float(f),
+        AttrRead::Floats(v) => AttrValue::Floats(v),
+        AttrRead::String(b) => AttrValue::String(text(b)),
+        AttrRead::Strings(v) => AttrValue::Strings(v.into_iter().map(text).collect()),
+        AttrRead::Tensor(t) => match tensor_value(t) {
+            Some(t) => AttrValue::Tensor(t),
+            None => AttrValue::Unsupported("a tensor with a dynamic shape".into()),
+        },
+        AttrRead::Other(kind) => AttrValue::Unsupported(format!("attribute type {kind}")),
+    }
+}
+
+fn tensor_value(t: TensorBytes) -> Option<TensorValue> {
+    let shape = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d).ok())
+        .collect::<Option<Vec<_>>>()?;
+    Some(TensorValue {
+        elem_type: t.elem_type,
+        shape,
+        bytes: t.bytes,
+    })
+}
+
+/// The constant initializers of an ORT graph, read only when asked for:
+/// weights can be large, and GetCapability needs only small shape tensors.
+pub struct Constants<'a> {
+    initializers: HashMap<String, ValueInfo<'a>>,
+}
+
+impl<'a> Constants<'a> {
+    pub fn of(graph: &Graph<'a>) -> Result<Constants<'a>> {
+        let mut initializers = HashMap::new();
+        for init in graph.initializers()? {
+            if init.is_constant_initializer()? {
+                initializers.insert(init.name()?, init);
+            }
+        }
+        Ok(Constants { initializers })
+    }
+}
+
+impl ConstantSource for Constants<'_> {
+    fn is_constant(&self, name: &str) -> bool {
+        self.initializers.contains_key(name)
+    }
+
+    fn constant(&self, name: &str) -> Result<Option<TensorValue>> {
+        let Some(v) = self.initializers.get(name) else {
+            return Ok(None);
+        };
+        Ok(v.copy_initializer()?.and_then(tensor_value))
+    }
+}

@@ -1,0 +1,147 @@
+//! ORT-neutral descriptions of a graph, as the EP reads them from ORT: what
+//! [`super::check_support`] judges and [`super::import`] turns into IR.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::error::Result;
+
+/// An ONNX node attribute.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttrValue {
+    Int(i64),
+    Ints(Vec<i64>),
+    Float(f32),
+    Floats(Vec<f32>),
+    String(String),
+    Strings(Vec<String>),
+    Tensor(TensorValue),
+    /// An attribute kind kiln does not read (graph, sparse tensor, ...), by name.
+    Unsupported(String),
+}
+
+/// A constant tensor: ONNX element type, static shape, raw little-endian bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorValue {
+    pub elem_type: i32,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
+}
+
+/// A value's type as ORT inferred it: ONNX element type (0 = unknown or not
+/// a tensor) and dims (`None` = unknown rank; -1 = symbolic/unknown dim).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValueDesc {
+    pub elem_type: i32,
+    pub dims: Option<Vec<i64>>,
+}
+
+impl ValueDesc {
+    pub fn new(elem_type: i32, dims: &[i64]) -> ValueDesc {
+        ValueDesc {
+            elem_type,
+            dims: Some(dims.to_vec()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeDesc {
+    pub name: String,
+    pub domain: String,
+    pub op_type: String,
+    /// The opset version of the node's domain the model imports.
+    pub since_version: i32,
+    /// `""` = an omitted optional input.
+    pub inputs: Vec<String>,
+    /// `""` = an omitted optional output.
+    pub outputs: Vec<String>,
+    pub attrs: BTreeMap<String, AttrValue>,
+}
+
+/// Lazily supplies constant initializers (only what kiln asks for is read:
+/// weights can be large).
+pub trait ConstantSource {
+    fn is_constant(&self, name: &str) -> bool;
+    /// `Ok(None)` when `name` is not a constant.
+    fn constant(&self, name: &str) -> Result<Option<TensorValue>>;
+}
+
+/// A graph (or one partition of it).
+#[derive(Clone, Debug, Default)]
+pub struct GraphDesc {
+    /// Topological order.
+    pub nodes: Vec<NodeDesc>,
+    pub values: HashMap<String, ValueDesc>,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+}
+
+/// A [`ConstantSource`] without constants.
+pub struct NoConstants;
+
+pub const NO_CONSTANTS: NoConstants = NoConstants;
+
+impl ConstantSource for NoConstants {
+    fn is_constant(&self, _: &str) -> bool {
+        false
+    }
+    fn constant(&self, _: &str) -> Result<Option<TensorValue>> {
+        Ok(None)
+    }
+}
+
+impl ConstantSource for HashMap<String, TensorValue> {
+    fn is_constant(&self, name: &str) -> bool {
+        self.contains_key(name)
+    }
+    fn constant(&self, name: &str) -> Result<Option<TensorValue>> {
+        Ok(self.get(name).cloned())
+    }
+}
+
+/// The ONNX op types (default domain) kiln may claim; `disabled_ops` takes
+/// these names.
+pub const SUPPORTED_OPS: &[&str] = &[
+    "Abs",
+    "Add",
+    "Cast",
+    "Clip",
+    "Concat",
+    "Constant",
+    "ConstantOfShape",
+    "Div",
+    "Dropout",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Gather",
+    "Gelu",
+    "Gemm",
+    "Identity",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Log",
+    "MatMul",
+    "Mul",
+    "Neg",
+    "Pow",
+    "Reciprocal",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceSum",
+    "Relu",
+    "Reshape",
+    "Shape",
+    "Sigmoid",
+    "Slice",
+    "Softmax",
+    "Split",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Tanh",
+    "Transpose",
+    "Unsqueeze",
+    "Where",
+];

@@ -1,0 +1,452 @@
+//! The blocked loops around the microkernels, written once (generic over
+//! [`Kernel`], `#[inline(always)]`) and compiled per target in `kernels.rs`;
+//! plus the views of C that let parallel tasks write disjoint blocks of it.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use super::epilogue::activate;
+pub(super) use super::pack::{pack_a, pack_b};
+use super::pack::{row_tiles, ASrc, BSrc};
+use super::{size_error, Activation, Bias, Epilogue};
+use crate::error::Result;
+
+/// A target's microkernel and blocking.
+#[allow(unsafe_code)] // `tile` is unsafe to call: it needs the target's instructions
+pub(super) trait Kernel {
+    const MR: usize;
+    const NR: usize;
+    const KC: usize;
+    const MC: usize;
+
+    /// `tile = store(A · B)` for one tile of `tile.rows() <= MR` rows and
+    /// `tile.cols() <= NR` columns: `a` is a packed A micro-panel (`kc` groups
+    /// of `tile.rows()` values), `b` a B panel (`kc` rows of `NR` values).
+    ///
+    /// # Safety
+    /// The CPU supports the target's instructions. (Sizes are checked inside.)
+    unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>);
+
+    /// `a * b + c`, fused where the target has FMA.
+    fn madd(a: f32, b: f32, c: f32) -> f32;
+
+    /// [`pack_a`] with `MR` rows per micro-panel.
+    ///
+    /// # Safety
+    /// The CPU supports the target's instructions.
+    unsafe fn pack_a(a: ASrc<'_>, rows: Range<usize>, ks: Range<usize>, dst: &mut [f32]);
+
+    /// [`pack_b`] with `NR` columns per panel.
+    ///
+    /// # Safety
+    /// The CPU supports the target's instructions.
+    unsafe fn pack_b(b: BSrc<'_>, ks: Range<usize>, cols: Range<usize>, dst: &mut [f32]);
+}
+
+/// How a microkernel stores its sums `acc` into C:
+/// `c = (acc + (accumulate ? c : 0)) * scale + bias[j]`.
+#[derive(Clone, Copy)]
+pub(super) struct Store<'a> {
+    pub accumulate: bool,
+    pub scale: f32,
+    /// The tile's columns of a per-column bias (at least `tile.cols()` values).
+    pub bias: Option<&'a [f32]>,
+}
+
+/// Exclusive access to the block `rows x cols` (global indices) of a C with
+/// row stride `ld`, like a `&mut` to those elements.
+///
+/// Invariant: `ptr.add(i * ld + j)` is in bounds of one live `&'a mut [f32]`
+/// for every `(i, j)` in `rows x cols`, and no other live `CView` or `Tile`
+/// covers any of those elements.
+pub(super) struct CView<'a> {
+    ptr: *mut f32,
+    ld: usize,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    _c: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: a CView is an exclusive borrow of f32 values, like `&mut [f32]`.
+#[allow(unsafe_code)]
+unsafe impl Send for CView<'_> {}
+
+impl<'a> CView<'a> {
+    /// The whole `m x n` matrix in `c` (row stride `ld`), after checking it fits.
+    pub fn new(c: &'a mut [f32], m: usize, n: usize, ld: usize) -> Result<CView<'a>> {
+        super::check_matrix("C", c.len(), m, n, ld, false)?;
+        // A single row may have any stride; no element of another row is touched.
+        let ld = if m == 1 { n } else { ld };
+        Ok(CView {
+            ptr: c.as_mut_ptr(),
+            ld,
+            rows: 0..m,
+            cols: 0..n,
+            _c: PhantomData,
+        })
+    }
+
+    pub fn rows(&self) -> Range<usize> {
+        self.rows.clone()
+    }
+
+    pub fn cols(&self) -> Range<usize> {
+        self.cols.clone()
+    }
+
+    /// Disjoint views, one per (row part, column part), borrowing `self`.
+    /// Panics unless the parts are increasing, non-overlapping and inside `self`.
+    pub fn split(&mut self, rows: &[Range<usize>], cols: &[Range<usize>]) -> Vec<CView<'_>> {
+        let inside = |parts: &[Range<usize>], all: &Range<usize>| {
+            parts
+                .iter()
+                .all(|p| all.start <= p.start && p.start <= p.end && p.end <= all.end)
+                && parts.windows(2).all(|w| w[0].end <= w[1].start)
+        };
+        assert!(inside(rows, &self.rows) && inside(cols, &self.cols), "bad split of C");
+        let mut out = Vec::with_capacity(rows.len() * cols.len());
+        for r in rows {
+            for c in cols {
+                out.push(CView {
+                    ptr: self.ptr,
+                    ld: self.ld,
+                    rows: r.clone(),
+                    cols: c.clone(),
+                    _c: PhantomData,
+                });
+            }
+        }
+        out
+    }
+
+    /// The tile `rows x cols` (global indices, inside this view).
+    pub fn tile(&mut self, rows: Range<usize>, cols: Range<usize>) -> Tile<'_> {
+        assert!(
+            self.rows.start <= rows.start
+                && rows.start <= rows.end
+                && rows.end <= self.rows.end
+                && self.cols.start <= cols.start
+                && cols.start <= cols.end
+                && cols.end <= self.cols.end,
+            "tile outside its view of C"
+        );
+        Tile {
+            // In bounds (or one past the end for an empty tile) by the view's invariant.
+            ptr: self.ptr.wrapping_add(rows.start * self.ld + cols.start),
+            ld: self.ld,
+            rows: rows.len(),
+            cols: cols.len(),
+            _c: PhantomData,
+        }
+    }
+}
+
+/// Exclusive access to `rows x cols` elements of C from `ptr`, row stride `ld`:
+/// `ptr.add(i * ld + j)` for `i < rows`, `j < cols` is valid for reads and
+/// writes and touched by nothing else while the tile lives.
+pub(super) struct Tile<'t> {
+    ptr: *mut f32,
+    ld: usize,
+    rows: usize,
+    cols: usize,
+    _c: PhantomData<&'t mut f32>,
+}
+
+impl Tile<'_> {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn ld(&self) -> usize {
+        self.ld
+    }
+
+    /// Row `i`'s first element; see the type's docs for what may be accessed.
+    pub fn ptr(&mut self) -> *mut f32 {
+        self.ptr
+    }
+
+    /// Row `i` of the tile.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    pub fn row(&mut self, i: usize) -> &mut [f32] {
+        assert!(i < self.rows);
+        // SAFETY: by the type's invariant, the `cols` elements from `i * ld`
+        // are valid and exclusively ours for the tile's lifetime, which the
+        // returned borrow cannot outlive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.ld), self.cols) }
+    }
+}
+
+/// B as panels of `nr` columns for the columns from `col0` and K rows from
+/// `k0`: panel `p` is `height` rows of `nr` values at `p * height * nr`.
+pub(super) struct BPanels<'a> {
+    pub data: &'a [f32],
+    pub nr: usize,
+    pub col0: usize,
+    pub k0: usize,
+    pub height: usize,
+}
+
+impl BPanels<'_> {
+    /// Rows `ks` of the panel that starts at column `j`.
+    #[inline(always)]
+    fn panel(&self, j: usize, ks: Range<usize>) -> &[f32] {
+        let p = (j - self.col0) / self.nr;
+        &self.data[(p * self.height + ks.start - self.k0) * self.nr..][..ks.len() * self.nr]
+    }
+}
+
+/// An [`Epilogue`] with its sizes checked against `m x n`.
+pub(super) struct Epi<'a> {
+    alpha: f32,
+    col_bias: Option<&'a [f32]>,
+    bias: Bias<'a>,
+    activation: Activation,
+    residual: Option<&'a [f32]>,
+    n: usize,
+}
+
+impl<'a> Epi<'a> {
+    pub fn new(e: &Epilogue<'a>, m: usize, n: usize) -> Result<Epi<'a>> {
+        let len_is = |what: &str, len: usize, want: usize| {
+            if len == want {
+                Ok(())
+            } else {
+                Err(size_error(format_args!(
+                    "{what} has {len} values, want {want} for {m} x {n}"
+                )))
+            }
+        };
+        let mut col_bias = None;
+        let mut bias = e.bias;
+        match e.bias {
+            Bias::None | Bias::Scalar(_) => {}
+            Bias::PerColumn(b) => {
+                len_is("per-column bias", b.len(), n)?;
+                col_bias = Some(b);
+                bias = Bias::None;
+            }
+            Bias::PerRow(b) => len_is("per-row bias", b.len(), m)?,
+            Bias::Full { c, beta } => {
+                len_is("bias C", c.len(), m * n)?;
+                if beta == 0.0 {
+                    bias = Bias::None;
+                }
+            }
+        }
+        if let Some(r) = e.residual {
+            len_is("residual", r.len(), m * n)?;
+        }
+        Ok(Epi {
+            alpha: e.alpha,
+            col_bias,
+            bias,
+            activation: e.activation,
+            residual: e.residual,
+            n,
+        })
+    }
+
+    /// Whether anything is left for [`Epi::finish_row`] after the kernel's store.
+    fn has_post(&self) -> bool {
+        !matches!(self.bias, Bias::None) || self.activation != Activation::None || self.residual.is_some()
+    }
+
+    /// The last K block's store: alpha and the per-column bias.
+    fn store<'s>(&'s self, cols: Range<usize>, accumulate: bool) -> Store<'s> {
+        Store {
+            accumulate,
+            scale: self.alpha,
+            bias: self.col_bias.map(|b| &b[cols]),
+        }
+    }
+
+    /// The rest of the epilogue on a stored row segment `row` = C[i][j0..].
+    #[inline(always)]
+    fn finish_row(&self, i: usize, j0: usize, row: &mut [f32]) {
+        let at = i * self.n + j0..i * self.n + j0 + row.len();
+        match self.bias {
+            Bias::None | Bias::PerColumn(_) => {}
+            Bias::PerRow(b) => row.iter_mut().for_each(|v| *v += b[i]),
+            Bias::Scalar(s) => row.iter_mut().for_each(|v| *v += s),
+            Bias::Full { c, beta } => row.iter_mut().zip(&c[at.clone()]).for_each(|(v, &c)| *v += beta * c),
+        }
+        activate(self.activation, row);
+        if let Some(r) = self.residual {
+            row.iter_mut().zip(&r[at]).for_each(|(v, &r)| *v += r);
+        }
+    }
+
+    /// Stores `acc` into `row` = C[i][cols] and applies the whole epilogue.
+    #[inline(always)]
+    fn store_row(&self, i: usize, cols: Range<usize>, acc: &[f32], row: &mut [f32]) {
+        let (alpha, j0) = (self.alpha, cols.start);
+        match self.col_bias {
+            Some(b) => {
+                for ((v, &x), &b) in row.iter_mut().zip(acc).zip(&b[cols]) {
+                    *v = x * alpha + b;
+                }
+            }
+            None => row.iter_mut().zip(acc).for_each(|(v, &x)| *v = x * alpha),
+        }
+        self.finish_row(i, j0, row);
+    }
+}
+
+/// `C = epilogue(0)`, for `k == 0`.
+pub(super) fn epilogue_only(view: &mut CView<'_>, epi: &Epi<'_>) {
+    let (rows, cols) = (view.rows(), view.cols());
+    let zeros = vec![0.0; cols.len()];
+    let mut tile = view.tile(rows.clone(), cols.clone());
+    for i in rows.clone() {
+        epi.store_row(i, cols.clone(), &zeros, tile.row(i - rows.start));
+    }
+}
+
+/// The blocked product over K rows `ks` for the block of C `view` covers:
+/// overwrites C if `first`, else adds to it; applies the epilogue if `last`.
+/// The view's columns start on a panel of `b`.
+///
+/// # Safety
+/// The CPU supports `K`'s instructions.
+#[inline(always)]
+#[allow(unsafe_code, clippy::too_many_arguments)]
+pub(super) unsafe fn blocked<K: Kernel>(
+    a: ASrc<'_>,
+    b: &BPanels<'_>,
+    view: &mut CView<'_>,
+    ks: Range<usize>,
+    first: bool,
+    last: bool,
+    epi: &Epi<'_>,
+) {
+    let (rows, cols) = (view.rows(), view.cols());
+    let post = last && epi.has_post();
+    let mut apack = vec![0.0f32; rows.len().min(K::MC) * ks.len().min(K::KC)];
+    for ic in rows.clone().step_by(K::MC) {
+        let mrows = ic..(ic + K::MC).min(rows.end);
+        for pc in ks.clone().step_by(K::KC) {
+            let kb = pc..(pc + K::KC).min(ks.end);
+            let kc = kb.len();
+            // SAFETY: the caller guarantees the CPU supports K.
+            unsafe { K::pack_a(a, mrows.clone(), kb.clone(), &mut apack) };
+            let accumulate = !(first && pc == ks.start);
+            let finish = last && kb.end == ks.end;
+            let plain = Store {
+                accumulate,
+                scale: 1.0,
+                bias: None,
+            };
+            for jr in cols.clone().step_by(K::NR) {
+                let tcols = jr..(jr + K::NR).min(cols.end);
+                let panel = b.panel(jr, kb.clone());
+                let store = if finish {
+                    epi.store(tcols.clone(), accumulate)
+                } else {
+                    plain
+                };
+                for trows in row_tiles(mrows.clone(), K::MR) {
+                    let at = (trows.start - mrows.start) * kc;
+                    let apanel = &apack[at..at + trows.len() * kc];
+                    let mut tile = view.tile(trows.clone(), tcols.clone());
+                    // SAFETY: the caller guarantees the CPU supports K.
+                    unsafe { K::tile(kc, apanel, panel, &mut tile, &store) };
+                    if finish && post {
+                        for (r, i) in trows.clone().enumerate() {
+                            epi.finish_row(i, tcols.start, tile.row(r));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`Kernel::pack_b`].
+///
+/// # Safety
+/// The CPU supports `K`'s instructions.
+#[inline(always)]
+#[allow(unsafe_code)]
+pub(super) unsafe fn pack_b_for<K: Kernel>(b: BSrc<'_>, ks: Range<usize>, cols: Range<usize>, dst: &mut [f32]) {
+    // SAFETY: passed on from the caller.
+    unsafe { K::pack_b(b, ks, cols, dst) }
+}
+
+/// `M = 1` with packed B: A's row is already a packed one-row micro-panel,
+/// so each B panel is one microkernel call over the whole K (no packing, no
+/// K blocking; B streams from memory once).
+///
+/// # Safety
+/// The CPU supports `K`'s instructions.
+#[inline(always)]
+#[allow(unsafe_code)]
+pub(super) unsafe fn gemv<K: Kernel>(a: &[f32], b: &BPanels<'_>, view: &mut CView<'_>, epi: &Epi<'_>) {
+    let (rows, cols) = (view.rows(), view.cols());
+    let k = b.height;
+    let post = epi.has_post();
+    for jr in cols.clone().step_by(K::NR) {
+        let tcols = jr..(jr + K::NR).min(cols.end);
+        let store = epi.store(tcols.clone(), false);
+        let mut tile = view.tile(rows.clone(), tcols.clone());
+        // SAFETY: the caller guarantees the CPU supports K.
+        unsafe { K::tile(k, &a[..k], b.panel(jr, 0..k), &mut tile, &store) };
+        if post {
+            epi.finish_row(rows.start, tcols.start, tile.row(0));
+        }
+    }
+}
+
+/// `M = 1` with B read in place (not packed): row-major B is summed row by row
+/// into C (in column blocks that stay in L1), transposed B column by column as
+/// dot products (sixteen partial sums each).
+#[inline(always)]
+pub(super) fn vecmat<K: Kernel>(k: usize, a: ASrc<'_>, b: BSrc<'_>, view: &mut CView<'_>, epi: &Epi<'_>) {
+    const LANES: usize = 16;
+    const COL_BLOCK: usize = 1024;
+    let (rows, cols) = (view.rows(), view.cols());
+    let mut tile = view.tile(rows.clone(), cols.clone());
+    let row = tile.row(0);
+    let av: Vec<f32> = if a.trans {
+        (0..k).map(|kk| a.data[kk * a.ld]).collect()
+    } else {
+        a.data[..k].to_vec()
+    };
+    let mut acc = vec![0.0f32; COL_BLOCK.min(cols.len())];
+    for c0 in cols.clone().step_by(COL_BLOCK) {
+        let cb = c0..(c0 + COL_BLOCK).min(cols.end);
+        let acc = &mut acc[..cb.len()];
+        if b.trans {
+            for (j, s) in cb.clone().zip(acc.iter_mut()) {
+                let bj = &b.data[j * b.ld..][..k];
+                let mut lanes = [0.0f32; LANES];
+                for (x, y) in av.chunks_exact(LANES).zip(bj.chunks_exact(LANES)) {
+                    for l in 0..LANES {
+                        lanes[l] = K::madd(x[l], y[l], lanes[l]);
+                    }
+                }
+                let done = k / LANES * LANES;
+                let mut t = 0.0;
+                for (&x, &y) in av[done..].iter().zip(&bj[done..]) {
+                    t = K::madd(x, y, t);
+                }
+                *s = lanes.iter().sum::<f32>() + t;
+            }
+        } else {
+            acc.fill(0.0);
+            for (kk, &ak) in av.iter().enumerate() {
+                let bk = &b.data[kk * b.ld + cb.start..][..cb.len()];
+                for (s, &y) in acc.iter_mut().zip(bk) {
+                    *s = K::madd(ak, y, *s);
+                }
+            }
+        }
+        let seg = &mut row[cb.start - cols.start..cb.end - cols.start];
+        epi.store_row(rows.start, cb.clone(), acc, seg);
+    }
+}

@@ -1,0 +1,615 @@
+//! The microkernels, one per target, and the entry points that compile the
+//! generic loops of `driver.rs` for each target inside `#[target_feature]`
+//! functions. Which one runs is decided by the [`Isa`] token alone, whose
+//! existence proves the CPU has the instructions: that is what makes the
+//! `unsafe` calls below sound.
+
+use std::ops::Range;
+
+use super::driver::{self, BPanels, CView, Epi, Kernel, Store, Tile};
+use super::pack::{row_tiles, ASrc, BSrc};
+use super::Blocking;
+use crate::kernels::Isa;
+use crate::target::Target;
+
+/// Calls `$f::<MR>($args)` for the runtime `$mr` in `1..=$max` (14 at most).
+macro_rules! by_rows {
+    ($mr:expr, $f:ident, ($($arg:expr),*)) => {
+        match $mr {
+            1 => $f::<1>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            3 => $f::<3>($($arg),*),
+            4 => $f::<4>($($arg),*),
+            5 => $f::<5>($($arg),*),
+            6 => $f::<6>($($arg),*),
+            7 => $f::<7>($($arg),*),
+            8 => $f::<8>($($arg),*),
+            9 => $f::<9>($($arg),*),
+            10 => $f::<10>($($arg),*),
+            11 => $f::<11>($($arg),*),
+            12 => $f::<12>($($arg),*),
+            13 => $f::<13>($($arg),*),
+            14 => $f::<14>($($arg),*),
+            _ => unreachable!("tile of {} rows", $mr),
+        }
+    };
+}
+
+/// Checks what every microkernel relies on; panics are bugs in the driver.
+#[inline(always)]
+fn check_tile(mr_max: usize, nr: usize, kc: usize, a: &[f32], b: &[f32], tile: &Tile<'_>, store: &Store<'_>) {
+    let (mr, nc) = (tile.rows(), tile.cols());
+    assert!(
+        (1..=mr_max).contains(&mr)
+            && (1..=nr).contains(&nc)
+            && a.len() >= kc * mr
+            && b.len() >= kc * nr
+            && store.bias.is_none_or(|bias| bias.len() >= nc),
+        "microkernel given a bad tile: {mr} x {nc}, kc {kc}, a {}, b {}",
+        a.len(),
+        b.len()
+    );
+}
+
+/// Plain Rust, vectorised by LLVM for whatever the build targets (SSE2 on x86_64).
+pub(super) struct Generic;
+
+impl Generic {
+    const NR: usize = Blocking::of(Target::Generic).nr;
+
+    /// Kept out of line: inlined into the big driver loops, LLVM no longer
+    /// keeps the accumulators in registers.
+    #[inline(never)]
+    fn kernel<const MR: usize>(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
+        const NR: usize = Generic::NR;
+        let mut acc = [[0.0f32; NR]; MR];
+        let (a, b) = (&a[..kc * MR], &b[..kc * NR]);
+        for (ak, bk) in a.chunks_exact(MR).zip(b.chunks_exact(NR)) {
+            let bk: [f32; NR] = bk.try_into().unwrap();
+            for i in 0..MR {
+                let x = ak[i];
+                for j in 0..NR {
+                    acc[i][j] += x * bk[j];
+                }
+            }
+        }
+        let nc = tile.cols();
+        for (i, acc) in acc.iter().enumerate() {
+            let row = tile.row(i);
+            for (j, (c, &x)) in row.iter_mut().zip(&acc[..nc]).enumerate() {
+                let sum = if store.accumulate { x + *c } else { x };
+                *c = match store.bias {
+                    Some(bias) => sum * store.scale + bias[j],
+                    None => sum * store.scale,
+                };
+            }
+        }
+    }
+}
+
+impl Kernel for Generic {
+    const MR: usize = Blocking::of(Target::Generic).mr;
+    const NR: usize = Blocking::of(Target::Generic).nr;
+    const KC: usize = Blocking::of(Target::Generic).kc;
+    const MC: usize = Blocking::of(Target::Generic).mc;
+
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
+        check_tile(Self::MR, Self::NR, kc, a, b, tile, store);
+        by_rows!(tile.rows(), kernel_generic, (kc, a, b, tile, store))
+    }
+
+    #[inline(always)]
+    fn madd(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    unsafe fn pack_a(a: ASrc<'_>, rows: Range<usize>, ks: Range<usize>, dst: &mut [f32]) {
+        driver::pack_a::<{ Blocking::of(Target::Generic).mr }>(a, rows, ks, dst)
+    }
+
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    unsafe fn pack_b(b: BSrc<'_>, ks: Range<usize>, cols: Range<usize>, dst: &mut [f32]) {
+        driver::pack_b(b, ks, cols, Self::NR, dst)
+    }
+}
+
+#[inline(always)]
+fn kernel_generic<const MR: usize>(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
+    Generic::kernel::<MR>(kc, a, b, tile, store)
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) use x86::{Avx2, Avx512};
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use std::ops::Range;
+
+    use super::{check_tile, driver, row_tiles, ASrc, BSrc, Blocking, Kernel, Store, Target, Tile};
+
+    /// AVX-512: 14 x 32 tiles, 28 zmm accumulators, B rows from two loads,
+    /// A values as embedded broadcasts.
+    pub(in super::super) struct Avx512;
+
+    impl Kernel for Avx512 {
+        const MR: usize = Blocking::of(Target::Avx512).mr;
+        const NR: usize = Blocking::of(Target::Avx512).nr;
+        const KC: usize = Blocking::of(Target::Avx512).kc;
+        const MC: usize = Blocking::of(Target::Avx512).mc;
+
+        #[inline(always)]
+        unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
+            check_tile(Self::MR, Self::NR, kc, a, b, tile, store);
+            let (ld, nc) = (tile.ld(), tile.cols());
+            let (a, b, c) = (a.as_ptr(), b.as_ptr(), tile.ptr());
+            // SAFETY: the caller guarantees AVX-512F and FMA; check_tile proved
+            // that a holds kc * rows values, b kc * 32 and the bias nc; the
+            // tile grants rows x nc elements of C from c with stride ld.
+            unsafe { by_rows!(tile.rows(), avx512_kernel, (kc, a, b, c, ld, nc, store)) }
+        }
+
+        #[inline(always)]
+        fn madd(a: f32, b: f32, c: f32) -> f32 {
+            a.mul_add(b, c)
+        }
+
+        #[inline(always)]
+        unsafe fn pack_a(a: ASrc<'_>, rows: Range<usize>, ks: Range<usize>, dst: &mut [f32]) {
+            const MR: usize = Blocking::of(Target::Avx512).mr;
+            if a.trans || !gather_fits(a.data.len(), a.ld, &rows, &ks, 32) || dst.len() < rows.len() * ks.len() {
+                return driver::pack_a::<MR>(a, rows, ks, dst);
+            }
+            let mut at = 0;
+            for panel in row_tiles(rows, MR) {
+                let len = panel.len() * ks.len();
+                // SAFETY: the caller guarantees the CPU's features; gather_fits
+                // holds for all rows, so for this panel's; stride = its height.
+                unsafe {
+                    gather_t_avx512(
+                        a.data,
+                        a.ld,
+                        panel.clone(),
+                        ks.clone(),
+                        &mut dst[at..at + len],
+                        panel.len(),
+                    )
+                };
+                at += len;
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn pack_b(b: BSrc<'_>, ks: Range<usize>, cols: Range<usize>, dst: &mut [f32]) {
+            const NR: usize = Blocking::of(Target::Avx512).nr;
+            if !b.trans || !gather_fits(b.data.len(), b.ld, &cols, &ks, 32) {
+                return driver::pack_b(b, ks, cols, NR, dst);
+            }
+            assert_eq!(dst.len(), cols.len().div_ceil(NR) * NR * ks.len(), "pack_b destination");
+            for (j0, panel) in cols.clone().step_by(NR).zip(dst.chunks_exact_mut(NR * ks.len())) {
+                let w = j0..(j0 + NR).min(cols.end);
+                // SAFETY: the caller guarantees the CPU's features; gather_fits
+                // holds for all columns (rows of the stored transpose), so for
+                // this panel's; stride NR >= their count.
+                unsafe { gather_t_avx512(b.data, b.ld, w, ks.clone(), panel, NR) };
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX-512F and FMA available; `a` readable for `kc * MR` values, `b` for
+    /// `kc * 32`, `store.bias` has at least `nc <= 32` values, and
+    /// `c.add(i * ld + j)` is ours for `i < MR`, `j < nc`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn avx512_kernel<const MR: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ld: usize,
+        nc: usize,
+        store: &Store<'_>,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        for i in 0..MR {
+            // A hint only: prefetching never faults.
+            _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(i * ld) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(i * ld + 31) as *const i8);
+        }
+        // Four k per iteration, so that loop overhead does not take FMA port slots.
+        let (mut ap, mut bp) = (a, b);
+        for _ in 0..kc / 4 {
+            for u in 0..4 {
+                // SAFETY: fewer than kc k have been consumed, so b + 32 (k + u) .. + 32
+                // and a + MR (k + u) .. + MR are readable.
+                let (b0, b1) = unsafe { (_mm512_loadu_ps(bp.add(32 * u)), _mm512_loadu_ps(bp.add(32 * u + 16))) };
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: i < MR (see above).
+                    let ai = _mm512_set1_ps(unsafe { *ap.add(MR * u + i) });
+                    acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(ai, b1, acc[1]);
+                }
+            }
+            // SAFETY: still within (or one past) the panels: 4 of the remaining k were consumed.
+            unsafe {
+                ap = ap.add(4 * MR);
+                bp = bp.add(4 * 32);
+            }
+        }
+        for _ in 0..kc % 4 {
+            // SAFETY: as above, for the last kc % 4 k.
+            let (b0, b1) = unsafe { (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16))) };
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: i < MR (see above).
+                let ai = _mm512_set1_ps(unsafe { *ap.add(i) });
+                acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(ai, b1, acc[1]);
+            }
+            // SAFETY: one k consumed; at most one past the end.
+            unsafe {
+                ap = ap.add(MR);
+                bp = bp.add(32);
+            }
+        }
+        let m0: __mmask16 = if nc >= 16 { 0xffff } else { (1u16 << nc) - 1 };
+        let m1: __mmask16 = if nc >= 32 {
+            0xffff
+        } else if nc > 16 {
+            (1u16 << (nc - 16)) - 1
+        } else {
+            0
+        };
+        let scale = _mm512_set1_ps(store.scale);
+        // SAFETY: masked loads touch only the first nc <= bias.len() values.
+        let bias = store.bias.map(|bias| unsafe {
+            let p = bias.as_ptr();
+            (
+                _mm512_maskz_loadu_ps(m0, p),
+                _mm512_maskz_loadu_ps(m1, p.wrapping_add(16)),
+            )
+        });
+        for (i, acc) in acc.iter().enumerate() {
+            let row = c.wrapping_add(i * ld);
+            let (mut v0, mut v1) = (acc[0], acc[1]);
+            // SAFETY: masked accesses touch only row[j] for j < nc, which the
+            // caller grants (i < MR); masked-off lanes are never accessed.
+            unsafe {
+                if store.accumulate {
+                    v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
+                    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row.wrapping_add(16)));
+                }
+                v0 = _mm512_mul_ps(v0, scale);
+                v1 = _mm512_mul_ps(v1, scale);
+                if let Some((bias0, bias1)) = bias {
+                    v0 = _mm512_add_ps(v0, bias0);
+                    v1 = _mm512_add_ps(v1, bias1);
+                }
+                _mm512_mask_storeu_ps(row, m0, v0);
+                _mm512_mask_storeu_ps(row.wrapping_add(16), m1, v1);
+            }
+        }
+    }
+
+    /// Whether rows `rows` (at most `lanes`), columns `ks` of a row-major
+    /// matrix with row stride `ld` are all inside `len` values, with every row
+    /// offset within one gather (`(lanes - 1) * ld` fits an i32).
+    #[inline(always)]
+    fn gather_fits(len: usize, ld: usize, rows: &Range<usize>, ks: &Range<usize>, lanes: usize) -> bool {
+        let end = (rows.end.max(1) - 1)
+            .checked_mul(ld)
+            .and_then(|x| x.checked_add(ks.end));
+        let step = ld.checked_mul(lanes - 1).and_then(|x| i32::try_from(x).ok());
+        !rows.is_empty() && !ks.is_empty() && end.is_some_and(|e| e <= len) && step.is_some()
+    }
+
+    /// Transposes rows `rows` (at most 32), columns `ks` of a row-major matrix
+    /// (row stride `ld`) into `dst`: for each k, `stride` values, the rows'
+    /// values then zeros. Two gathers per k.
+    ///
+    /// # Safety
+    /// AVX-512F available; `gather_fits(data.len(), ld, &rows, &ks, 32)`;
+    /// `rows.len() <= stride <= 32`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn gather_t_avx512(
+        data: &[f32],
+        ld: usize,
+        rows: Range<usize>,
+        ks: Range<usize>,
+        dst: &mut [f32],
+        stride: usize,
+    ) {
+        assert!(dst.len() >= ks.len() * stride && rows.len() <= stride && stride <= 32);
+        let lanes = |n: usize| -> __mmask16 {
+            if n >= 16 {
+                0xffff
+            } else {
+                (1 << n) - 1
+            }
+        };
+        let (h0, h1) = (lanes(rows.len()), lanes(rows.len().saturating_sub(16)));
+        let (s0, s1) = (lanes(stride), lanes(stride.saturating_sub(16)));
+        let ld32 = ld as i32; // fits: gather_fits checked 31 * ld
+        let idx0 = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(ld32),
+        );
+        let idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32(16 * ld32));
+        let mut src = data.as_ptr().wrapping_add(rows.start * ld + ks.start);
+        let mut out = dst.as_mut_ptr();
+        if stride <= 16 {
+            // One gather per k (a gather with an empty mask still costs a full one).
+            for _ in 0..ks.len() {
+                // SAFETY: lanes l < rows.len() read data[(rows.start + l) * ld + k],
+                // in bounds by gather_fits; the store covers stride values of this
+                // k's group, inside dst (asserted); masked-off lanes are not accessed.
+                unsafe {
+                    let v0 = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), h0, idx0, src.cast());
+                    _mm512_mask_storeu_ps(out, s0, v0);
+                    out = out.add(stride);
+                }
+                src = src.wrapping_add(1);
+            }
+            return;
+        }
+        for _ in 0..ks.len() {
+            // SAFETY: as above, for up to 32 lanes in two gathers and stores.
+            unsafe {
+                let v0 = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), h0, idx0, src.cast());
+                let v1 = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), h1, idx1, src.cast());
+                _mm512_mask_storeu_ps(out, s0, v0);
+                _mm512_mask_storeu_ps(out.wrapping_add(16), s1, v1);
+                out = out.add(stride);
+            }
+            src = src.wrapping_add(1);
+        }
+    }
+
+    /// [`gather_t_avx512`] with 8-lane gathers, for at most 16 rows.
+    ///
+    /// # Safety
+    /// AVX2 available; `gather_fits(data.len(), ld, &rows, &ks, 16)`;
+    /// `rows.len() <= stride <= 16`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn gather_t_avx2(
+        data: &[f32],
+        ld: usize,
+        rows: Range<usize>,
+        ks: Range<usize>,
+        dst: &mut [f32],
+        stride: usize,
+    ) {
+        assert!(dst.len() >= ks.len() * stride && rows.len() <= stride && stride <= 16);
+        let (h0, h1) = (lanes(rows.len()), lanes(rows.len().saturating_sub(8)));
+        let (s0, s1) = (lanes(stride), lanes(stride.saturating_sub(8)));
+        let ld32 = ld as i32; // fits: gather_fits checked 15 * ld
+        let idx0 = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(ld32));
+        let idx1 = _mm256_add_epi32(idx0, _mm256_set1_epi32(8 * ld32));
+        let mut src = data.as_ptr().wrapping_add(rows.start * ld + ks.start);
+        let mut out = dst.as_mut_ptr();
+        if stride <= 8 {
+            for _ in 0..ks.len() {
+                // SAFETY: as in gather_t_avx512, one gather for up to 8 lanes.
+                unsafe {
+                    let v0 = _mm256_mask_i32gather_ps::<4>(_mm256_setzero_ps(), src, idx0, _mm256_castsi256_ps(h0));
+                    _mm256_maskstore_ps(out, s0, v0);
+                    out = out.add(stride);
+                }
+                src = src.wrapping_add(1);
+            }
+            return;
+        }
+        for _ in 0..ks.len() {
+            // SAFETY: as in gather_t_avx512.
+            unsafe {
+                let z = _mm256_setzero_ps();
+                let v0 = _mm256_mask_i32gather_ps::<4>(z, src, idx0, _mm256_castsi256_ps(h0));
+                let v1 = _mm256_mask_i32gather_ps::<4>(z, src, idx1, _mm256_castsi256_ps(h1));
+                _mm256_maskstore_ps(out, s0, v0);
+                _mm256_maskstore_ps(out.wrapping_add(8), s1, v1);
+                out = out.add(stride);
+            }
+            src = src.wrapping_add(1);
+        }
+    }
+
+    /// AVX2: 6 x 16 tiles, 12 ymm accumulators.
+    pub(in super::super) struct Avx2;
+
+    impl Kernel for Avx2 {
+        const MR: usize = Blocking::of(Target::Avx2).mr;
+        const NR: usize = Blocking::of(Target::Avx2).nr;
+        const KC: usize = Blocking::of(Target::Avx2).kc;
+        const MC: usize = Blocking::of(Target::Avx2).mc;
+
+        #[inline(always)]
+        unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
+            check_tile(Self::MR, Self::NR, kc, a, b, tile, store);
+            let (ld, nc) = (tile.ld(), tile.cols());
+            let (a, b, c) = (a.as_ptr(), b.as_ptr(), tile.ptr());
+            // SAFETY: the caller guarantees AVX2 and FMA; check_tile proved
+            // that a holds kc * rows values, b kc * 16 and the bias nc; the
+            // tile grants rows x nc elements of C from c with stride ld.
+            unsafe { by_rows!(tile.rows(), avx2_kernel, (kc, a, b, c, ld, nc, store)) }
+        }
+
+        #[inline(always)]
+        fn madd(a: f32, b: f32, c: f32) -> f32 {
+            a.mul_add(b, c)
+        }
+
+        #[inline(always)]
+        unsafe fn pack_a(a: ASrc<'_>, rows: Range<usize>, ks: Range<usize>, dst: &mut [f32]) {
+            const MR: usize = Blocking::of(Target::Avx2).mr;
+            if a.trans || !gather_fits(a.data.len(), a.ld, &rows, &ks, 16) || dst.len() < rows.len() * ks.len() {
+                return driver::pack_a::<MR>(a, rows, ks, dst);
+            }
+            let mut at = 0;
+            for panel in row_tiles(rows, MR) {
+                let len = panel.len() * ks.len();
+                // SAFETY: the caller guarantees the CPU's features; gather_fits
+                // holds for all rows, so for this panel's; stride = its height.
+                unsafe {
+                    gather_t_avx2(
+                        a.data,
+                        a.ld,
+                        panel.clone(),
+                        ks.clone(),
+                        &mut dst[at..at + len],
+                        panel.len(),
+                    )
+                };
+                at += len;
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn pack_b(b: BSrc<'_>, ks: Range<usize>, cols: Range<usize>, dst: &mut [f32]) {
+            const NR: usize = Blocking::of(Target::Avx2).nr;
+            if !b.trans || !gather_fits(b.data.len(), b.ld, &cols, &ks, 16) {
+                return driver::pack_b(b, ks, cols, NR, dst);
+            }
+            assert_eq!(dst.len(), cols.len().div_ceil(NR) * NR * ks.len(), "pack_b destination");
+            for (j0, panel) in cols.clone().step_by(NR).zip(dst.chunks_exact_mut(NR * ks.len())) {
+                let w = j0..(j0 + NR).min(cols.end);
+                // SAFETY: the caller guarantees the CPU's features; gather_fits
+                // holds for all columns (rows of the stored transpose), so for
+                // this panel's; stride NR >= their count.
+                unsafe { gather_t_avx2(b.data, b.ld, w, ks.clone(), panel, NR) };
+            }
+        }
+    }
+
+    /// Lane mask for the first `n` (clamped to 0..=8) of 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn lanes(n: usize) -> __m256i {
+        let n = n.min(8) as i32;
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+    }
+
+    /// # Safety
+    /// AVX2 and FMA available; `a` readable for `kc * MR` values, `b` for
+    /// `kc * 16`, `store.bias` has at least `nc <= 16` values, and
+    /// `c.add(i * ld + j)` is ours for `i < MR`, `j < nc`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2_kernel<const MR: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ld: usize,
+        nc: usize,
+        store: &Store<'_>,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+        for k in 0..kc {
+            // SAFETY: k < kc, so b + 16k .. + 16 and a + MR k .. + MR are readable.
+            let (b0, b1, ak) = unsafe {
+                let bk = b.add(k * 16);
+                (_mm256_loadu_ps(bk), _mm256_loadu_ps(bk.add(8)), a.add(k * MR))
+            };
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: i < MR (see above).
+                let ai = _mm256_set1_ps(unsafe { *ak.add(i) });
+                acc[0] = _mm256_fmadd_ps(ai, b0, acc[0]);
+                acc[1] = _mm256_fmadd_ps(ai, b1, acc[1]);
+            }
+        }
+        let (m0, m1) = (lanes(nc), lanes(nc.saturating_sub(8)));
+        let scale = _mm256_set1_ps(store.scale);
+        // SAFETY: masked loads touch only the first nc <= bias.len() values.
+        let bias = store.bias.map(|bias| unsafe {
+            let p = bias.as_ptr();
+            (_mm256_maskload_ps(p, m0), _mm256_maskload_ps(p.wrapping_add(8), m1))
+        });
+        for (i, acc) in acc.iter().enumerate() {
+            let row = c.wrapping_add(i * ld);
+            let (mut v0, mut v1) = (acc[0], acc[1]);
+            // SAFETY: masked accesses touch only row[j] for j < nc, which the
+            // caller grants (i < MR); masked-off lanes are never accessed.
+            unsafe {
+                if store.accumulate {
+                    v0 = _mm256_add_ps(v0, _mm256_maskload_ps(row, m0));
+                    v1 = _mm256_add_ps(v1, _mm256_maskload_ps(row.wrapping_add(8), m1));
+                }
+                v0 = _mm256_mul_ps(v0, scale);
+                v1 = _mm256_mul_ps(v1, scale);
+                if let Some((bias0, bias1)) = bias {
+                    v0 = _mm256_add_ps(v0, bias0);
+                    v1 = _mm256_add_ps(v1, bias1);
+                }
+                _mm256_maskstore_ps(row, m0, v0);
+                _mm256_maskstore_ps(row.wrapping_add(8), m1, v1);
+            }
+        }
+    }
+}
+
+/// Defines `$name`, which runs `driver::$body` for each target: the AVX ones
+/// inside `#[target_feature]` functions.
+macro_rules! entry {
+    ($name:ident ( $($arg:ident : $ty:ty),* ) => $call:ident) => {
+        #[allow(clippy::too_many_arguments)]
+        #[allow(unsafe_code)] // calls target_feature functions, see SAFETY below
+        pub(super) fn $name(isa: Isa, $($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            #[inline(never)]
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+            fn avx512($($arg: $ty),*) {
+                // SAFETY: this function's target features are the kernel's.
+                #[allow(unused_unsafe)]
+                unsafe { driver::$call::<Avx512>($($arg),*) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(never)]
+            #[target_feature(enable = "avx2,fma")]
+            fn avx2($($arg: $ty),*) {
+                // SAFETY: this function's target features are the kernel's.
+                #[allow(unused_unsafe)]
+                unsafe { driver::$call::<Avx2>($($arg),*) }
+            }
+            #[inline(never)]
+            fn generic($($arg: $ty),*) {
+                // SAFETY: the generic kernel needs nothing of the CPU.
+                #[allow(unused_unsafe)]
+                unsafe { driver::$call::<Generic>($($arg),*) }
+            }
+            match isa.target() {
+                // SAFETY: `Isa::new` checked that this CPU has AVX-512F/BW/VL and FMA.
+                #[cfg(target_arch = "x86_64")]
+                Target::Avx512 => unsafe { avx512($($arg),*) },
+                // SAFETY: `Isa::new` checked that this CPU has AVX2 and FMA.
+                #[cfg(target_arch = "x86_64")]
+                Target::Avx2 => unsafe { avx2($($arg),*) },
+                _ => generic($($arg),*),
+            }
+        }
+    };
+}
+
+entry!(blocked(
+    a: ASrc<'_>,
+    b: &BPanels<'_>,
+    view: &mut CView<'_>,
+    ks: Range<usize>,
+    first: bool,
+    last: bool,
+    epi: &Epi<'_>
+) => blocked);
+
+entry!(gemv(a: &[f32], b: &BPanels<'_>, view: &mut CView<'_>, epi: &Epi<'_>) => gemv);
+
+entry!(pack_b(b: BSrc<'_>, ks: Range<usize>, cols: Range<usize>, dst: &mut [f32]) => pack_b_for);
+
+entry!(vecmat(k: usize, a: ASrc<'_>, b: BSrc<'_>, view: &mut CView<'_>, epi: &Epi<'_>) => vecmat);

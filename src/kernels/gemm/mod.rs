@@ -1,0 +1,514 @@
+//! Single-precision GEMM: `C = epilogue(A · B)`, blocked for the cache and
+//! computed by register-blocked microkernels, one per [`Target`].
+//!
+//! # Layout
+//! B (`K x N`) is stored in *panels* of `NR` columns ([`PackedB`]): panel `p`
+//! holds columns `p*NR .. p*NR+NR` as `K` rows of `NR` values (k-major), the
+//! last panel zero-padded. The layout depends only on `NR`, which is fixed per
+//! target ([`LAYOUT_VERSION`] names it), so weights are packed once at compile
+//! time and can be stored packed in a context binary and used in place.
+//! A is packed per call into `MR`-row micro-panels of at most `MC x KC`
+//! values (a few hundred KiB), which also absorbs `trans_a`.
+//!
+//! # Loops
+//! For each task's block of C (see [`Parallel`]): rows in blocks of `MC`,
+//! K in blocks of `KC` (pack A), B panels (`KC x NR`, stay in L1), `MR`-row
+//! micro-panels of A (from L2): one microkernel call per `MR x NR` tile of C.
+//! The first K block overwrites C, later ones add to it, the last one applies
+//! the epilogue while the tile is in L1 (alpha and a per-column bias in
+//! registers, the rest in a second pass over the tile).
+//!
+//! | target | microkernel (MR x NR) | KC | MC |
+//! |---|---|---|---|
+//! | `x86_64-avx512` | 14 x 32 (28 zmm accumulators) | 256 | 112 |
+//! | `x86_64-avx2` | 6 x 16 (12 ymm accumulators) | 256 | 120 |
+//! | `x86_64-generic` | 6 x 8 (plain Rust, vectorised for SSE2) | 256 | 120 |
+//!
+//! `M = 1` runs a dedicated GEMV path (no packing of A, no K blocking).
+//!
+//! # Results
+//! Every element of C is computed by the same sequence of operations whatever
+//! the number of threads or tasks, so results do not depend on `Parallel`.
+//! They depend on the target (FMA or not, blocking) and, for `M = 1`, on the path.
+
+mod driver;
+mod epilogue;
+mod kernels;
+mod pack;
+#[cfg(test)]
+mod tests;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use self::driver::{BPanels, CView, Epi};
+use self::pack::{ASrc, BSrc};
+use super::parallel::Parallel;
+use super::Isa;
+use crate::error::{Error, Result};
+use crate::plan::{AlignedBytes, Storage, Weight};
+use crate::target::Target;
+
+/// Version of the [`PackedB`] layout (panel widths per target). A stored
+/// packed weight is usable only by a kiln with the same version.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Blocking parameters of one target's kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Blocking {
+    /// Rows of a microkernel tile.
+    pub mr: usize,
+    /// Columns of a microkernel tile = width of a B panel.
+    pub nr: usize,
+    /// K block: a `KC x NR` B panel stays in L1.
+    pub kc: usize,
+    /// Row block: an `MC x KC` packed A block stays in L2.
+    pub mc: usize,
+}
+
+impl Blocking {
+    pub(crate) const fn of(target: Target) -> Blocking {
+        match target {
+            Target::Avx512 => Blocking {
+                mr: 14,
+                nr: 32,
+                kc: 256,
+                mc: 112,
+            },
+            Target::Avx2 => Blocking {
+                mr: 6,
+                nr: 16,
+                kc: 256,
+                mc: 120,
+            },
+            Target::Generic => Blocking {
+                mr: 6,
+                nr: 8,
+                kc: 256,
+                mc: 120,
+            },
+        }
+    }
+}
+
+/// B (K x N, row-major, or its transpose) pre-packed into the microkernel's
+/// panel layout for one target.
+///
+/// Plain data: `data` is a [`Weight`] so a context binary can store it packed
+/// and load it in place (no packing at load).
+#[derive(Clone, Debug)]
+pub struct PackedB {
+    target: Target,
+    k: usize,
+    n: usize,
+    /// Panel width (`NR` of `target`).
+    nr: usize,
+    data: Weight,
+}
+
+impl PackedB {
+    /// Packs `b`: `k x n` row-major, or `n x k` row-major (its transpose) if `trans_b`.
+    /// The data is 64-byte aligned.
+    ///
+    /// # Panics
+    /// If `b.len() != k * n`; [`PackedB::try_pack`] returns an error instead.
+    pub fn pack(target: Target, b: &[f32], k: usize, n: usize, trans_b: bool) -> PackedB {
+        Self::try_pack(target, b, k, n, trans_b).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`PackedB::pack`], with `Err(InvalidArgument)` if `b.len() != k * n`.
+    pub fn try_pack(target: Target, b: &[f32], k: usize, n: usize, trans_b: bool) -> Result<PackedB> {
+        if k.checked_mul(n) != Some(b.len()) {
+            return Err(Error::invalid_argument(format!(
+                "cannot pack a {k} x {n} matrix from {} values",
+                b.len()
+            )));
+        }
+        let nr = Blocking::of(target).nr;
+        let len = Self::checked_len(target, k, n).ok_or_else(|| Error::invalid_argument("packed B is too large"))?;
+        let mut bytes = AlignedBytes::zeroed(len * size_of::<f32>());
+        if len > 0 {
+            let dst: &mut [f32] = bytemuck::cast_slice_mut(bytes.bytes_mut());
+            let src = BSrc {
+                data: b,
+                ld: if trans_b { k } else { n },
+                trans: trans_b,
+            };
+            pack::pack_b(src, 0..k, 0..n, nr, dst);
+        }
+        let storage: Arc<dyn Storage> = Arc::new(bytes);
+        let data = Weight::in_storage(storage, 0, len)?;
+        Ok(PackedB { target, k, n, nr, data })
+    }
+
+    /// Rebuilds a packed B from stored parts. `Err(InvalidGraph)` unless `data`
+    /// has exactly [`PackedB::packed_len`] elements, so a corrupt file cannot
+    /// make a kernel read out of bounds.
+    pub fn from_parts(target: Target, k: usize, n: usize, data: Weight) -> Result<PackedB> {
+        match Self::checked_len(target, k, n) {
+            Some(len) if len.checked_mul(4) == Some(data.byte_len()) => Ok(PackedB {
+                target,
+                k,
+                n,
+                nr: Blocking::of(target).nr,
+                data,
+            }),
+            want => Err(Error::invalid_graph(format!(
+                "packed {k} x {n} weight for {target} needs {} f32 but has {} bytes",
+                want.map_or("too many".to_string(), |w| w.to_string()),
+                data.byte_len()
+            ))),
+        }
+    }
+
+    pub fn target(&self) -> Target {
+        self.target
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn data(&self) -> &Weight {
+        &self.data
+    }
+
+    /// Element count `pack` produces for (target, k, n) — lets a loader check a
+    /// stored blob. `usize::MAX` if that would overflow (no blob can match it).
+    pub fn packed_len(target: Target, k: usize, n: usize) -> usize {
+        Self::checked_len(target, k, n).unwrap_or(usize::MAX)
+    }
+
+    fn checked_len(target: Target, k: usize, n: usize) -> Option<usize> {
+        let nr = Blocking::of(target).nr;
+        n.div_ceil(nr).checked_mul(nr)?.checked_mul(k)
+    }
+
+    fn panels(&self) -> BPanels<'_> {
+        BPanels {
+            data: self.data.as_slice(),
+            nr: self.nr,
+            col0: 0,
+            k0: 0,
+            height: self.k,
+        }
+    }
+}
+
+/// An activation applied to each element of C.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    None,
+    /// `max(x, 0)` (NaN stays NaN).
+    Relu,
+    /// `x < 0 ? alpha * x : x`.
+    LeakyRelu(f32),
+    Sigmoid,
+    Tanh,
+    /// `x/2 * (1 + erf(x / sqrt 2))`.
+    GeluErf,
+    /// `x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))`.
+    GeluTanh,
+    /// `min(max(x, lo), hi)` (NaN stays NaN).
+    Clip(f32, f32),
+}
+
+/// What happens to each tile of `C = alpha * A·B` before it is stored, in this order:
+/// `+ bias` (see [`Bias`]), then `activation`, then `+ residual`
+/// (`m x n`, dense: row stride `n`, e.g. a transformer's skip connection).
+#[derive(Clone, Copy, Debug)]
+pub struct Epilogue<'a> {
+    pub alpha: f32,
+    pub bias: Bias<'a>,
+    pub activation: Activation,
+    pub residual: Option<&'a [f32]>,
+}
+
+impl Epilogue<'_> {
+    /// `C = A·B`.
+    pub const PLAIN: Epilogue<'static> = Epilogue {
+        alpha: 1.0,
+        bias: Bias::None,
+        activation: Activation::None,
+        residual: None,
+    };
+}
+
+impl Default for Epilogue<'_> {
+    fn default() -> Self {
+        Epilogue::PLAIN
+    }
+}
+
+/// The term added to `alpha * A·B` (ONNX Gemm's `beta * C`, broadcast to `m x n`).
+/// Only `Full` has a `beta`: fold it into the others' values.
+#[derive(Clone, Copy, Debug)]
+pub enum Bias<'a> {
+    None,
+    /// Length `n`: added to every row (shape `[n]` or `[1, n]`).
+    PerColumn(&'a [f32]),
+    /// Length `m`: added to every column (shape `[m, 1]`).
+    PerRow(&'a [f32]),
+    /// Added to every element (shape `[]` or `[1, 1]`).
+    Scalar(f32),
+    /// `beta * c`, `c` dense `m x n` (row stride `n`). With `beta == 0`, `c` is not read.
+    Full {
+        c: &'a [f32],
+        beta: f32,
+    },
+}
+
+/// C (m x n, row stride ldc) = epilogue(A (m x k, row stride lda) · B).
+/// Kernel chosen by `isa` (from the program's target), which must be `b`'s target.
+///
+/// `Err(Runtime)` if a buffer is too small for its shape and stride or the
+/// targets differ; `lda` is ignored when `m == 1`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed(
+    isa: Isa,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    epi: &Epilogue<'_>,
+    par: &dyn Parallel,
+) -> Result<()> {
+    let (k, n) = (b.k, b.n);
+    if isa.target() != b.target {
+        return Err(size_error(format_args!(
+            "B was packed for {} but the kernel runs for {}",
+            b.target,
+            isa.target()
+        )));
+    }
+    check_matrix("A", a.len(), m, k, lda, false)?;
+    let mut view = CView::new(c, m, n, ldc).map_err(|e| e.context("gemm output C"))?;
+    let epi = Epi::new(epi, m, n)?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let a = ASrc {
+        data: a,
+        ld: if m == 1 { k } else { lda },
+        trans: false,
+    };
+    if k == 0 {
+        driver::epilogue_only(&mut view, &epi);
+        return Ok(());
+    }
+    let blk = Blocking::of(isa.target());
+    let panels = b.panels();
+    let gemv = m == 1;
+    let (row_parts, col_parts) = split_work(m, n, k, blk, par.threads(), gemv);
+    run_tasks(&mut view, &row_parts, &col_parts, par, &|v: &mut CView<'_>| {
+        if gemv {
+            kernels::gemv(isa, a.data, &panels, v, &epi)
+        } else {
+            kernels::blocked(isa, a, &panels, v, 0..k, true, true, &epi)
+        }
+    });
+    Ok(())
+}
+
+/// Both operands at run time (attention scores Q·Kᵀ, batched MatMul of
+/// activations): C (m x n, row stride ldc) = epilogue(op(A) · op(B)) with
+/// op(A) m x k (A is `k x m` with row stride `lda` if `trans_a`) and op(B)
+/// k x n (B is `n x k` with row stride `ldb` if `trans_b`).
+///
+/// B is packed on the fly in blocks of at most [`B_SCRATCH_MAX`] values;
+/// `m == 1` reads B in place.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    isa: Isa,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    trans_a: bool,
+    b: &[f32],
+    ldb: usize,
+    trans_b: bool,
+    c: &mut [f32],
+    ldc: usize,
+    epi: &Epilogue<'_>,
+    par: &dyn Parallel,
+) -> Result<()> {
+    check_matrix("A", a.len(), m, k, lda, trans_a)?;
+    check_matrix("B", b.len(), k, n, ldb, trans_b)?;
+    let mut view = CView::new(c, m, n, ldc).map_err(|e| e.context("gemm output C"))?;
+    let epi = Epi::new(epi, m, n)?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        driver::epilogue_only(&mut view, &epi);
+        return Ok(());
+    }
+    let a = ASrc {
+        data: a,
+        ld: lda,
+        trans: trans_a,
+    };
+    let b = BSrc {
+        data: b,
+        ld: ldb,
+        trans: trans_b,
+    };
+    let blk = Blocking::of(isa.target());
+    if m == 1 {
+        let (rows, cols) = split_work(m, n, k, blk, par.threads(), true);
+        run_tasks(&mut view, &rows, &cols, par, &|v: &mut CView<'_>| {
+            kernels::vecmat(isa, k, a, b, v, &epi)
+        });
+        return Ok(());
+    }
+    // B in chunks of whole KC blocks and whole panels, so that every element
+    // sees the same K blocking as `gemm_packed` (same results).
+    let chunk_k = k.min(2 * blk.kc);
+    let chunk_n = n.min((B_SCRATCH_MAX / chunk_k) / blk.nr * blk.nr);
+    // 64-byte aligned, so that no zmm load of a B row splits a cache line.
+    let mut scratch = AlignedBytes::zeroed(chunk_k * chunk_n.next_multiple_of(blk.nr) * size_of::<f32>());
+    let scratch: &mut [f32] = bytemuck::cast_slice_mut(scratch.bytes_mut());
+    for cols in ranges(0..n, chunk_n) {
+        for ks in ranges(0..k, chunk_k) {
+            let panels = cols.len().div_ceil(blk.nr);
+            let packed = &mut scratch[..panels * blk.nr * ks.len()];
+            kernels::pack_b(isa, b, ks.clone(), cols.clone(), packed);
+            let panels = BPanels {
+                data: packed,
+                nr: blk.nr,
+                col0: cols.start,
+                k0: ks.start,
+                height: ks.len(),
+            };
+            let (first, last) = (ks.start == 0, ks.end == k);
+            let (row_parts, col_parts) = split_work(m, cols.len(), ks.len(), blk, par.threads(), false);
+            let col_parts: Vec<Range<usize>> = col_parts
+                .into_iter()
+                .map(|r| r.start + cols.start..r.end + cols.start)
+                .collect();
+            run_tasks(&mut view, &row_parts, &col_parts, par, &|v: &mut CView<'_>| {
+                kernels::blocked(isa, a, &panels, v, ks.clone(), first, last, &epi)
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Most values `gemm` packs B into at once (2 MiB of f32).
+pub const B_SCRATCH_MAX: usize = 512 * 1024;
+
+/// Smallest amount of work (flops) worth one more task: about 5 µs of one core.
+const MIN_FLOPS_PER_TASK: usize = 1 << 20;
+
+/// Runs `f` on one view per (row part, column part), as parallel tasks.
+fn run_tasks(
+    view: &mut CView<'_>,
+    rows: &[Range<usize>],
+    cols: &[Range<usize>],
+    par: &dyn Parallel,
+    f: &(dyn Fn(&mut CView<'_>) + Sync),
+) {
+    let mut views = view.split(rows, cols);
+    if views.len() == 1 {
+        return f(&mut views[0]);
+    }
+    let views: Vec<Mutex<CView<'_>>> = views.into_iter().map(Mutex::new).collect();
+    par.for_each(views.len(), &|t| f(&mut views[t].lock()));
+}
+
+/// Splits an `m x n` product into row and column parts, one task per pair:
+/// as many tasks as threads allow and the work justifies, shaped to minimise
+/// the slowest task (tile compute, plus A packing repeated per column part and
+/// B streaming repeated per row part). Parts are whole tiles (`mr`, `nr`).
+fn split_work(
+    m: usize,
+    n: usize,
+    k: usize,
+    blk: Blocking,
+    threads: usize,
+    gemv: bool,
+) -> (Vec<Range<usize>>, Vec<Range<usize>>) {
+    let flops = 2.0 * m as f64 * n as f64 * k as f64;
+    // GEMV streams B from memory: it pays off to split much earlier.
+    let work = if gemv { flops * 8.0 } else { flops };
+    let tasks = threads.min(1 + (work / MIN_FLOPS_PER_TASK as f64) as usize).max(1);
+    let (row_blocks, panels) = (m.div_ceil(blk.mr), n.div_ceil(blk.nr));
+    let mut best: Option<(f64, usize, usize)> = None;
+    for mt in 1..=tasks {
+        let nt = tasks / mt;
+        if mt * nt != tasks || (gemv && mt > 1) || mt > row_blocks || nt > panels {
+            continue;
+        }
+        // The largest part gets ceil(blocks / parts) blocks.
+        let rows = (row_blocks.div_ceil(mt) * blk.mr).min(m) as f64;
+        let cols = (panels.div_ceil(nt) * blk.nr) as f64;
+        let cost = k as f64 * (rows * cols / blk.nr as f64 + rows + cols / blk.nr as f64);
+        if best.is_none_or(|(c, _, _)| cost < c) {
+            best = Some((cost, mt, nt));
+        }
+    }
+    let (_, mt, nt) = best.unwrap_or((0.0, 1, 1));
+    (parts(m, blk.mr, mt), parts(n, blk.nr, nt))
+}
+
+/// `0..len` in `count` ranges of whole `unit`s, sizes differing by at most one unit.
+fn parts(len: usize, unit: usize, count: usize) -> Vec<Range<usize>> {
+    let units = len.div_ceil(unit);
+    let count = count.clamp(1, units.max(1));
+    let mut out = Vec::with_capacity(count);
+    let mut start = 0;
+    for i in 0..count {
+        let take = units / count + usize::from(i < units % count);
+        let end = (start + take * unit).min(len);
+        out.push(start..end);
+        start = end;
+    }
+    out
+}
+
+/// `r` in consecutive pieces of at most `step`.
+fn ranges(r: Range<usize>, step: usize) -> impl Iterator<Item = Range<usize>> {
+    let end = r.end;
+    r.step_by(step.max(1)).map(move |s| s..(s + step).min(end))
+}
+
+/// Checks that a `rows x cols` matrix (stored transposed if `trans`) with row
+/// stride `ld` fits in `len` values. A single row (or column, transposed) may
+/// have any stride.
+fn check_matrix(name: &str, len: usize, rows: usize, cols: usize, ld: usize, trans: bool) -> Result<()> {
+    let (r, c) = if trans { (cols, rows) } else { (rows, cols) };
+    if r == 0 || c == 0 {
+        return Ok(());
+    }
+    let need = if r == 1 {
+        Some(c)
+    } else if ld < c {
+        return Err(size_error(format_args!(
+            "{name} has rows of {c} values but a row stride of {ld}"
+        )));
+    } else {
+        (r - 1).checked_mul(ld).and_then(|x| x.checked_add(c))
+    };
+    match need {
+        Some(need) if need <= len => Ok(()),
+        _ => Err(size_error(format_args!(
+            "{name} ({}{r} x {c}, row stride {ld}) does not fit in {len} values",
+            if trans { "transposed, " } else { "" }
+        ))),
+    }
+}
+
+/// Mismatched sizes here mean a corrupt program, not bad user input.
+fn size_error(what: std::fmt::Arguments<'_>) -> Error {
+    Error::runtime(format!("kiln gemm given inconsistent buffers: {what}"))
+}

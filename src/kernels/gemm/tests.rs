@@ -1,0 +1,794 @@
+//! GEMM against an f64 reference.
+//!
+//! Tolerance: `|got - want| <= 1e-5 * sqrt(k + 1) * scale`, where `scale` is
+//! the sum of the magnitudes of everything that went into the value
+//! (`|alpha| * sum_k |a b| + |bias| + |residual|`) — the natural bound for a
+//! dot product, since cancellation makes an error relative to the result
+//! itself meaningless — plus 2e-6 of `|want|` for the activations'
+//! approximations (their own accuracy is checked tighter in
+//! `activations_match_f64`). Everything with the same target and K blocking
+//! must agree bit for bit: threads, packed vs runtime B, storage of `PackedB`.
+
+use std::sync::Arc;
+
+use super::driver::CView;
+use super::*;
+use super::{epilogue, pack};
+use crate::error::ErrorKind;
+use crate::kernels::parallel::{ScopedThreads, Serial};
+use crate::plan::AlignedBytes;
+
+/// Every target this machine can run.
+fn isas() -> Vec<Isa> {
+    let isas: Vec<Isa> = Target::ALL.into_iter().filter_map(Isa::new).collect();
+    assert!(isas.iter().any(|i| i.target() == Target::Generic));
+    isas
+}
+
+/// Deterministic values in [-1, 1).
+fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// Marks C's padding (between rows) so writes outside the matrix show.
+const SENTINEL: f32 = 1234.5;
+
+fn erf64(x: f64) -> f64 {
+    if x.abs() < 3.0 {
+        // Maclaurin series; terms grow to ~e^9, so ~1e-12 relative accuracy.
+        let (mut term, mut sum, x2) = (x, x, x * x);
+        for n in 1..200 {
+            term *= -x2 / n as f64;
+            let t = term / (2 * n + 1) as f64;
+            sum += t;
+            if t.abs() < 1e-17 * sum.abs() {
+                break;
+            }
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        x.signum() * (1.0 - erfc64(x.abs()))
+    }
+}
+
+/// erfc for x >= 3 by its continued fraction (evaluated backwards).
+fn erfc64(x: f64) -> f64 {
+    let mut f = 0.0;
+    for n in (1..80).rev() {
+        f = (n as f64 / 2.0) / (x + f);
+    }
+    (-x * x).exp() / std::f64::consts::PI.sqrt() / (x + f)
+}
+
+fn gelu_erf64(x: f64) -> f64 {
+    if x < -4.0 {
+        0.5 * x * erfc64(-x / std::f64::consts::SQRT_2)
+    } else {
+        0.5 * x * (1.0 + erf64(x / std::f64::consts::SQRT_2))
+    }
+}
+
+fn act64(act: Activation, x: f64) -> f64 {
+    match act {
+        Activation::None => x,
+        Activation::Relu => x.max(0.0),
+        Activation::LeakyRelu(a) => {
+            if x < 0.0 {
+                a as f64 * x
+            } else {
+                x
+            }
+        }
+        Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        Activation::Tanh => x.tanh(),
+        Activation::GeluErf => gelu_erf64(x),
+        // x/2 (1 + tanh u) = x sigmoid(2u), which does not cancel for very negative x.
+        Activation::GeluTanh => {
+            x / (1.0 + (-2.0 * (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).exp())
+        }
+        Activation::Clip(lo, hi) => x.max(lo as f64).min(hi as f64),
+    }
+}
+
+/// One product's operands in memory, with strides and transposes.
+struct Problem {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Vec<f32>,
+    lda: usize,
+    trans_a: bool,
+    b: Vec<f32>,
+    ldb: usize,
+    trans_b: bool,
+    ldc: usize,
+}
+
+impl Problem {
+    /// Random operands; `pad` extra values at the end of each row (stride).
+    fn new(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool, pad: usize) -> Problem {
+        let (ar, ac) = if trans_a { (k, m) } else { (m, k) };
+        let (br, bc) = if trans_b { (n, k) } else { (k, n) };
+        let (lda, ldb) = (ac + pad, bc + pad);
+        Problem {
+            m,
+            n,
+            k,
+            a: data(ar * lda, (m * 31 + n * 7 + k) as u64),
+            lda,
+            trans_a,
+            b: data(br * ldb, (m + n * 13 + k * 5 + 1) as u64),
+            ldb,
+            trans_b,
+            ldc: n + pad,
+        }
+    }
+
+    fn a_at(&self, i: usize, p: usize) -> f32 {
+        if self.trans_a {
+            self.a[p * self.lda + i]
+        } else {
+            self.a[i * self.lda + p]
+        }
+    }
+
+    fn b_at(&self, p: usize, j: usize) -> f32 {
+        if self.trans_b {
+            self.b[j * self.ldb + p]
+        } else {
+            self.b[p * self.ldb + j]
+        }
+    }
+
+    /// B as a dense row-major (k x n, or n x k if trans_b) matrix, for `PackedB::pack`.
+    fn dense_b(&self) -> Vec<f32> {
+        let (r, c) = if self.trans_b {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
+        (0..r).flat_map(|i| self.b[i * self.ldb..][..c].to_vec()).collect()
+    }
+
+    fn c_buffer(&self) -> Vec<f32> {
+        vec![
+            SENTINEL;
+            if self.m == 0 {
+                0
+            } else {
+                (self.m - 1) * self.ldc + self.n
+            }
+        ]
+    }
+
+    /// (expected value, error scale) per element of C, row-major m x n.
+    fn reference(&self, epi: &Epilogue<'_>) -> Vec<(f64, f64)> {
+        let (m, n) = (self.m, self.n);
+        let mut out = Vec::with_capacity(m * n);
+        for i in 0..m {
+            for j in 0..n {
+                let (mut dot, mut mag) = (0.0f64, 0.0f64);
+                for p in 0..self.k {
+                    let t = self.a_at(i, p) as f64 * self.b_at(p, j) as f64;
+                    dot += t;
+                    mag += t.abs();
+                }
+                let alpha = epi.alpha as f64;
+                let bias = match epi.bias {
+                    Bias::None => 0.0,
+                    Bias::PerColumn(b) => b[j] as f64,
+                    Bias::PerRow(b) => b[i] as f64,
+                    Bias::Scalar(s) => s as f64,
+                    Bias::Full { beta: 0.0, .. } => 0.0,
+                    Bias::Full { c, beta } => beta as f64 * c[i * n + j] as f64,
+                };
+                let residual = epi.residual.map_or(0.0, |r| r[i * n + j] as f64);
+                let want = act64(epi.activation, alpha * dot + bias) + residual;
+                out.push((want, alpha.abs() * mag + bias.abs() + residual.abs()));
+            }
+        }
+        out
+    }
+
+    fn check(&self, got: &[f32], epi: &Epilogue<'_>, what: &str) {
+        let want = self.reference(epi);
+        let tol = 1e-5 * ((self.k + 1) as f64).sqrt();
+        for i in 0..self.m {
+            for j in 0..self.n {
+                let g = got[i * self.ldc + j] as f64;
+                let (w, scale) = want[i * self.n + j];
+                let ok = (g - w).abs() <= tol * scale + 2e-6 * w.abs() + 1e-30 || (g.is_nan() && w.is_nan());
+                assert!(ok, "{what}: C[{i}][{j}] = {g}, want {w} (scale {scale})");
+            }
+            if i + 1 < self.m {
+                let pad = &got[i * self.ldc + self.n..(i + 1) * self.ldc];
+                assert!(
+                    pad.iter().all(|&v| v == SENTINEL),
+                    "{what}: row {i}'s padding was written"
+                );
+            }
+        }
+    }
+
+    fn run_packed(&self, isa: Isa, epi: &Epilogue<'_>, par: &dyn Parallel) -> Vec<f32> {
+        assert!(!self.trans_a);
+        let packed = PackedB::pack(isa.target(), &self.dense_b(), self.k, self.n, self.trans_b);
+        let mut c = self.c_buffer();
+        gemm_packed(isa, self.m, &self.a, self.lda, &packed, &mut c, self.ldc, epi, par).unwrap();
+        c
+    }
+
+    fn run_runtime(&self, isa: Isa, epi: &Epilogue<'_>, par: &dyn Parallel) -> Vec<f32> {
+        let mut c = self.c_buffer();
+        let (a, b) = (&self.a, &self.b);
+        let (m, n, k) = (self.m, self.n, self.k);
+        gemm(
+            isa,
+            m,
+            n,
+            k,
+            a,
+            self.lda,
+            self.trans_a,
+            b,
+            self.ldb,
+            self.trans_b,
+            &mut c,
+            self.ldc,
+            epi,
+            par,
+        )
+        .unwrap();
+        c
+    }
+}
+
+const SIZES: [usize; 13] = [1, 2, 3, 7, 15, 16, 17, 31, 33, 63, 65, 100, 257];
+
+/// Each size in each dimension (the others moderate), plus M = 1 against each N and K.
+fn shapes() -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    for s in SIZES {
+        out.extend([(s, 33, 17), (17, s, 33), (33, 17, s), (1, s, 65), (1, 65, s)]);
+    }
+    out
+}
+
+#[test]
+fn packed_matches_reference_for_odd_sizes() {
+    for isa in isas() {
+        for trans_b in [false, true] {
+            for (m, n, k) in shapes() {
+                let p = Problem::new(m, n, k, false, trans_b, (m + n) % 3 * 2);
+                let got = p.run_packed(isa, &Epilogue::PLAIN, &Serial);
+                p.check(
+                    &got,
+                    &Epilogue::PLAIN,
+                    &format!("{isa:?} packed {m}x{n}x{k} trans_b={trans_b}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn runtime_matches_reference_for_odd_sizes_and_transposes() {
+    for isa in isas() {
+        for (trans_a, trans_b) in [(false, false), (false, true), (true, false), (true, true)] {
+            for (m, n, k) in shapes() {
+                let p = Problem::new(m, n, k, trans_a, trans_b, (m + k) % 3 * 3);
+                let got = p.run_runtime(isa, &Epilogue::PLAIN, &Serial);
+                p.check(
+                    &got,
+                    &Epilogue::PLAIN,
+                    &format!("{isa:?} runtime {m}x{n}x{k} ta={trans_a} tb={trans_b}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn several_cache_blocks_and_b_chunks() {
+    // K over two KC blocks and two of `gemm`'s B chunks (K chunk 2 * KC);
+    // N over two B chunks for K = 520 (B_SCRATCH_MAX / 512 = 1024 columns); M over MC.
+    for isa in isas() {
+        for (m, n, k) in [(3, 1100, 520), (130, 40, 600), (260, 70, 90)] {
+            let p = Problem::new(m, n, k, false, false, 1);
+            let packed = p.run_packed(isa, &Epilogue::PLAIN, &Serial);
+            p.check(&packed, &Epilogue::PLAIN, &format!("{isa:?} packed {m}x{n}x{k}"));
+            let runtime = p.run_runtime(isa, &Epilogue::PLAIN, &Serial);
+            assert_eq!(packed, runtime, "{isa:?} {m}x{n}x{k}: runtime B differs from packed B");
+        }
+    }
+}
+
+#[test]
+fn packed_and_runtime_b_agree_bit_for_bit() {
+    for isa in isas() {
+        for (m, n, k) in [(2, 33, 17), (17, 65, 300), (40, 100, 7)] {
+            for trans_b in [false, true] {
+                let p = Problem::new(m, n, k, false, trans_b, 2);
+                let epi = Epilogue {
+                    alpha: 0.5,
+                    activation: Activation::Tanh,
+                    ..Epilogue::PLAIN
+                };
+                assert_eq!(
+                    p.run_packed(isa, &epi, &Serial),
+                    p.run_runtime(isa, &epi, &Serial),
+                    "{isa:?} {m}x{n}x{k}"
+                );
+            }
+        }
+    }
+}
+
+/// Every epilogue variant (and some combinations) on a multi-tile shape, an M = 1 shape and K = 0.
+#[test]
+fn epilogues_match_reference() {
+    let acts = [
+        Activation::None,
+        Activation::Relu,
+        Activation::LeakyRelu(0.1),
+        Activation::Sigmoid,
+        Activation::Tanh,
+        Activation::GeluErf,
+        Activation::GeluTanh,
+        Activation::Clip(-0.5, 0.75),
+    ];
+    for isa in isas() {
+        for (m, n, k) in [(37, 45, 29), (1, 45, 300), (5, 40, 0), (20, 33, 260)] {
+            let col = data(n, 5);
+            let row = data(m, 6);
+            let full = data(m * n, 7);
+            let res = data(m * n, 8);
+            let nan = vec![f32::NAN; m * n];
+            let biases = [
+                Bias::None,
+                Bias::PerColumn(&col),
+                Bias::PerRow(&row),
+                Bias::Scalar(0.25),
+                Bias::Full { c: &full, beta: 0.75 },
+                Bias::Full { c: &nan, beta: 0.0 },
+            ];
+            let mut epis = Vec::new();
+            for bias in biases {
+                for alpha in [1.0, -1.5] {
+                    epis.push(Epilogue {
+                        alpha,
+                        bias,
+                        ..Epilogue::PLAIN
+                    });
+                }
+            }
+            for act in acts {
+                epis.push(Epilogue {
+                    activation: act,
+                    alpha: 2.0,
+                    ..Epilogue::PLAIN
+                });
+                epis.push(Epilogue {
+                    activation: act,
+                    bias: Bias::PerColumn(&col),
+                    residual: Some(&res),
+                    alpha: 0.5,
+                });
+            }
+            epis.push(Epilogue {
+                residual: Some(&res),
+                ..Epilogue::PLAIN
+            });
+            epis.push(Epilogue {
+                bias: Bias::Full { c: &full, beta: -1.0 },
+                activation: Activation::GeluErf,
+                residual: Some(&res),
+                alpha: 1.0,
+            });
+            for trans_b in [false, true] {
+                let p = Problem::new(m, n, k, trans_b, trans_b, 3);
+                for epi in &epis {
+                    let what = format!("{isa:?} {m}x{n}x{k} tb={trans_b} {epi:?}");
+                    if !trans_b {
+                        p.check(&p.run_packed(isa, epi, &Serial), epi, &format!("packed {what}"));
+                    }
+                    p.check(&p.run_runtime(isa, epi, &Serial), epi, &format!("runtime {what}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn threads_give_identical_results() {
+    // Big enough to be split into two tasks (checked below), odd enough for tails.
+    let shapes = [(100, 300, 40), (1, 600, 300), (9, 700, 170), (300, 20, 200)];
+    for &(m, n, k) in &shapes {
+        for isa in isas() {
+            let blk = Blocking::of(isa.target());
+            let (rows, cols) = split_work(m, n, k, blk, 2, m == 1);
+            assert_eq!(
+                rows.len() * cols.len(),
+                2,
+                "{m}x{n}x{k} {isa:?} is not split: {rows:?} x {cols:?}"
+            );
+            let res = data(m * n, 9);
+            let col = data(n, 10);
+            let epi = Epilogue {
+                alpha: 0.75,
+                bias: Bias::PerColumn(&col),
+                activation: Activation::GeluTanh,
+                residual: Some(&res),
+            };
+            for trans_b in [false, true] {
+                let p = Problem::new(m, n, k, false, trans_b, 1);
+                let serial = p.run_packed(isa, &epi, &Serial);
+                p.check(&serial, &epi, &format!("{isa:?} {m}x{n}x{k}"));
+                for t in [2, 3] {
+                    assert_eq!(
+                        serial,
+                        p.run_packed(isa, &epi, &ScopedThreads(t)),
+                        "packed {isa:?} {m}x{n}x{k} {t} threads"
+                    );
+                    let runtime = p.run_runtime(isa, &epi, &Serial);
+                    assert_eq!(
+                        runtime,
+                        p.run_runtime(isa, &epi, &ScopedThreads(t)),
+                        "runtime {isa:?} {m}x{n}x{k} {t} threads"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn row_tiles_avoid_short_tails() {
+    let tiles = |len: usize, mr: usize| -> Vec<usize> { pack::row_tiles(10..10 + len, mr).map(|r| r.len()).collect() };
+    assert_eq!(tiles(28, 14), [14, 14]);
+    assert_eq!(tiles(30, 14), [14, 8, 8]);
+    assert_eq!(tiles(16, 14), [8, 8]);
+    assert_eq!(tiles(17, 14), [9, 8]);
+    assert_eq!(tiles(18, 14), [14, 4]);
+    assert_eq!(tiles(3, 14), [3]);
+    assert_eq!(tiles(0, 14), Vec::<usize>::new());
+    assert_eq!(tiles(7, 6), [4, 3]);
+    for len in 0..60 {
+        for mr in [6, 8, 14] {
+            let r: Vec<_> = pack::row_tiles(5..5 + len, mr).collect();
+            assert!(r.windows(2).all(|w| w[0].end == w[1].start) && r.iter().all(|t| (1..=mr).contains(&t.len())));
+            assert_eq!(
+                (r.first().map_or(5, |t| t.start), r.last().map_or(5, |t| t.end)),
+                (5, 5 + len)
+            );
+        }
+    }
+}
+
+#[test]
+fn work_is_split_in_whole_tiles() {
+    assert_eq!(parts(10, 3, 2), vec![0..6, 6..10]);
+    assert_eq!(parts(10, 3, 9), vec![0..3, 3..6, 6..9, 9..10]);
+    assert_eq!(parts(0, 3, 2), vec![0..0]);
+    assert_eq!(parts(7, 8, 1), vec![0..7]);
+    let blk = Blocking::of(Target::Avx512);
+    // Small products stay on one thread.
+    let (rows, cols) = split_work(16, 16, 16, blk, 8, false);
+    assert_eq!((rows.len(), cols.len()), (1, 1));
+    // GEMV splits columns only.
+    let (rows, cols) = split_work(1, 1024, 1024, blk, 2, true);
+    assert_eq!((rows.len(), cols.len()), (1, 2));
+    assert!(cols.iter().all(|c| c.start % blk.nr == 0));
+    // A big square product uses every thread.
+    let (rows, cols) = split_work(512, 512, 512, blk, 4, false);
+    assert_eq!(rows.len() * cols.len(), 4);
+    assert!(rows.iter().all(|r| r.start % blk.mr == 0) && cols.iter().all(|c| c.start % blk.nr == 0));
+}
+
+#[test]
+fn from_parts_checks_sizes() {
+    for t in Target::ALL {
+        let nr = Blocking::of(t).nr;
+        let (k, n) = (5, nr + 3);
+        assert_eq!(PackedB::packed_len(t, k, n), k * 2 * nr);
+        let b = data(k * n, 1);
+        let packed = PackedB::pack(t, &b, k, n, false);
+        assert_eq!(packed.data().len(), PackedB::packed_len(t, k, n));
+        assert_eq!((packed.target(), packed.k(), packed.n()), (t, k, n));
+        let again = PackedB::from_parts(t, k, n, packed.data().clone()).unwrap();
+        assert_eq!(again.data().as_slice(), packed.data().as_slice());
+        for (kk, nn) in [(k + 1, n), (k, n + nr), (k - 1, n), (0, n)] {
+            let e = PackedB::from_parts(t, kk, nn, packed.data().clone()).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidGraph, "{t} {kk}x{nn}");
+        }
+        // A byte length that is not whole f32 values.
+        let odd: Arc<dyn Storage> = Arc::new(AlignedBytes::zeroed(packed.data().byte_len() + 2));
+        let w = Weight::in_storage_bytes(odd, 0, packed.data().byte_len() + 2).unwrap();
+        assert_eq!(
+            PackedB::from_parts(t, k, n, w).unwrap_err().kind,
+            ErrorKind::InvalidGraph
+        );
+        assert_eq!(PackedB::packed_len(t, usize::MAX, 2), usize::MAX);
+        let e = PackedB::from_parts(t, usize::MAX, 2, Weight::from_vec(vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidGraph);
+        assert_eq!(
+            PackedB::try_pack(t, &b, k, n + 1, false).unwrap_err().kind,
+            ErrorKind::InvalidArgument
+        );
+        assert!(PackedB::pack(t, &[], 0, 0, true).data().is_empty());
+    }
+}
+
+#[test]
+fn packed_b_runs_in_place_from_foreign_storage() {
+    for isa in isas() {
+        let p = Problem::new(19, 70, 45, false, false, 0);
+        let packed = PackedB::pack(isa.target(), &p.b, p.k, p.n, false);
+        let want = p.run_packed(isa, &Epilogue::PLAIN, &Serial);
+        // As if mapped from a context binary: the packed bytes at some offset of a bigger blob.
+        for offset in [64, 4] {
+            let mut blob = AlignedBytes::zeroed(offset + packed.data().byte_len() + 64);
+            blob.bytes_mut()[..offset].fill(0xAB);
+            blob.bytes_mut()[offset..offset + packed.data().byte_len()].copy_from_slice(packed.data().as_bytes());
+            let storage: Arc<dyn Storage> = Arc::new(blob);
+            let len = PackedB::packed_len(isa.target(), p.k, p.n);
+            let w = Weight::in_storage(storage.clone(), offset, len).unwrap();
+            let foreign = PackedB::from_parts(isa.target(), p.k, p.n, w).unwrap();
+            assert!(foreign.data().shares_storage_with(&storage));
+            let mut c = p.c_buffer();
+            gemm_packed(
+                isa,
+                p.m,
+                &p.a,
+                p.lda,
+                &foreign,
+                &mut c,
+                p.ldc,
+                &Epilogue::PLAIN,
+                &Serial,
+            )
+            .unwrap();
+            assert_eq!(c, want, "{isa:?} offset {offset}");
+        }
+    }
+}
+
+#[test]
+fn inconsistent_sizes_are_errors() {
+    let isa = Isa::new(Target::Generic).unwrap();
+    let (m, n, k) = (4, 5, 6);
+    let a = data(m * k, 1);
+    let packed = PackedB::pack(Target::Generic, &data(k * n, 2), k, n, false);
+    let mut c = vec![0.0; m * n];
+    let plain = Epilogue::PLAIN;
+    let runtime = |e: Result<()>| assert_eq!(e.unwrap_err().kind, ErrorKind::Runtime);
+    runtime(gemm_packed(isa, m, &a[1..], k, &packed, &mut c, n, &plain, &Serial));
+    runtime(gemm_packed(isa, m, &a, k - 1, &packed, &mut c, n, &plain, &Serial));
+    runtime(gemm_packed(isa, m, &a, k, &packed, &mut c[1..], n, &plain, &Serial));
+    runtime(gemm_packed(isa, m, &a, k, &packed, &mut c, n - 1, &plain, &Serial));
+    runtime(gemm_packed(isa, m, &a, usize::MAX, &packed, &mut c, n, &plain, &Serial));
+    let short = vec![0.0; 3]; // not m, n or m * n
+    let b = data(k * n, 3);
+    for epi in [
+        Epilogue {
+            bias: Bias::PerColumn(&short),
+            ..plain
+        },
+        Epilogue {
+            bias: Bias::PerRow(&short),
+            ..plain
+        },
+        Epilogue {
+            bias: Bias::Full { c: &short, beta: 1.0 },
+            ..plain
+        },
+        Epilogue {
+            residual: Some(&short),
+            ..plain
+        },
+    ] {
+        runtime(gemm_packed(isa, m, &a, k, &packed, &mut c, n, &epi, &Serial));
+        runtime(gemm(isa, m, n, k, &a, k, false, &b, n, false, &mut c, n, &epi, &Serial));
+    }
+    if let Some(other) = Isa::new(Target::Avx2) {
+        runtime(gemm_packed(other, m, &a, k, &packed, &mut c, n, &plain, &Serial));
+    }
+    runtime(gemm(
+        isa,
+        m,
+        n,
+        k,
+        &a,
+        k,
+        false,
+        &b[1..],
+        n,
+        false,
+        &mut c,
+        n,
+        &plain,
+        &Serial,
+    ));
+    runtime(gemm(
+        isa,
+        m,
+        n,
+        k,
+        &a,
+        k,
+        false,
+        &b,
+        k - 1,
+        true,
+        &mut c,
+        n,
+        &plain,
+        &Serial,
+    ));
+    runtime(gemm(
+        isa,
+        m,
+        n,
+        k,
+        &a,
+        m - 1,
+        true,
+        &b,
+        n,
+        false,
+        &mut c,
+        n,
+        &plain,
+        &Serial,
+    ));
+    runtime(gemm(
+        isa,
+        m,
+        n,
+        k,
+        &a[..m * k - 1],
+        m,
+        true,
+        &b,
+        n,
+        false,
+        &mut c,
+        n,
+        &plain,
+        &Serial,
+    ));
+    // Nothing was written by the failed calls.
+    assert!(c.iter().all(|&v| v == 0.0));
+}
+
+#[test]
+fn empty_products_and_single_rows() {
+    for isa in isas() {
+        let packed = PackedB::pack(isa.target(), &[], 0, 3, false);
+        // m = 0 and n = 0 touch nothing; k = 0 gives the epilogue of zero.
+        let mut c = vec![7.0; 3];
+        gemm_packed(isa, 0, &[], 0, &packed, &mut c, 3, &Epilogue::PLAIN, &Serial).unwrap();
+        gemm(
+            isa,
+            1,
+            0,
+            4,
+            &[1.0; 4],
+            4,
+            false,
+            &[],
+            0,
+            false,
+            &mut c,
+            0,
+            &Epilogue::PLAIN,
+            &Serial,
+        )
+        .unwrap();
+        assert_eq!(c, [7.0; 3]);
+        let bias = [1.0, -2.0, 3.0];
+        let epi = Epilogue {
+            bias: Bias::PerColumn(&bias),
+            activation: Activation::Relu,
+            ..Epilogue::PLAIN
+        };
+        gemm_packed(isa, 1, &[], 0, &packed, &mut c, 3, &epi, &Serial).unwrap();
+        assert_eq!(c, [1.0, 0.0, 3.0]);
+        // A single row may have any stride; C is exactly n long.
+        let p = Problem::new(1, 40, 20, false, false, 0);
+        let packed = PackedB::pack(isa.target(), &p.b, 20, 40, false);
+        let mut c = vec![0.0; 40];
+        gemm_packed(isa, 1, &p.a, 0, &packed, &mut c, 0, &Epilogue::PLAIN, &Serial).unwrap();
+        p.check(&c, &Epilogue::PLAIN, "m = 1, lda = ldc = 0");
+    }
+}
+
+#[test]
+fn activations_match_f64() {
+    let mut xs: Vec<f32> = (-4000..=4000).map(|i| i as f32 * 0.005).collect();
+    xs.extend((-200..=200).map(|i| i as f32 * 0.5));
+    xs.extend([
+        1e-30, -1e-30, 1e-8, -1e-8, 0.0, -0.0, 88.0, -87.0, 100.0, -100.0, 1e30, -1e30,
+    ]);
+    // Relative tolerance as a function of x. The GELUs' far negative tails
+    // (|value| < 1e-6 |x| beyond x = -5) lose ~1e-7 x^2 relative to the f32
+    // rounding of the argument of exp (-x^2/2, resp. ~-0.07 x^3); their
+    // absolute accuracy there is ~1e-12.
+    type Case = (&'static str, fn(f32) -> f32, fn(f64) -> f64, fn(f64) -> f64);
+    let cases: [Case; 5] = [
+        ("exp", epilogue::exp, f64::exp, |_| 3e-7),
+        ("sigmoid", epilogue::sigmoid, |x| 1.0 / (1.0 + (-x).exp()), |_| 4e-7),
+        ("tanh", epilogue::tanh, f64::tanh, |_| 4e-7),
+        ("gelu_erf", epilogue::gelu_erf, gelu_erf64, |x| 6e-7 + 1.5e-7 * x * x),
+        (
+            "gelu_tanh",
+            epilogue::gelu_tanh,
+            |x| act64(Activation::GeluTanh, x),
+            |x| 6e-7 + 1.5e-7 * x * x,
+        ),
+    ];
+    for (name, f, want, rel) in cases {
+        for &x in &xs {
+            let (got, want, rel) = (f(x) as f64, want(x as f64), rel(x as f64));
+            if name == "exp" && !(-87.3..=88.3).contains(&x) {
+                continue; // flushed to 0 / inf by design
+            }
+            let ok = (got - want).abs() <= rel * want.abs() + 1e-37 || (got.is_infinite() && want > 3e38);
+            assert!(ok, "{name}({x}) = {got}, want {want}");
+        }
+        assert!(f(f32::NAN).is_nan(), "{name}(NaN)");
+    }
+    assert_eq!(epilogue::exp(-200.0), 0.0);
+    assert_eq!(epilogue::exp(200.0), f32::INFINITY);
+    assert_eq!(epilogue::sigmoid(-200.0), 0.0);
+    assert_eq!(epilogue::tanh(f32::INFINITY), 1.0);
+    assert_eq!(epilogue::gelu_erf(f32::INFINITY), f32::INFINITY);
+    let mut relu = [f32::NAN, -1.0, 2.0];
+    epilogue::activate(Activation::Relu, &mut relu);
+    assert!(relu[0].is_nan() && relu[1..] == [0.0, 2.0]);
+}
+
+#[test]
+fn c_views_split_disjointly() {
+    let mut c = vec![0.0f32; 5 * 7];
+    let mut view = CView::new(&mut c, 5, 6, 7).unwrap();
+    let mut parts = view.split(&[0..2, 2..5], &[0..4, 4..6]);
+    assert_eq!(parts.len(), 4);
+    for (t, v) in parts.iter_mut().enumerate() {
+        let (rows, cols) = (v.rows(), v.cols());
+        let mut tile = v.tile(rows.clone(), cols.clone());
+        for r in 0..rows.len() {
+            tile.row(r).fill(t as f32 + 1.0);
+        }
+    }
+    drop(parts);
+    let want = |i: usize, j: usize| {
+        if j == 6 {
+            0.0
+        } else {
+            1.0 + 2.0 * (i >= 2) as u8 as f32 + (j >= 4) as u8 as f32
+        }
+    };
+    for i in 0..5 {
+        for j in 0..7 {
+            assert_eq!(c[i * 7 + j], want(i, j), "({i}, {j})");
+        }
+    }
+    assert!(CView::new(&mut c, 6, 6, 7).is_err());
+}
+
+#[test]
+#[should_panic(expected = "bad split")]
+fn overlapping_splits_panic() {
+    let mut c = vec![0.0f32; 16];
+    let mut view = CView::new(&mut c, 4, 4, 4).unwrap();
+    let _ = view.split(&[0..3, 2..4], std::slice::from_ref(&(0..4)));
+}

@@ -1,0 +1,379 @@
+//! Data movement: strided copies (transpose, slice, concat, split, expand),
+//! gather, cast and `Where`. These are memory-bound, so they are built once
+//! (no per-ISA variants) and are generic over the element's bit pattern: the
+//! plan hands them `u8`/`u32`/`u64` views for 1-, 4- and 8-byte elements.
+
+use crate::error::{Error, Result};
+
+/// `dst[dst_offset + Σ i_d·dst_strides[d]] = src[src_offset + Σ i_d·src_strides[d]]`
+/// for every index `i` in `dims`. Strides may be negative (Slice with
+/// negative steps) or zero (Expand). Built by [`CopyPlan::new`], which drops
+/// size-1 dims and merges dims contiguous in both tensors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyPlan {
+    pub dims: Vec<usize>,
+    pub src_offset: usize,
+    pub src_strides: Vec<isize>,
+    pub dst_offset: usize,
+    pub dst_strides: Vec<isize>,
+}
+
+/// Tile edge of the blocked two-innermost-dims loop (transposes).
+const TILE: usize = 32;
+
+impl CopyPlan {
+    pub fn new(dims: &[usize], src_offset: usize, src: &[isize], dst_offset: usize, dst: &[isize]) -> CopyPlan {
+        let mut p = CopyPlan {
+            dims: Vec::new(),
+            src_offset,
+            src_strides: Vec::new(),
+            dst_offset,
+            dst_strides: Vec::new(),
+        };
+        if dims.contains(&0) {
+            p.dims.push(0);
+            p.src_strides.push(0);
+            p.dst_strides.push(0);
+            return p;
+        }
+        for i in 0..dims.len() {
+            if dims[i] == 1 {
+                continue;
+            }
+            if let (Some(&ss), Some(&ds)) = (p.src_strides.last(), p.dst_strides.last()) {
+                let n = dims[i] as isize;
+                if ss == src[i] * n && ds == dst[i] * n {
+                    let last = p.dims.len() - 1;
+                    p.dims[last] *= dims[i];
+                    p.src_strides[last] = src[i];
+                    p.dst_strides[last] = dst[i];
+                    continue;
+                }
+            }
+            p.dims.push(dims[i]);
+            p.src_strides.push(src[i]);
+            p.dst_strides.push(dst[i]);
+        }
+        p
+    }
+
+    /// Elements copied.
+    pub fn numel(&self) -> Option<usize> {
+        self.dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    }
+
+    /// Whether every index stays inside slices of these lengths.
+    pub fn fits(&self, src_len: usize, dst_len: usize) -> bool {
+        let rank = self.dims.len();
+        if self.src_strides.len() != rank || self.dst_strides.len() != rank || self.numel().is_none() {
+            return false;
+        }
+        if self.numel() == Some(0) {
+            return true;
+        }
+        range_ok(&self.dims, self.src_offset, &self.src_strides, src_len)
+            && range_ok(&self.dims, self.dst_offset, &self.dst_strides, dst_len)
+    }
+}
+
+/// Whether `offset + Σ i_d·strides[d]` stays in `0..len` for all indices.
+fn range_ok(dims: &[usize], offset: usize, strides: &[isize], len: usize) -> bool {
+    let (mut lo, mut hi) = (offset as i128, offset as i128);
+    for (&d, &s) in dims.iter().zip(strides) {
+        let reach = (d as i128 - 1) * s as i128;
+        if reach < 0 {
+            lo += reach;
+        } else {
+            hi += reach;
+        }
+    }
+    lo >= 0 && hi < len as i128 && offset < len.max(1)
+}
+
+/// Runs a copy plan that `fits` the slices.
+pub fn strided_copy<T: Copy>(p: &CopyPlan, src: &[T], dst: &mut [T]) {
+    if p.numel() == Some(0) {
+        return;
+    }
+    let rank = p.dims.len();
+    if rank == 0 {
+        dst[p.dst_offset] = src[p.src_offset];
+        return;
+    }
+    // The last one or two dims run in a tight (tiled) loop; the rest by odometer.
+    let inner = rank.min(2);
+    let outer = rank - inner;
+    let mut index = vec![0usize; outer];
+    let (mut s, mut d) = (p.src_offset as isize, p.dst_offset as isize);
+    loop {
+        if inner == 1 {
+            copy_run(
+                p.dims[rank - 1],
+                src,
+                s,
+                p.src_strides[rank - 1],
+                dst,
+                d,
+                p.dst_strides[rank - 1],
+            );
+        } else {
+            copy_tile2(
+                [p.dims[rank - 2], p.dims[rank - 1]],
+                src,
+                s,
+                [p.src_strides[rank - 2], p.src_strides[rank - 1]],
+                dst,
+                d,
+                [p.dst_strides[rank - 2], p.dst_strides[rank - 1]],
+            );
+        }
+        let mut k = outer;
+        loop {
+            if k == 0 {
+                return;
+            }
+            k -= 1;
+            index[k] += 1;
+            s += p.src_strides[k];
+            d += p.dst_strides[k];
+            if index[k] < p.dims[k] {
+                break;
+            }
+            index[k] = 0;
+            s -= p.src_strides[k] * p.dims[k] as isize;
+            d -= p.dst_strides[k] * p.dims[k] as isize;
+        }
+    }
+}
+
+#[inline(always)]
+fn copy_run<T: Copy>(n: usize, src: &[T], s: isize, ss: isize, dst: &mut [T], d: isize, ds: isize) {
+    if ss == 1 && ds == 1 {
+        let (s, d) = (s as usize, d as usize);
+        dst[d..d + n].copy_from_slice(&src[s..s + n]);
+    } else if ss == 0 && ds == 1 {
+        let d = d as usize;
+        dst[d..d + n].fill(src[s as usize]);
+    } else {
+        for i in 0..n as isize {
+            dst[(d + i * ds) as usize] = src[(s + i * ss) as usize];
+        }
+    }
+}
+
+/// Two dims in `TILE`×`TILE` blocks, so that a transpose touches each cache
+/// line of both sides once per tile.
+fn copy_tile2<T: Copy>(dims: [usize; 2], src: &[T], s: isize, ss: [isize; 2], dst: &mut [T], d: isize, ds: [isize; 2]) {
+    if ds[1] == 1 && (ss[1] == 1 || ss[1] == 0) {
+        for i in 0..dims[0] as isize {
+            copy_run(dims[1], src, s + i * ss[0], ss[1], dst, d + i * ds[0], ds[1]);
+        }
+        return;
+    }
+    for i0 in (0..dims[0]).step_by(TILE) {
+        for j0 in (0..dims[1]).step_by(TILE) {
+            for i in i0..(i0 + TILE).min(dims[0]) {
+                let (si, di) = (s + i as isize * ss[0], d + i as isize * ds[0]);
+                for j in j0..(j0 + TILE).min(dims[1]) {
+                    dst[(di + j as isize * ds[1]) as usize] = src[(si + j as isize * ss[1]) as usize];
+                }
+            }
+        }
+    }
+}
+
+/// `dst[o, j, i] = src[o, idx[j], i]` for `src` `[outer, axis_len, inner]`;
+/// negative indices count from the end. An index out of range is an error.
+pub fn gather<T: Copy>(axis_len: usize, inner: usize, indices: &[i64], src: &[T], dst: &mut [T]) -> Result<()> {
+    let n = indices.len();
+    let mut fixed = Vec::with_capacity(n);
+    for &i in indices {
+        let j = if i < 0 { i + axis_len as i64 } else { i };
+        if j < 0 || j >= axis_len as i64 {
+            return Err(Error::invalid_argument(format!(
+                "Gather index {i} is out of range for an axis of {axis_len}"
+            )));
+        }
+        fixed.push(j as usize);
+    }
+    if inner == 0 || n == 0 {
+        return Ok(());
+    }
+    for (s, d) in src.chunks_exact(axis_len * inner).zip(dst.chunks_exact_mut(n * inner)) {
+        for (k, &j) in fixed.iter().enumerate() {
+            d[k * inner..(k + 1) * inner].copy_from_slice(&s[j * inner..(j + 1) * inner]);
+        }
+    }
+    Ok(())
+}
+
+/// Three-way broadcast of `Where(cond, x, y)`: output `dims`, element strides
+/// of each input (0 = broadcast).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Where3 {
+    pub dims: Vec<usize>,
+    pub c_strides: Vec<usize>,
+    pub x_strides: Vec<usize>,
+    pub y_strides: Vec<usize>,
+}
+
+impl Where3 {
+    pub fn for_shapes(c: &[usize], x: &[usize], y: &[usize], out: &[usize]) -> Where3 {
+        Where3 {
+            dims: out.to_vec(),
+            c_strides: broadcast_strides(c, out),
+            x_strides: broadcast_strides(x, out),
+            y_strides: broadcast_strides(y, out),
+        }
+    }
+
+    pub fn numel(&self) -> Option<usize> {
+        self.dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    }
+
+    pub fn fits(&self, c: usize, x: usize, y: usize, out: usize) -> bool {
+        let r = self.dims.len();
+        if [&self.c_strides, &self.x_strides, &self.y_strides]
+            .iter()
+            .any(|s| s.len() != r)
+            || self.numel() != Some(out)
+        {
+            return false;
+        }
+        let ok = |s: &[usize], len: usize| range_ok(&self.dims, 0, &to_isize(s), len);
+        out == 0 || (ok(&self.c_strides, c) && ok(&self.x_strides, x) && ok(&self.y_strides, y))
+    }
+}
+
+fn to_isize(s: &[usize]) -> Vec<isize> {
+    s.iter().map(|&v| v as isize).collect()
+}
+
+/// Element strides of `shape` right-aligned into `out`; 0 where it broadcasts.
+pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let pad = out.len() - shape.len();
+    let mut strides = vec![0; out.len()];
+    let mut step = 1;
+    for i in (0..shape.len()).rev() {
+        if shape[i] != 1 {
+            strides[pad + i] = step;
+        }
+        step *= shape[i];
+    }
+    strides
+}
+
+/// `dst = cond ? x : y`, broadcast as `w` says (which `fits`).
+pub fn where_select<T: Copy>(w: &Where3, cond: &[u8], x: &[T], y: &[T], dst: &mut [T]) {
+    let rank = w.dims.len();
+    if dst.is_empty() {
+        return;
+    }
+    let mut index = vec![0usize; rank];
+    let (mut c, mut xi, mut yi) = (0usize, 0usize, 0usize);
+    for o in dst.iter_mut() {
+        *o = if cond[c] != 0 { x[xi] } else { y[yi] };
+        let mut k = rank;
+        while k > 0 {
+            k -= 1;
+            index[k] += 1;
+            c += w.c_strides[k];
+            xi += w.x_strides[k];
+            yi += w.y_strides[k];
+            if index[k] < w.dims[k] {
+                break;
+            }
+            index[k] = 0;
+            c -= w.c_strides[k] * w.dims[k];
+            xi -= w.x_strides[k] * w.dims[k];
+            yi -= w.y_strides[k] * w.dims[k];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Row-major strides of a shape.
+    fn strides(shape: &[usize]) -> Vec<isize> {
+        let mut s = vec![0isize; shape.len()];
+        let mut step = 1;
+        for i in (0..shape.len()).rev() {
+            s[i] = step;
+            step *= shape[i] as isize;
+        }
+        s
+    }
+
+    #[test]
+    fn transpose_by_plan_matches_naive() {
+        for (shape, perm) in [
+            (vec![3usize, 70, 45], vec![0usize, 2, 1]),
+            (vec![2, 3, 4, 5], vec![0, 2, 1, 3]),
+            (vec![2, 3, 4, 5], vec![3, 2, 1, 0]),
+            (vec![5], vec![0]),
+            (vec![], vec![]),
+        ] {
+            let n: usize = shape.iter().product();
+            let src: Vec<u32> = (0..n as u32).collect();
+            let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+            let ss = strides(&shape);
+            let src_strides: Vec<isize> = perm.iter().map(|&p| ss[p]).collect();
+            let plan = CopyPlan::new(&out_shape, 0, &src_strides, 0, &strides(&out_shape));
+            assert!(plan.fits(n, n));
+            let mut dst = vec![0u32; n];
+            strided_copy(&plan, &src, &mut dst);
+            // naive
+            let os = strides(&out_shape);
+            for (flat, &got) in dst.iter().enumerate() {
+                let mut rem = flat as isize;
+                let mut at = 0isize;
+                for d in 0..out_shape.len() {
+                    let i = rem / os[d];
+                    rem %= os[d];
+                    at += i * src_strides[d];
+                }
+                assert_eq!(got, src[at as usize], "{shape:?} {perm:?} at {flat}");
+            }
+        }
+    }
+
+    #[test]
+    fn negative_strides_zero_strides_and_bounds() {
+        let src = [1u32, 2, 3, 4, 5];
+        let plan = CopyPlan::new(&[3], 4, &[-2], 0, &[1]);
+        let mut dst = [0u32; 3];
+        assert!(plan.fits(5, 3));
+        strided_copy(&plan, &src, &mut dst);
+        assert_eq!(dst, [5, 3, 1]);
+        let plan = CopyPlan::new(&[2, 3], 0, &[1, 0], 0, &[3, 1]);
+        let mut dst = [0u32; 6];
+        strided_copy(&plan, &src, &mut dst);
+        assert_eq!(dst, [1, 1, 1, 2, 2, 2]);
+        assert!(!CopyPlan::new(&[3], 4, &[-2], 0, &[1]).fits(4, 3));
+        assert!(!CopyPlan::new(&[3], 0, &[1], 1, &[1]).fits(3, 3));
+        assert!(CopyPlan::new(&[0, 3], 9, &[1, 1], 9, &[1, 1]).fits(0, 0));
+    }
+
+    #[test]
+    fn gather_checks_indices() {
+        let src = [0u32, 1, 2, 3, 4, 5];
+        let mut dst = [0u32; 6];
+        gather(3, 2, &[2, -3, 1], &src, &mut dst).unwrap();
+        assert_eq!(dst, [4, 5, 0, 1, 2, 3]);
+        let e = gather(3, 2, &[3], &src, &mut dst[..2]).unwrap_err();
+        assert!(e.message.contains("out of range"), "{e}");
+        assert!(gather(3, 2, &[-4], &src, &mut dst[..2]).is_err());
+    }
+
+    #[test]
+    fn where_broadcasts() {
+        let w = Where3::for_shapes(&[2, 1], &[3], &[], &[2, 3]);
+        assert!(w.fits(2, 3, 1, 6));
+        let mut dst = [0u32; 6];
+        where_select(&w, &[1, 0], &[1, 2, 3], &[9], &mut dst);
+        assert_eq!(dst, [1, 2, 3, 9, 9, 9]);
+        assert!(!w.fits(1, 3, 1, 6));
+    }
+}
