@@ -27,9 +27,9 @@ share_{a,b,c}.onnx Three "fine-tunes" of one backbone for weight-sharing tests:
                    X: float[4,64,64]; H = Relu(X * W_backbone + B_backbone)
                    (identical 16 KiB weights in all three), Y = Tanh(H * W_head)
                    with a 16 KiB head of each model's own.
-demo.onnx          A small MLP-ish block: per-channel scale/shift -> MatMul (CPU for
-                   now) -> bias Add -> SiLU (x * Sigmoid(x)) -> Tanh -> residual Add.
-                   kiln runs the elementwise parts on both sides of the MatMul.
+demo.onnx          A transformer feed-forward block, x: float[1,32,128]:
+                   LayerNormalization -> MatMul+bias -> erf-GELU (decomposed) ->
+                   MatMul+bias -> residual Add. kiln takes all of it.
 """
 from __future__ import annotations
 
@@ -223,39 +223,38 @@ def make_share(which: str) -> onnx.ModelProto:
 
 
 def make_demo() -> onnx.ModelProto:
+    """A transformer feed-forward block, as exporters write it."""
     rng = np.random.default_rng(1004)
-    d_in, d_hidden = 16, 16
-    gamma = rng.uniform(0.5, 1.5, (d_in,)).astype(np.float32)
-    beta = (0.1 * rng.standard_normal((d_in,))).astype(np.float32)
-    w = (rng.standard_normal((d_in, d_hidden)) / np.sqrt(d_in)).astype(np.float32)
-    # The bias is stored as [1, 1, d_hidden] (as many exporters write it): a
-    # rank-1 bias would let ORT's MatMulAddFusion (which runs before EPs pick
-    # nodes) fold the Add into a CPU Gemm, and kiln would never see it.
-    b = (0.1 * rng.standard_normal((1, 1, d_hidden))).astype(np.float32)
+    d, f = 128, 512
+    gamma = rng.uniform(0.5, 1.5, (d,)).astype(np.float32)
+    beta = (0.1 * rng.standard_normal((d,))).astype(np.float32)
+    w1 = (rng.standard_normal((d, f)) / np.sqrt(d)).astype(np.float32)
+    b1 = (0.1 * rng.standard_normal((f,))).astype(np.float32)
+    w2 = (rng.standard_normal((f, d)) / np.sqrt(f)).astype(np.float32)
+    b2 = (0.1 * rng.standard_normal((d,))).astype(np.float32)
+    consts = [
+        _init("gamma", gamma), _init("beta", beta), _init("W1", w1), _init("b1", b1),
+        _init("W2", w2), _init("b2", b2),
+        _init("sqrt2", np.array(np.sqrt(2.0))), _init("one", np.array(1.0)), _init("half", np.array(0.5)),
+    ]
     nodes = [
-        # kiln: per-channel scale and shift
-        helper.make_node("Mul", ["x", "gamma"], ["xs"], name="scale"),
-        helper.make_node("Add", ["xs", "beta"], ["xn"], name="shift"),
-        # CPU (for now)
-        helper.make_node("MatMul", ["xn", "W"], ["h0"], name="proj"),
-        # kiln: bias, SiLU, Tanh, residual
-        helper.make_node("Add", ["h0", "b"], ["h"], name="bias"),
-        helper.make_node("Sigmoid", ["h"], ["sig"], name="silu_sigmoid"),
-        helper.make_node("Mul", ["h", "sig"], ["act"], name="silu_mul"),
-        helper.make_node("Tanh", ["act"], ["t"], name="tanh"),
-        helper.make_node("Add", ["t", "x"], ["y"], name="residual"),
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["ln"], name="norm", axis=-1, epsilon=1e-5),
+        helper.make_node("MatMul", ["ln", "W1"], ["h0"], name="ffn_in"),
+        helper.make_node("Add", ["h0", "b1"], ["h"], name="ffn_in_bias"),
+        # GELU, decomposed with Erf as exporters write it: kiln fuses it back
+        helper.make_node("Div", ["h", "sqrt2"], ["hs"], name="gelu_div"),
+        helper.make_node("Erf", ["hs"], ["he"], name="gelu_erf"),
+        helper.make_node("Add", ["he", "one"], ["h1"], name="gelu_add"),
+        helper.make_node("Mul", ["h", "h1"], ["hm"], name="gelu_mul"),
+        helper.make_node("Mul", ["hm", "half"], ["g"], name="gelu_half"),
+        helper.make_node("MatMul", ["g", "W2"], ["o0"], name="ffn_out"),
+        helper.make_node("Add", ["o0", "b2"], ["o"], name="ffn_out_bias"),
+        helper.make_node("Add", ["x", "o"], ["y"], name="residual"),
     ]
     graph = helper.make_graph(
-        nodes,
-        "kiln_demo_block",
-        [_vi("x", [1, 8, d_in])],
-        [_vi("y", [1, 8, d_hidden])],
-        initializer=[_init("gamma", gamma), _init("beta", beta), _init("W", w), _init("b", b)],
+        nodes, "kiln_demo_ffn", [_vi("x", [1, 32, d])], [_vi("y", [1, 32, d])], initializer=consts
     )
-    return _model(
-        graph,
-        "Demo block: scale/shift -> MatMul (CPU) -> bias -> SiLU -> Tanh -> residual.",
-    )
+    return _model(graph, "Demo: a transformer feed-forward block (LayerNorm, MatMul, erf-GELU, MatMul, residual).")
 
 
 BUILDERS = {

