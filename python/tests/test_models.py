@@ -29,7 +29,7 @@ def test_committed_model_matches_generator(models, name):
 @pytest.mark.parametrize("name", tu.MODEL_NAMES)
 def test_model_valid_and_small(models, name):
     path = models[name]
-    assert os.path.getsize(path) < 50 * 1024
+    assert os.path.getsize(path) < (600 if name == "demo" else 50) * 1024
     onnx.checker.check_model(path, full_check=True)
     m = onnx.load(path)
     opset = {o.domain: o.version for o in m.opset_import}
@@ -60,7 +60,7 @@ def test_split_and_unsupported_ops(models):
     assert "Sin" in split and set(split) - {"Sin", "Floor"} <= set(tu.SUPPORTED_OPS)
     assert set(_ops(models["unsupported"])) <= {"Sin", "Cos", "Floor"}
     demo = _ops(models["demo"])
-    assert "MatMul" in demo and {"Sigmoid", "Mul", "Tanh", "Add"} <= set(demo)
+    assert {"LayerNormalization", "MatMul", "Erf", "Div", "Mul", "Add"} <= set(demo)
 
 
 def test_all_ops_covers_every_supported_op(models):
