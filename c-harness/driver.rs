@@ -238,6 +238,12 @@ fn c_program_compiles_through_the_compile_api_then_loads() {
 }
 
 #[test]
+fn c_program_compiles_a_weight_sharing_group_then_shares_it() {
+    let work = tempfile::tempdir().unwrap();
+    run_program("share_compile", &[work.path().to_str().unwrap()], &[]);
+}
+
+#[test]
 fn c_program_sees_virtual_devices() {
     run_program("virtual_devices", &[], &[]);
 }
