@@ -465,3 +465,28 @@ fn panic_in_compile_fails_session_creation_cleanly() {
     assert_eq!(err.code, sys::ORT_EP_FAIL, "{}", err.message);
     assert!(err.message.contains("kiln panicked in Compile"), "{}", err.message);
 }
+
+#[test]
+fn attributes_of_every_kind_and_ort_thread_pool() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_attrs");
+    let x = Tensor::pattern(&[256, 512], 21);
+    let before = kiln_stats();
+    {
+        let session = SessionOptions::new()
+            .threads(2)
+            .config("session.disable_cpu_ep_fallback", "1")
+            .with_devices(env(), &[&host_device()], &[])
+            .unwrap()
+            .session(env(), &model("attrs.onnx"))
+            .expect("kiln takes Constant, Mul, LeakyRelu, Softmax and Transpose");
+        let got = session.run(&[("X", &x)], &["Y"]).unwrap();
+        let want = cpu_session("attrs.onnx").run(&[("X", &x)], &["Y"]).unwrap();
+        assert_close(&got[0], &want[0]);
+    }
+    let after = kiln_stats();
+    assert!(
+        after.parallel_for_calls > before.parallel_for_calls,
+        "kiln split work over ORT's intra-op pool (KernelContext_ParallelFor)"
+    );
+}

@@ -31,6 +31,8 @@ typedef struct KilnStats {
   uint64_t context_bytes_written;
   // Weight bytes not written because an identical weight was already stored.
   uint64_t context_bytes_deduplicated;
+  // Steps split over ORT's intra-op thread pool (`KernelContext_ParallelFor`).
+  uint64_t parallel_for_calls;
 } KilnStats;
 
 // Entry point ORT calls after loading the library: creates kiln's one factory.

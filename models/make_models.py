@@ -27,6 +27,9 @@ share_{a,b,c}.onnx Three "fine-tunes" of one backbone for weight-sharing tests:
                    X: float[4,64,64]; H = Relu(X * W_backbone + B_backbone)
                    (identical 16 KiB weights in all three), Y = Tanh(H * W_head)
                    with a 16 KiB head of each model's own.
+attrs.onnx         Constant (tensor attribute) -> Mul -> LeakyRelu(alpha) -> Softmax(axis)
+                   -> Transpose(perm) on X: float[256,512], large enough that kiln splits
+                   steps over ORT's intra-op thread pool.
 demo.onnx          A transformer feed-forward block, x: float[1,32,128]:
                    LayerNormalization -> MatMul+bias -> erf-GELU (decomposed) ->
                    MatMul+bias -> residual Add. kiln takes all of it.
@@ -222,6 +225,21 @@ def make_share(which: str) -> onnx.ModelProto:
     return _model(graph, f"weight-sharing test model {which}: shared backbone, own head")
 
 
+def make_attrs() -> onnx.ModelProto:
+    """Attributes of every kind kiln reads (a Constant's tensor, ints, floats),
+    on activations big enough that kiln splits steps over ORT's thread pool."""
+    scale = numpy_helper.from_array(np.linspace(0.5, 1.5, 512, dtype=np.float32), name="scale_value")
+    nodes = [
+        helper.make_node("Constant", [], ["scale"], name="scale_const", value=scale),
+        helper.make_node("Mul", ["X", "scale"], ["xs"], name="scale_mul"),
+        helper.make_node("LeakyRelu", ["xs"], ["xl"], name="leaky", alpha=0.05),
+        helper.make_node("Softmax", ["xl"], ["sm"], name="softmax", axis=-1),
+        helper.make_node("Transpose", ["sm"], ["Y"], name="transpose", perm=[1, 0]),
+    ]
+    graph = helper.make_graph(nodes, "attrs", [_vi("X", [256, 512])], [_vi("Y", [512, 256])])
+    return _model(graph, "Constant (tensor attribute), LeakyRelu (float), Softmax (int), Transpose (ints).")
+
+
 def make_demo() -> onnx.ModelProto:
     """A transformer feed-forward block, as exporters write it."""
     rng = np.random.default_rng(1004)
@@ -263,6 +281,7 @@ BUILDERS = {
     "unsupported.onnx": make_unsupported,
     "all_ops.onnx": make_all_ops,
     "demo.onnx": make_demo,
+    "attrs.onnx": make_attrs,
     "share_a.onnx": lambda: make_share("a"),
     "share_b.onnx": lambda: make_share("b"),
     "share_c.onnx": lambda: make_share("c"),

@@ -26,6 +26,8 @@ pub struct KilnStats {
     pub context_bytes_written: u64,
     /// Weight bytes not written because an identical weight was already stored.
     pub context_bytes_deduplicated: u64,
+    /// Steps split over ORT's intra-op thread pool (`KernelContext_ParallelFor`).
+    pub parallel_for_calls: u64,
 }
 
 static EPS_CREATED: AtomicU64 = AtomicU64::new(0);
@@ -37,6 +39,7 @@ static GRAPHS_LOADED: AtomicU64 = AtomicU64::new(0);
 static FILES_SHARED: AtomicU64 = AtomicU64::new(0);
 static BYTES_WRITTEN: AtomicU64 = AtomicU64::new(0);
 static BYTES_DEDUPLICATED: AtomicU64 = AtomicU64::new(0);
+static PARALLEL_FOR: AtomicU64 = AtomicU64::new(0);
 
 pub fn ep_created() {
     EPS_CREATED.fetch_add(1, Ordering::Relaxed);
@@ -68,6 +71,10 @@ pub fn context_written(bytes: u64, deduplicated: u64) {
     BYTES_DEDUPLICATED.fetch_add(deduplicated, Ordering::Relaxed);
 }
 
+pub fn parallel_for_called() {
+    PARALLEL_FOR.fetch_add(1, Ordering::Relaxed);
+}
+
 pub fn snapshot() -> KilnStats {
     KilnStats {
         eps_created: EPS_CREATED.load(Ordering::Relaxed),
@@ -79,5 +86,6 @@ pub fn snapshot() -> KilnStats {
         context_files_shared: FILES_SHARED.load(Ordering::Relaxed),
         context_bytes_written: BYTES_WRITTEN.load(Ordering::Relaxed),
         context_bytes_deduplicated: BYTES_DEDUPLICATED.load(Ordering::Relaxed),
+        parallel_for_calls: PARALLEL_FOR.load(Ordering::Relaxed),
     }
 }

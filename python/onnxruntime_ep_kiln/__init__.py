@@ -265,6 +265,7 @@ class KilnStats(ctypes.Structure):
         ("context_files_shared", ctypes.c_uint64),
         ("context_bytes_written", ctypes.c_uint64),
         ("context_bytes_deduplicated", ctypes.c_uint64),
+        ("parallel_for_calls", ctypes.c_uint64),
     ]
 
 
@@ -292,7 +293,7 @@ def stats(library_path: Optional[str] = None) -> Dict[str, int]:
     Keys: ``eps_created``, ``partitions_compiled``, ``nodes_compiled``,
     ``compute_calls``, ``context_files_opened``, ``context_graphs_loaded``,
     ``context_files_shared``, ``context_bytes_written``,
-    ``context_bytes_deduplicated``. Counts since the library was loaded into
+    ``context_bytes_deduplicated``, ``parallel_for_calls``. Counts since the library was loaded into
     this process.
     Reads the library registered most recently through :func:`register` (or
     ``library_path``, or :func:`get_library_path`); the dynamic loader hands

@@ -29,7 +29,7 @@ MODELS_DIR = os.path.join(REPO_DIR, "models")
 RTOL = 1e-5
 ATOL = 1e-6
 
-MODEL_NAMES = ("add_mul_relu", "split", "unsupported", "all_ops", "demo", "share_a", "share_b", "share_c")
+MODEL_NAMES = ("add_mul_relu", "split", "unsupported", "all_ops", "demo", "attrs", "share_a", "share_b", "share_c")
 SUPPORTED_OPS = ("Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "Neg", "Abs",
                  "Sqrt", "Exp", "Identity")
 

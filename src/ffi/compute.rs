@@ -298,6 +298,7 @@ impl crate::kernels::parallel::Parallel for OrtParallel<'_> {
             // The pool refused: run the tasks here, so results stay right.
             return (0..n).for_each(f);
         }
+        crate::stats::parallel_for_called();
         if let Some(p) = task.panic.into_inner() {
             std::panic::resume_unwind(p);
         }
