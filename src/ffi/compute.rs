@@ -16,12 +16,6 @@ pub trait ComputeImpl: Send + Sync {
     fn compute(&self, ctx: KernelContext<'_>) -> Result<()>;
 }
 
-/// A float tensor input, borrowed for the duration of Compute.
-pub struct InputTensor<'a> {
-    pub data: &'a [f32],
-    pub dims: Vec<i64>,
-}
-
 /// A tensor input of any element type, as raw bytes borrowed for Compute.
 pub struct RawInput<'a> {
     /// ONNX element type code.
@@ -167,74 +161,6 @@ impl<'a> KernelContext<'a> {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             _life: std::marker::PhantomData,
         }
-    }
-
-    /// Every input, which must all be float tensors.
-    pub fn inputs_f32(&self) -> Result<Vec<InputTensor<'a>>> {
-        (0..self.count(false)?).map(|i| self.input_f32(i)).collect()
-    }
-
-    fn input_f32(&self, index: usize) -> Result<InputTensor<'a>> {
-        let api = Api::get();
-        let mut value = std::ptr::null();
-        // SAFETY: live context; the value is borrowed for this Compute call.
-        unsafe { check(ort!(api.ort, KernelContext_GetInput(self.ptr, index, &mut value)))? };
-        let value = non_null(value, "kernel input")?;
-        let mut shape = std::ptr::null_mut();
-        // SAFETY: live value; the shape info is ours to release.
-        let info = unsafe {
-            check(ort!(api.ort, GetTensorTypeAndShape(value, &mut shape)))?;
-            let info = read_tensor_info(shape);
-            ort!(api.ort, ReleaseTensorTypeAndShapeInfo(shape));
-            info?
-        };
-        if info.elem_type != sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT as i32 {
-            return Err(Error::invalid_argument(format!(
-                "input {index} has element type {}, kiln compiled it for float",
-                info.elem_type
-            )));
-        }
-        let numel: usize = info.dims.iter().map(|&d| d.max(0) as usize).product();
-        // SAFETY: a float tensor of `numel` elements owned by ORT for this call.
-        let data = unsafe { super::slice(tensor_data(value)? as *const f32, numel, "input data")? };
-        Ok(InputTensor { data, dims: info.dims })
-    }
-
-    /// Allocates every output with the given shapes. Consumes the context
-    /// so that no output can be borrowed twice.
-    pub fn outputs_f32(self, shapes: &[Vec<usize>]) -> Result<Vec<&'a mut [f32]>> {
-        let n = self.count(true)?;
-        if n != shapes.len() {
-            return Err(Error::invalid_argument(format!(
-                "ORT asks for {n} outputs, the compiled partition has {}",
-                shapes.len()
-            )));
-        }
-        shapes.iter().enumerate().map(|(i, s)| self.output_f32(i, s)).collect()
-    }
-
-    fn output_f32(&self, index: usize, shape: &[usize]) -> Result<&'a mut [f32]> {
-        let api = Api::get();
-        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        let mut value = std::ptr::null_mut();
-        let mut data = std::ptr::null_mut();
-        // SAFETY: live context; ORT allocates the output and owns it.
-        unsafe {
-            check(ort!(
-                api.ort,
-                KernelContext_GetOutput(self.ptr, index, dims.as_ptr(), dims.len(), &mut value)
-            ))?;
-            check(ort!(
-                api.ort,
-                GetTensorMutableData(non_null_mut(value, "kernel output")?, &mut data)
-            ))?;
-        }
-        let numel = shape.iter().product();
-        if numel == 0 {
-            return Ok(&mut []);
-        }
-        // SAFETY: ORT allocated `numel` floats for this output, distinct per index.
-        Ok(unsafe { std::slice::from_raw_parts_mut(non_null_mut(data.cast::<f32>(), "output data")?, numel) })
     }
 }
 

@@ -440,27 +440,6 @@ impl<'a> ValueInfo<'a> {
         // SAFETY: a live tensor value borrowed from the graph.
         unsafe { copy_tensor(value) }.map(Some)
     }
-
-    /// Copies a float initializer's data (ORT frees its copy after Compile).
-    pub fn copy_f32_initializer(&self) -> Result<Vec<f32>> {
-        let name = self.name()?;
-        let info = self
-            .tensor_info()?
-            .ok_or_else(|| Error::invalid_graph(format!("initializer '{name}' is not a tensor")))?;
-        let numel = numel(&info.dims)
-            .ok_or_else(|| Error::invalid_graph(format!("initializer '{name}' has no static shape")))?;
-        let api = Api::get();
-        let mut value = std::ptr::null();
-        // SAFETY: borrowed OrtValue, valid during the callback.
-        unsafe { check(ort!(api.ort, ValueInfo_GetInitializerValue(self.0, &mut value)))? };
-        if value.is_null() {
-            return Err(Error::invalid_graph(format!("initializer '{name}' has no value")));
-        }
-        // SAFETY: live OrtValue.
-        let data = unsafe { tensor_data(value)? } as *const f32;
-        // SAFETY: a float tensor of `numel` elements; copied before returning.
-        Ok(unsafe { super::slice(data, numel, "initializer data")? }.to_vec())
-    }
 }
 
 fn numel(dims: &[i64]) -> Option<usize> {
