@@ -232,6 +232,18 @@ fn main() {
         )
         .unwrap();
     }
+    let drift = peak512_before
+        .zip(peak512_after)
+        .is_some_and(|(b, a)| (b - a).abs() > 0.05 * b.max(a));
+    let shared = both512.zip(peak512).is_some_and(|(two, p)| two < 1.8 * p);
+    if drift || shared {
+        writeln!(
+            out,
+            "**Warning: something else used the CPU during this run** (peak drifted or both cores \
+             together reached < 1.8x one core): the numbers, above all the 2-thread ones, are low.  "
+        )
+        .unwrap();
+    }
     if let (Some(two), Some(p)) = (both512, peak512) {
         writeln!(
             out,
