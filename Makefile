@@ -63,8 +63,9 @@ header: venv
 # Benchmarks (not tests): results go to bench/results/*.md.
 bench: build venv
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/session_creation.py
-	@if [ -f bench/weight_sharing.py ]; then KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/weight_sharing.py; fi
-	@if [ -f bench/gemm.rs ]; then $(CARGO) bench --bench gemm; fi
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/weight_sharing.py
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/latency.py
+	$(CARGO) bench --bench gemm
 
 models: venv
 	$(VPY) models/make_models.py

@@ -133,10 +133,12 @@ class KilnRun:
 
 
 def _session_options(devices: Sequence, options: Optional[Dict[str, str]],
-                     config: Optional[Dict[str, str]], opt_level=None) -> ort.SessionOptions:
+                     config: Optional[Dict[str, str]], opt_level=None, threads: Optional[int] = None) -> ort.SessionOptions:
     so = ort.SessionOptions()
     if opt_level is not None:
         so.graph_optimization_level = opt_level
+    if threads is not None:
+        so.intra_op_num_threads = threads
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     for k, v in (config or {}).items():
         so.add_session_config_entry(k, v)
@@ -147,13 +149,14 @@ def _session_options(devices: Sequence, options: Optional[Dict[str, str]],
 def run_kiln(model_path: str, device, feeds: Optional[Dict[str, np.ndarray]] = None,
              options: Optional[Dict[str, str]] = None, config: Optional[Dict[str, str]] = None,
              runs: int = 1, feeds_seq: Optional[Sequence[Dict[str, np.ndarray]]] = None,
-             opt_level: Optional[ort.GraphOptimizationLevel] = None) -> KilnRun:
+             opt_level: Optional[ort.GraphOptimizationLevel] = None, threads: Optional[int] = None) -> KilnRun:
     """Create a session on ``device`` (a kiln OrtEpDevice), run it ``runs`` times
     (if ``feeds`` is given) and return outputs, kiln stats and node assignment.
     ``feeds_seq``: then also run once with each of these feeds, in order, in the
     same session (outputs in ``all_outputs``). ``opt_level``: the session's graph
     optimization level (ORT applies its basic fusions *before* kiln's
     GetCapability; ``ORT_DISABLE_ALL`` hands kiln the model as written).
+    ``threads``: ``intra_op_num_threads`` (kiln runs on ORT's intra-op pool).
 
     Raises KilnSessionError (never the raw ORT exception)."""
     err = None
@@ -161,7 +164,7 @@ def run_kiln(model_path: str, device, feeds: Optional[Dict[str, np.ndarray]] = N
     result = None
     stage = "session options"
     try:
-        so = _session_options([device], options, config, opt_level)
+        so = _session_options([device], options, config, opt_level, threads)
         before = stats()
         stage = "session creation"
         # enable_fallback=0: the Python wrapper would otherwise catch an EP error,
