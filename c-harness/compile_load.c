@@ -27,25 +27,6 @@ static int file_exists(const char* path) {
   return stat(path, &st) == 0 && st.st_size > 0;
 }
 
-/* Compiles `input` to `output` for `device` through OrtCompileApi. */
-static void compile_model(OrtEnv* env, const OrtEpDevice* device, const char* input,
-                          const char* output) {
-  const OrtCompileApi* compile = g_ort->GetCompileApi();
-  EXPECT(compile != NULL, "ORT has no compile API");
-  OrtSessionOptions* so = NULL;
-  ORT_CHECK(g_ort->CreateSessionOptions(&so));
-  ORT_CHECK(g_ort->SessionOptionsAppendExecutionProvider_V2(so, env, &device, 1, NULL, NULL, 0));
-  OrtModelCompilationOptions* co = NULL;
-  ORT_CHECK(compile->CreateModelCompilationOptionsFromSessionOptions(env, so, &co));
-  ORT_CHECK(compile->ModelCompilationOptions_SetInputModelPath(co, input));
-  ORT_CHECK(compile->ModelCompilationOptions_SetOutputModelPath(co, output));
-  ORT_CHECK(compile->ModelCompilationOptions_SetEpContextEmbedMode(co, false));
-  ORT_CHECK(compile->ModelCompilationOptions_SetFlags(co, OrtCompileApiFlags_ERROR_IF_NO_NODES_COMPILED));
-  ORT_CHECK(compile->CompileModel(env, co));
-  compile->ReleaseModelCompilationOptions(co);
-  g_ort->ReleaseSessionOptions(so);
-}
-
 int main(int argc, char** argv) {
   if (argc != 4) {
     fprintf(stderr, "usage: %s <libkiln_ep.so> <models dir> <work dir>\n", argv[0]);
@@ -66,7 +47,7 @@ int main(int argc, char** argv) {
   EXPECT(kiln_devices(env, devs, 8) == 1, "want exactly one kiln device");
 
   KilnStats s0 = stats();
-  compile_model(env, devs[0].device, original, compiled);
+  compile_to_file(env, devs[0].device, original, compiled, OrtCompileApiFlags_ERROR_IF_NO_NODES_COMPILED, 0, 0);
   KilnStats s1 = stats();
   EXPECT(file_exists(compiled), "compiled model %s missing", compiled);
   EXPECT(file_exists(binary), "context binary %s missing", binary);

@@ -310,3 +310,23 @@ char* path_join(const char* dir, const char* name) {
   snprintf(p, n, "%s/%s", dir, name);
   return p;
 }
+
+void compile_to_file(OrtEnv* env, const OrtEpDevice* device, const char* input, const char* output,
+                     uint32_t flags, int share, int stop) {
+  const OrtCompileApi* compile = g_ort->GetCompileApi();
+  EXPECT(compile != NULL, "ORT has no compile API");
+  OrtSessionOptions* so = NULL;
+  ORT_CHECK(g_ort->CreateSessionOptions(&so));
+  if (share) ORT_CHECK(g_ort->AddSessionConfigEntry(so, "ep.share_ep_contexts", "1"));
+  if (stop) ORT_CHECK(g_ort->AddSessionConfigEntry(so, "ep.stop_share_ep_contexts", "1"));
+  ORT_CHECK(g_ort->SessionOptionsAppendExecutionProvider_V2(so, env, &device, 1, NULL, NULL, 0));
+  OrtModelCompilationOptions* co = NULL;
+  ORT_CHECK(compile->CreateModelCompilationOptionsFromSessionOptions(env, so, &co));
+  ORT_CHECK(compile->ModelCompilationOptions_SetInputModelPath(co, input));
+  ORT_CHECK(compile->ModelCompilationOptions_SetOutputModelPath(co, output));
+  ORT_CHECK(compile->ModelCompilationOptions_SetEpContextEmbedMode(co, false));
+  ORT_CHECK(compile->ModelCompilationOptions_SetFlags(co, flags));
+  ORT_CHECK(compile->CompileModel(env, co));
+  compile->ReleaseModelCompilationOptions(co);
+  g_ort->ReleaseSessionOptions(so);
+}

@@ -144,6 +144,14 @@ void run_session(OrtSession* session, const char* const* input_names, const Tens
  */
 double expect_close(const char* what, const Tensor* got, const Tensor* want);
 
+/*
+ * Compiles `input` to `output` for `device` through OrtCompileApi with embed
+ * mode 0 and the given compile flags. `share` adds ep.share_ep_contexts=1
+ * and `stop` ep.stop_share_ep_contexts=1 (a weight-sharing group).
+ */
+void compile_to_file(OrtEnv* env, const OrtEpDevice* device, const char* input, const char* output,
+                     uint32_t flags, int share, int stop);
+
 /* Joins a directory and a file name (malloc'ed). */
 char* path_join(const char* dir, const char* name);
 

@@ -50,20 +50,6 @@ static OrtSessionOptions* kiln_options(OrtEnv* env, const OrtEpDevice* device, i
   return so;
 }
 
-static void compile_model(OrtEnv* env, const OrtEpDevice* device, const char* input,
-                          const char* output, int last) {
-  const OrtCompileApi* compile = g_ort->GetCompileApi();
-  OrtSessionOptions* so = kiln_options(env, device, last);
-  OrtModelCompilationOptions* co = NULL;
-  ORT_CHECK(compile->CreateModelCompilationOptionsFromSessionOptions(env, so, &co));
-  ORT_CHECK(compile->ModelCompilationOptions_SetInputModelPath(co, input));
-  ORT_CHECK(compile->ModelCompilationOptions_SetOutputModelPath(co, output));
-  ORT_CHECK(compile->ModelCompilationOptions_SetEpContextEmbedMode(co, false));
-  ORT_CHECK(compile->CompileModel(env, co));
-  compile->ReleaseModelCompilationOptions(co);
-  g_ort->ReleaseSessionOptions(so);
-}
-
 int main(int argc, char** argv) {
   if (argc != 4) {
     fprintf(stderr, "usage: %s <libkiln_ep.so> <models dir> <work dir>\n", argv[0]);
@@ -85,9 +71,9 @@ int main(int argc, char** argv) {
   EXPECT(kiln_devices(env, devs, 8) == 1, "want exactly one kiln device");
 
   /* ---- compile both models as one group -------------------------------- */
-  compile_model(env, devs[0].device, src[0], ctx[0], 0);
+  compile_to_file(env, devs[0].device, src[0], ctx[0], 0, 1, 0);
   EXPECT(file_size(bin) < 0, "the binary exists before the group's stop session");
-  compile_model(env, devs[0].device, src[1], ctx[1], 1);
+  compile_to_file(env, devs[0].device, src[1], ctx[1], 0, 1, 1);
   EXPECT(count_files(work) == 3, "%zu files in %s, want 2 models + 1 binary", count_files(work), work);
   long size = file_size(bin);
   /* backbone W and B once, two heads: 4 weights of 16 KiB stored, 6 referenced */
