@@ -12,13 +12,19 @@
 //! Each step needs the product's current output to have exactly one reader
 //! and not be a graph output. The fused node takes the place of the last
 //! node it absorbs, where all its inputs are already defined.
+//!
+//! Before that, [`see_through_reshapes`] turns `Reshape → MatMul → Reshape`
+//! (how ORT's MatMulAddFusion rewrites a 3-D `MatMul + Add` into a 2-D
+//! `Gemm`) back into the batched product it is, so that what follows the
+//! second Reshape (GELU, the residual) can fuse.
 
 use super::patterns::{strip_ones, View};
 use crate::ir::{Activation, BiasKind, BinaryOp, DType, Graph, MatMulAttrs, Node, Op, UnaryOp, ValueId};
 
-/// Fuses epilogues into every matrix product; returns how many ops were absorbed.
+/// Fuses epilogues into every matrix product; returns how many ops were absorbed
+/// (a see-through of the Reshapes around a product counts as one).
 pub(crate) fn fuse(g: &mut Graph) -> usize {
-    let mut fused = 0;
+    let mut fused = see_through_reshapes(g);
     // Each round absorbs at most one op per product; repeat to a fixpoint.
     loop {
         let n = round(g);
@@ -52,6 +58,63 @@ fn round(g: &mut Graph) -> usize {
             taken[j] = true;
             count += 1;
         }
+    }
+    let mut k = 0;
+    g.nodes.retain(|_| {
+        k += 1;
+        !dead[k - 1]
+    });
+    count
+}
+
+/// Rewrites `z = Reshape(MatMul(Reshape(x), w, …))` into `z = MatMul(x, w, …)`
+/// where that is the same product: `x` is `[d…, k]`, the inner Reshape makes it
+/// `[prod(d), k]`, the 2-D product (no `trans_a`, a 2-D `w`, no bias other
+/// than a row, no residual) gives `[prod(d), n]` and the outer Reshape makes
+/// that `[d…, n]`. The product's output must be read only by the outer
+/// Reshape and not be a graph output; the inner Reshape stays if something
+/// else reads it (dead-code removal drops it otherwise). Returns how many
+/// products were rewritten.
+pub(crate) fn see_through_reshapes(g: &mut Graph) -> usize {
+    let snapshot = g.clone();
+    let v = View::new(&snapshot);
+    let mut dead = vec![false; g.nodes.len()];
+    let mut count = 0;
+    for (i, node) in snapshot.nodes.iter().enumerate() {
+        let Op::MatMul(attrs) = &node.op else { continue };
+        if attrs.trans_a || attrs.residual || !matches!(attrs.bias, BiasKind::None | BiasKind::Row) {
+            continue;
+        }
+        let (r, w, y) = (node.inputs[0], node.inputs[1], node.outputs[0]);
+        let Some((_, inner)) = v.producer(r) else { continue };
+        let Some(j) = v.sole_use(y) else { continue };
+        let outer = &snapshot.nodes[j];
+        if inner.op != Op::Reshape || outer.op != Op::Reshape || outer.inputs[0] != y {
+            continue;
+        }
+        let (x, z) = (inner.inputs[0], outer.outputs[0]);
+        let ty = |id: ValueId| &snapshot.values[id].ty;
+        let (xs, rs, ys, zs) = (&ty(x).shape, &ty(r).shape, &ty(y).shape, &ty(z).shape);
+        if ty(x).dtype != DType::F32 || rs.len() != 2 || ty(w).shape.len() != 2 || xs.len() < 2 || zs.len() != xs.len()
+        {
+            continue;
+        }
+        let (lead, k) = (&xs[..xs.len() - 1], xs[xs.len() - 1]);
+        let rows: usize = lead.iter().product();
+        let n = ys[1];
+        if rs[..] != [rows, k] || ys[0] != rows || zs[..zs.len() - 1] != *lead || zs[zs.len() - 1] != n {
+            continue;
+        }
+        let mut inputs = node.inputs.clone();
+        inputs[0] = x;
+        g.nodes[j] = Node {
+            name: node.name.clone(),
+            op: node.op.clone(),
+            inputs,
+            outputs: vec![z],
+        };
+        dead[i] = true;
+        count += 1;
     }
     let mut k = 0;
     g.nodes.retain(|_| {

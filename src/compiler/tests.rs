@@ -393,6 +393,76 @@ fn epilogue_scale_then_bias_and_blockers() {
     assert_eq!(ops(&check_passes_agree(&b.g)), ["MatMul+Relu"]);
 }
 
+/// ORT's MatMulAddFusion form: `Reshape → Gemm(transB, bias) → Reshape`, then
+/// GELU and a residual add; `outer` is the second Reshape's shape and
+/// `escape` makes the 2-D product a graph output too.
+fn reshaped_gemm_graph(outer: &[usize], escape: bool) -> Graph {
+    let mut b = Builder::new();
+    let x = b.input("x", &[2, 7, 16]);
+    let w = b.constant("w", &[16, 16], data(256, 2));
+    let bias = b.constant("bias", &[16], data(16, 3));
+    let x2 = b.op_shaped(Op::Reshape, &[x], "x2", Some(&[14, 16]));
+    let gemm = b.op(
+        Op::MatMul(MatMulAttrs {
+            trans_b: true,
+            bias: BiasKind::Row,
+            ..MatMulAttrs::default()
+        }),
+        &[x2, w, bias],
+        "gemm",
+    );
+    let y3 = b.op_shaped(Op::Reshape, &[gemm], "y3", Some(outer));
+    let gl = b.un(UnaryOp::Gelu, y3, "g");
+    if outer == [2, 7, 16] {
+        let y = b.bin(BinaryOp::Add, gl, x, "y");
+        b.output(y);
+    } else {
+        b.output(gl);
+    }
+    if escape {
+        b.output(gemm);
+    }
+    b.g
+}
+
+#[test]
+fn epilogue_sees_through_reshapes_around_a_gemm() {
+    let g = reshaped_gemm_graph(&[2, 7, 16], false);
+    let opt = check_passes_agree(&g);
+    assert_eq!(ops(&opt), ["MatMul+Bias+Gelu+Residual"]);
+    let p = compile(&g, Target::Generic).unwrap();
+    assert_eq!(p.num_steps(), 1);
+    assert_eq!(p.arena_bytes(), 0);
+    match &p.steps()[0] {
+        Step::MatMul(m) => {
+            assert_eq!((m.m, m.n, m.k), (14, 16, 16), "batches fold into rows");
+            assert_eq!(m.activation, Activation::GeluErf);
+        }
+        s => panic!("{s:?}"),
+    }
+    // Near misses: the outer Reshape regroups the rows ([7, 2, 16]) or splits
+    // the columns ([2, 7, 4, 4]), or the 2-D product is also a graph output:
+    // the Reshapes stay and the GELU is not fused.
+    for (outer, escape) in [
+        (&[7usize, 2, 16][..], false),
+        (&[2, 7, 4, 4][..], false),
+        (&[2, 7, 16][..], true),
+    ] {
+        let opt = check_passes_agree(&reshaped_gemm_graph(outer, escape));
+        let names = ops(&opt);
+        assert!(names.contains(&"Gelu".to_string()), "{outer:?} {escape}: {names:?}");
+        assert!(
+            names.contains(&"MatMul+Bias".to_string()),
+            "{outer:?} {escape}: {names:?}"
+        );
+        assert_eq!(
+            names.iter().filter(|n| *n == "Reshape").count(),
+            2,
+            "{outer:?} {escape}: {names:?}"
+        );
+    }
+}
+
 #[test]
 fn batched_broadcast_matmul_and_gemm_attrs() {
     for (sa, sb, ta, tb) in [
@@ -559,6 +629,38 @@ fn movement_ops_match_expectations() {
     let c = [0.0, 3.0, 5.0, 1.0, 4.0, 4.0, 2.0, 5.0, 3.0];
     let want: Vec<f32> = c.iter().chain(c.iter()).copied().collect();
     assert_eq!(got[0], want);
+}
+
+#[test]
+fn batched_products_run_one_per_task_with_the_same_results() {
+    // Attention-shaped: 6 small products, one task each with 2+ threads
+    // (more threads than products: split inside each GEMM as before).
+    let mut b = Builder::new();
+    let q = b.input("q", &[2, 3, 16, 8]);
+    let k = b.input("k", &[2, 3, 16, 8]);
+    let scores = b.op(
+        Op::MatMul(MatMulAttrs {
+            trans_b: true,
+            ..MatMulAttrs::default()
+        }),
+        &[q, k],
+        "scores",
+    );
+    b.output(scores);
+    let p = compile(&b.g, Target::cpu_best()).unwrap();
+    let inputs = inputs_for(&b.g);
+    let want = run_f32(&p, &inputs);
+    for threads in [2, 3, 8] {
+        let mut got = vec![f32::NAN; 2 * 3 * 16 * 16];
+        p.run(
+            Target::cpu_best(),
+            &[TensorRef::F32(&inputs[0]), TensorRef::F32(&inputs[1])],
+            &mut [TensorMut::F32(&mut got)],
+            &ScopedThreads(threads),
+        )
+        .unwrap();
+        assert_eq!(got, want[0], "{threads} threads");
+    }
 }
 
 #[test]

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 pub use crate::ir::DType;
 pub use crate::kernels::{TensorMut, TensorRef};
-pub use weight::{AlignedBytes, Storage, Weight, STORAGE_ALIGN};
+pub use weight::{AlignedBytes, HugePageBytes, Storage, Weight, STORAGE_ALIGN};
 
 use crate::error::{Error, Result};
 use crate::ir::ShapeDisplay;
@@ -802,8 +802,8 @@ fn matmul(
         return Err(cast_err());
     }
     let lda = if m.trans_a { mm } else { k };
-    for (i, &[ao, bo]) in m.batches.iter().enumerate() {
-        let out = &mut dst[i * block..(i + 1) * block];
+    let one = |i: usize, out: &mut [f32], par: &dyn Parallel| -> Result<()> {
+        let [ao, bo] = m.batches[i];
         let a_i = a.get(ao..ao + mm * k).ok_or_else(cast_err)?;
         let bias = match (m.bias, bias) {
             (MatBias::Row(_), Some(row)) => Bias::PerColumn(row),
@@ -831,9 +831,37 @@ fn matmul(
             }
             _ => return Err(cast_err()),
         }
+        Ok(())
+    };
+    let batches = m.batches.len();
+    let flops = 2 * mm * n * k;
+    if block > 0 && batches >= 2 && par.threads() > 1 && batches >= par.threads() && flops < BATCH_PARALLEL_MAX_FLOPS {
+        // Many small products (attention's per-head Q·Kᵀ and P·V): one task
+        // per product, each on one thread, instead of splitting each product
+        // (a dispatch per product). Same results: a GEMM's results do not
+        // depend on its `Parallel`.
+        let outs: Vec<Mutex<&mut [f32]>> = dst.chunks_mut(block).map(Mutex::new).collect();
+        let err: Mutex<Option<Error>> = Mutex::new(None);
+        par.for_each(batches, &|i| {
+            let mut out = outs[i].lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = one(i, &mut out, &kernels::parallel::Serial) {
+                *err.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+            }
+        });
+        return match err.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        };
+    }
+    for i in 0..batches {
+        one(i, &mut dst[i * block..(i + 1) * block], par)?;
     }
     Ok(())
 }
+
+/// Batched products of at most this many flops each run one product per
+/// task when there are at least as many products as threads.
+const BATCH_PARALLEL_MAX_FLOPS: usize = 1 << 24;
 
 fn block_of(t: &[f32], i: usize, block: usize) -> Result<&[f32]> {
     t.get(i * block..(i + 1) * block).ok_or_else(cast_err)

@@ -309,3 +309,21 @@ fn matmul_gather_cast_where_steps() {
     assert_eq!(e.kind, ErrorKind::InvalidArgument);
     assert!(e.message.contains("Gather index 2"), "{e}");
 }
+
+#[test]
+fn huge_page_bytes_are_zeroed_aligned_and_writable() {
+    let len = HugePageBytes::HUGE_PAGE + 12345;
+    let mut b = HugePageBytes::zeroed(len).unwrap();
+    assert_eq!(b.bytes().len(), len);
+    assert_eq!(b.bytes().as_ptr() as usize % HugePageBytes::HUGE_PAGE, 0);
+    assert!(b.bytes().iter().all(|&x| x == 0));
+    b.bytes_mut()[len - 1] = 7;
+    assert_eq!(b.bytes()[len - 1], 7);
+    // A packed weight that large lives in such storage and packs the same.
+    let (k, n) = (1024, 600);
+    let w: Vec<f32> = (0..k * n).map(|i| (i % 977) as f32).collect();
+    let big = crate::kernels::gemm::PackedB::pack(Target::Generic, &w, k, n, false);
+    assert!(big.data().byte_len() >= HugePageBytes::HUGE_PAGE);
+    let small = crate::kernels::gemm::PackedB::pack(Target::Generic, &w[..8 * n], 8, n, false);
+    assert_eq!(&big.data().as_slice()[..8 * 8], &small.data().as_slice()[..8 * 8]);
+}

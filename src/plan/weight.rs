@@ -59,6 +59,60 @@ impl AlignedBytes {
     }
 }
 
+/// Zeroed bytes for a large weight, in anonymous memory starting on a 2 MiB
+/// boundary whose whole 2 MiB pages are asked to be transparent huge pages
+/// (`madvise(MADV_HUGEPAGE)`, where the system offers them): a GEMM streaming
+/// a weight of many MiB then takes one TLB entry per 2 MiB instead of per
+/// 4 KiB. The mapping's slack (up to 2 MiB, never touched) costs address
+/// space only.
+pub struct HugePageBytes {
+    map: memmap2::MmapMut,
+    offset: usize,
+    len: usize,
+}
+
+impl HugePageBytes {
+    /// Huge-page granularity (x86_64).
+    pub const HUGE_PAGE: usize = 2 << 20;
+
+    /// `len` zero bytes; `Err` if the mapping fails (the caller falls back to
+    /// [`AlignedBytes`]). The advice is a hint: refusing it is not an error.
+    pub fn zeroed(len: usize) -> std::io::Result<HugePageBytes> {
+        let total = len
+            .checked_add(Self::HUGE_PAGE)
+            .ok_or_else(|| std::io::Error::other("weight too large"))?;
+        let map = memmap2::MmapMut::map_anon(total)?;
+        let addr = map.as_ptr() as usize;
+        let offset = addr.next_multiple_of(Self::HUGE_PAGE) - addr;
+        // Only the whole huge pages inside the weight: the tail stays in
+        // small pages, so a weight never costs more than its own bytes.
+        #[cfg(target_os = "linux")]
+        {
+            let whole = len / Self::HUGE_PAGE * Self::HUGE_PAGE;
+            if whole > 0 {
+                let _ = map.advise_range(memmap2::Advice::HugePage, offset, whole);
+            }
+        }
+        Ok(HugePageBytes { map, offset, len })
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.map[self.offset..self.offset + self.len]
+    }
+}
+
+impl fmt::Debug for HugePageBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HugePageBytes({} bytes)", self.len)
+    }
+}
+
+impl Storage for HugePageBytes {
+    fn bytes(&self) -> &[u8] {
+        &self.map[self.offset..self.offset + self.len]
+    }
+}
+
 impl Storage for AlignedBytes {
     fn bytes(&self) -> &[u8] {
         &bytemuck::cast_slice::<Block, u8>(&self.blocks)[..self.len]

@@ -5,7 +5,7 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use super::epilogue::activate;
+use super::epilogue::{activate_with, MulAdd, Plain};
 pub(super) use super::pack::{pack_a, pack_b};
 use super::pack::{row_tiles, ASrc, BSrc};
 use super::{size_error, Activation, Bias, Epilogue};
@@ -29,6 +29,10 @@ pub(super) trait Kernel {
 
     /// `a * b + c`, fused where the target has FMA.
     fn madd(a: f32, b: f32, c: f32) -> f32;
+
+    /// How the epilogue's activations evaluate their polynomials (fused
+    /// where the target has FMA).
+    type Madd: MulAdd;
 
     /// [`pack_a`] with `MR` rows per micro-panel.
     ///
@@ -268,7 +272,7 @@ impl<'a> Epi<'a> {
 
     /// The rest of the epilogue on a stored row segment `row` = C[i][j0..].
     #[inline(always)]
-    fn finish_row(&self, i: usize, j0: usize, row: &mut [f32]) {
+    fn finish_row<F: MulAdd>(&self, i: usize, j0: usize, row: &mut [f32]) {
         let at = i * self.n + j0..i * self.n + j0 + row.len();
         match self.bias {
             Bias::None | Bias::PerColumn(_) => {}
@@ -276,7 +280,7 @@ impl<'a> Epi<'a> {
             Bias::Scalar(s) => row.iter_mut().for_each(|v| *v += s),
             Bias::Full { c, beta } => row.iter_mut().zip(&c[at.clone()]).for_each(|(v, &c)| *v += beta * c),
         }
-        activate(self.activation, row);
+        activate_with::<F>(self.activation, row);
         if let Some(r) = self.residual {
             row.iter_mut().zip(&r[at]).for_each(|(v, &r)| *v += r);
         }
@@ -284,7 +288,7 @@ impl<'a> Epi<'a> {
 
     /// Stores `acc` into `row` = C[i][cols] and applies the whole epilogue.
     #[inline(always)]
-    fn store_row(&self, i: usize, cols: Range<usize>, acc: &[f32], row: &mut [f32]) {
+    fn store_row<F: MulAdd>(&self, i: usize, cols: Range<usize>, acc: &[f32], row: &mut [f32]) {
         let (alpha, j0) = (self.alpha, cols.start);
         match self.col_bias {
             Some(b) => {
@@ -294,7 +298,7 @@ impl<'a> Epi<'a> {
             }
             None => row.iter_mut().zip(acc).for_each(|(v, &x)| *v = x * alpha),
         }
-        self.finish_row(i, j0, row);
+        self.finish_row::<F>(i, j0, row);
     }
 }
 
@@ -304,7 +308,7 @@ pub(super) fn epilogue_only(view: &mut CView<'_>, epi: &Epi<'_>) {
     let zeros = vec![0.0; cols.len()];
     let mut tile = view.tile(rows.clone(), cols.clone());
     for i in rows.clone() {
-        epi.store_row(i, cols.clone(), &zeros, tile.row(i - rows.start));
+        epi.store_row::<Plain>(i, cols.clone(), &zeros, tile.row(i - rows.start));
     }
 }
 
@@ -358,7 +362,7 @@ pub(super) unsafe fn blocked<K: Kernel>(
                     unsafe { K::tile(kc, apanel, panel, &mut tile, &store) };
                     if finish && post {
                         for (r, i) in trows.clone().enumerate() {
-                            epi.finish_row(i, tcols.start, tile.row(r));
+                            epi.finish_row::<K::Madd>(i, tcols.start, tile.row(r));
                         }
                     }
                 }
@@ -397,7 +401,7 @@ pub(super) unsafe fn gemv<K: Kernel>(a: &[f32], b: &BPanels<'_>, view: &mut CVie
         // SAFETY: the caller guarantees the CPU supports K.
         unsafe { K::tile(k, &a[..k], b.panel(jr, 0..k), &mut tile, &store) };
         if post {
-            epi.finish_row(rows.start, tcols.start, tile.row(0));
+            epi.finish_row::<K::Madd>(rows.start, tcols.start, tile.row(0));
         }
     }
 }
@@ -447,6 +451,6 @@ pub(super) fn vecmat<K: Kernel>(k: usize, a: ASrc<'_>, b: BSrc<'_>, view: &mut C
             }
         }
         let seg = &mut row[cb.start - cols.start..cb.end - cols.start];
-        epi.store_row(rows.start, cb.clone(), acc, seg);
+        epi.store_row::<K::Madd>(rows.start, cb.clone(), acc, seg);
     }
 }

@@ -100,6 +100,8 @@ impl Kernel for Generic {
         by_rows!(tile.rows(), kernel_generic, (kc, a, b, tile, store))
     }
 
+    type Madd = super::epilogue::Plain;
+
     #[inline(always)]
     fn madd(a: f32, b: f32, c: f32) -> f32 {
         a * b + c
@@ -155,6 +157,8 @@ mod x86 {
             // tile grants rows x nc elements of C from c with stride ld.
             unsafe { by_rows!(tile.rows(), avx512_kernel, (kc, a, b, c, ld, nc, store)) }
         }
+
+        type Madd = super::super::epilogue::Fused;
 
         #[inline(always)]
         fn madd(a: f32, b: f32, c: f32) -> f32 {
@@ -441,6 +445,8 @@ mod x86 {
             // tile grants rows x nc elements of C from c with stride ld.
             unsafe { by_rows!(tile.rows(), avx2_kernel, (kc, a, b, c, ld, nc, store)) }
         }
+
+        type Madd = super::super::epilogue::Fused;
 
         #[inline(always)]
         fn madd(a: f32, b: f32, c: f32) -> f32 {

@@ -20,7 +20,7 @@
 //!
 //! | target | microkernel (MR x NR) | KC | MC |
 //! |---|---|---|---|
-//! | `x86_64-avx512` | 14 x 32 (28 zmm accumulators) | 256 | 112 |
+//! | `x86_64-avx512` | 14 x 32 (28 zmm accumulators) | 256 | 448 |
 //! | `x86_64-avx2` | 6 x 16 (12 ymm accumulators) | 256 | 120 |
 //! | `x86_64-generic` | 6 x 8 (plain Rust, vectorised for SSE2) | 256 | 120 |
 //!
@@ -48,7 +48,7 @@ use self::pack::{ASrc, BSrc};
 use super::parallel::Parallel;
 use super::Isa;
 use crate::error::{Error, Result};
-use crate::plan::{AlignedBytes, Storage, Weight};
+use crate::plan::{AlignedBytes, HugePageBytes, Storage, Weight};
 use crate::target::Target;
 
 /// Version of the [`PackedB`] layout (panel widths per target). A stored
@@ -75,7 +75,7 @@ impl Blocking {
                 mr: 14,
                 nr: 32,
                 kc: 256,
-                mc: 112,
+                mc: 448,
             },
             Target::Avx2 => Blocking {
                 mr: 6,
@@ -128,17 +128,30 @@ impl PackedB {
         }
         let nr = Blocking::of(target).nr;
         let len = Self::checked_len(target, k, n).ok_or_else(|| Error::invalid_argument("packed B is too large"))?;
-        let mut bytes = AlignedBytes::zeroed(len * size_of::<f32>());
-        if len > 0 {
-            let dst: &mut [f32] = bytemuck::cast_slice_mut(bytes.bytes_mut());
-            let src = BSrc {
-                data: b,
-                ld: if trans_b { k } else { n },
-                trans: trans_b,
-            };
-            pack::pack_b(src, 0..k, 0..n, nr, dst);
-        }
-        let storage: Arc<dyn Storage> = Arc::new(bytes);
+        let byte_len = len * size_of::<f32>();
+        let src = BSrc {
+            data: b,
+            ld: if trans_b { k } else { n },
+            trans: trans_b,
+        };
+        // Weights of a few MiB and more stream from memory (the M = 1 GEMV
+        // above all): huge pages where the system offers them.
+        let huge = (byte_len >= HugePageBytes::HUGE_PAGE)
+            .then(|| HugePageBytes::zeroed(byte_len).ok())
+            .flatten();
+        let storage: Arc<dyn Storage> = match huge {
+            Some(mut bytes) => {
+                pack::pack_b(src, 0..k, 0..n, nr, bytemuck::cast_slice_mut(bytes.bytes_mut()));
+                Arc::new(bytes)
+            }
+            None => {
+                let mut bytes = AlignedBytes::zeroed(byte_len);
+                if len > 0 {
+                    pack::pack_b(src, 0..k, 0..n, nr, bytemuck::cast_slice_mut(bytes.bytes_mut()));
+                }
+                Arc::new(bytes)
+            }
+        };
         let data = Weight::in_storage(storage, 0, len)?;
         Ok(PackedB { target, k, n, nr, data })
     }

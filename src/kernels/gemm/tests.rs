@@ -723,7 +723,27 @@ fn activations_match_f64() {
     // rounding of the argument of exp (-x^2/2, resp. ~-0.07 x^3); their
     // absolute accuracy there is ~1e-12.
     type Case = (&'static str, fn(f32) -> f32, fn(f64) -> f64, fn(f64) -> f64);
-    let cases: [Case; 5] = [
+    // The `_with::<Fused>` forms are what targets with FMA run (here `mul_add`
+    // may be a libm call: slower, same results).
+    use epilogue::Fused;
+    let cases: [Case; 10] = [
+        ("exp fused", epilogue::exp_with::<Fused>, f64::exp, |_| 3e-7),
+        (
+            "sigmoid fused",
+            epilogue::sigmoid_with::<Fused>,
+            |x| 1.0 / (1.0 + (-x).exp()),
+            |_| 4e-7,
+        ),
+        ("tanh fused", epilogue::tanh_with::<Fused>, f64::tanh, |_| 4e-7),
+        ("gelu_erf fused", epilogue::gelu_erf_with::<Fused>, gelu_erf64, |x| {
+            6e-7 + 1.5e-7 * x * x
+        }),
+        (
+            "gelu_tanh fused",
+            epilogue::gelu_tanh_with::<Fused>,
+            |x| act64(Activation::GeluTanh, x),
+            |x| 6e-7 + 1.5e-7 * x * x,
+        ),
         ("exp", epilogue::exp, f64::exp, |_| 3e-7),
         ("sigmoid", epilogue::sigmoid, |x| 1.0 / (1.0 + (-x).exp()), |_| 4e-7),
         ("tanh", epilogue::tanh, f64::tanh, |_| 4e-7),
@@ -738,7 +758,7 @@ fn activations_match_f64() {
     for (name, f, want, rel) in cases {
         for &x in &xs {
             let (got, want, rel) = (f(x) as f64, want(x as f64), rel(x as f64));
-            if name == "exp" && !(-87.3..=88.3).contains(&x) {
+            if name.starts_with("exp") && !(-87.3..=88.3).contains(&x) {
                 continue; // flushed to 0 / inf by design
             }
             let ok = (got - want).abs() <= rel * want.abs() + 1e-37 || (got.is_infinite() && want > 3e38);
@@ -751,6 +771,9 @@ fn activations_match_f64() {
     assert_eq!(epilogue::sigmoid(-200.0), 0.0);
     assert_eq!(epilogue::tanh(f32::INFINITY), 1.0);
     assert_eq!(epilogue::gelu_erf(f32::INFINITY), f32::INFINITY);
+    assert_eq!(epilogue::exp_with::<Fused>(-200.0), 0.0);
+    assert_eq!(epilogue::exp_with::<Fused>(200.0), f32::INFINITY);
+    assert_eq!(epilogue::gelu_erf_with::<Fused>(f32::INFINITY), f32::INFINITY);
     let mut relu = [f32::NAN, -1.0, 2.0];
     epilogue::activate(Activation::Relu, &mut relu);
     assert!(relu[0].is_nan() && relu[1..] == [0.0, 2.0]);
