@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -64,38 +63,14 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 import onnxruntime_ep_kiln as kiln  # noqa: E402
+from machine import describe as describe_machine  # noqa: E402
 import models_lib as ml  # noqa: E402
 
 BLOCK_SECONDS = 0.05
 
 
 def machine() -> str:
-    model = "unknown CPU"
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown CPU":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    isa = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "SSE2")
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    mem = ""
-    try:
-        with open("/proc/meminfo") as f:
-            kb = int(f.readline().split()[1])
-            mem = f"; {kb / 2**20:.0f} GiB RAM"
-    except (OSError, ValueError, IndexError):
-        pass
-    return (f"{model}; {os.cpu_count()} logical CPUs ({usable} usable){mem}; {isa}; "
-            f"{platform.system()} {platform.release()}; Python {platform.python_version()}; "
-            f"onnxruntime {ort.__version__}; kiln {kiln.__version__}")
+    return describe_machine()
 
 
 def cpu_options(threads: int) -> ort.SessionOptions:

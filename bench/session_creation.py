@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -46,6 +45,7 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import onnxruntime_ep_kiln as kiln  # noqa: E402
+from machine import describe as describe_machine  # noqa: E402
 
 
 def build_model(path: str, total_mb: int, n_ops: int) -> int:
@@ -89,25 +89,7 @@ def compile_ctx(src: str, dev, folder: str, embed: int) -> str:
 
 
 def machine() -> str:
-    model = "unknown CPU"
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown CPU":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    isa = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "SSE2")
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return (f"{model}; {os.cpu_count()} logical CPUs ({usable} usable by this process); {isa}; "
-            f"{platform.system()} {platform.release()}; Python {platform.python_version()}; "
-            f"onnxruntime {ort.__version__}; kiln {kiln.__version__}")
+    return describe_machine()
 
 
 def main() -> int:

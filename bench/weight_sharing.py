@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -55,6 +54,7 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import onnxruntime_ep_kiln as kiln  # noqa: E402
+from machine import describe as describe_machine  # noqa: E402
 from onnxruntime_ep_kiln import share  # noqa: E402
 
 COLS = 1024
@@ -148,28 +148,7 @@ def same_outputs(a, b) -> bool:
 
 
 def machine() -> str:
-    model = "unknown CPU"
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown CPU":
-                    model = line.split(":", 1)[1].strip()
-                if line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    isa = "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "SSE2")
-    mem = ""
-    try:
-        with open("/proc/meminfo") as f:
-            kb = int(f.readline().split()[1])
-        mem = f"; {kb / 2**20:.0f} GiB RAM"
-    except OSError:
-        pass
-    return (f"{model}; {os.cpu_count()} logical CPUs ({len(os.sched_getaffinity(0))} usable){mem}; {isa}; "
-            f"Linux {platform.release()}; Python {platform.python_version()}; onnxruntime {ort.__version__}; "
-            f"kiln {kiln.__version__}")
+    return describe_machine()
 
 
 def main() -> int:
