@@ -207,6 +207,9 @@ mod x86 {
         }
     }
 
+    /// How far ahead (in f32) the one-row kernel prefetches B.
+    const GEMV_PREFETCH: usize = 4096;
+
     /// # Safety
     /// AVX-512F and FMA available; `a` readable for `kc * MR` values, `b` for
     /// `kc * 32`, `store.bias` has at least `nc <= 32` values, and
@@ -230,7 +233,39 @@ mod x86 {
         }
         // Four k per iteration, so that loop overhead does not take FMA port slots.
         let (mut ap, mut bp) = (a, b);
-        for _ in 0..kc / 4 {
+        if MR == 1 {
+            // One row (GEMV): two accumulators alone would make the loop wait
+            // on FMA latency and hold back B's stream. Four independent
+            // chains (k mod 4) keep enough loads in flight; B is prefetched
+            // ahead since it streams from memory once.
+            let mut chains = [[_mm512_setzero_ps(); 2]; 4];
+            for _ in 0..kc / 4 {
+                for line in 0..8 {
+                    // A hint only: prefetching never faults.
+                    _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(GEMV_PREFETCH + 16 * line) as *const i8);
+                }
+                for (u, chain) in chains.iter_mut().enumerate() {
+                    // SAFETY: as in the loop below.
+                    let (b0, b1) = unsafe { (_mm512_loadu_ps(bp.add(32 * u)), _mm512_loadu_ps(bp.add(32 * u + 16))) };
+                    // SAFETY: MR = 1, u < 4 of the remaining k.
+                    let ai = _mm512_set1_ps(unsafe { *ap.add(u) });
+                    chain[0] = _mm512_fmadd_ps(ai, b0, chain[0]);
+                    chain[1] = _mm512_fmadd_ps(ai, b1, chain[1]);
+                }
+                // SAFETY: 4 of the remaining k were consumed.
+                unsafe {
+                    ap = ap.add(4);
+                    bp = bp.add(4 * 32);
+                }
+            }
+            for h in 0..2 {
+                acc[0][h] = _mm512_add_ps(
+                    _mm512_add_ps(chains[0][h], chains[1][h]),
+                    _mm512_add_ps(chains[2][h], chains[3][h]),
+                );
+            }
+        }
+        for _ in 0..if MR == 1 { 0 } else { kc / 4 } {
             for u in 0..4 {
                 // SAFETY: fewer than kc k have been consumed, so b + 32 (k + u) .. + 32
                 // and a + MR (k + u) .. + MR are readable.
