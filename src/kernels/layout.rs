@@ -106,31 +106,41 @@ fn strides_in(shape: &[usize], out: &[usize]) -> Vec<usize> {
 
 /// Drops size-1 dims and merges neighbours that are contiguous in both inputs.
 fn collapse(dims: &[usize], a: &[usize], b: &[usize]) -> Strided {
-    let mut s = Strided {
-        dims: Vec::new(),
-        a_strides: Vec::new(),
-        b_strides: Vec::new(),
-    };
+    let (dims, a_strides, b_strides) = merge_dims(dims, a, b, |n| n);
+    Strided {
+        dims,
+        a_strides,
+        b_strides,
+    }
+}
+
+/// Drops size-1 dims and merges each dim into the inner one it continues in
+/// both stride sets `x` and `y`: its stride is the inner stride times the
+/// inner size (0 == 0 * n for broadcasts). `size` converts a dim to a stride.
+pub(crate) fn merge_dims<T>(dims: &[usize], x: &[T], y: &[T], size: impl Fn(usize) -> T) -> (Vec<usize>, Vec<T>, Vec<T>)
+where
+    T: Copy + PartialEq + std::ops::Mul<Output = T>,
+{
+    let (mut d, mut xs, mut ys): (Vec<usize>, Vec<T>, Vec<T>) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..dims.len() {
         if dims[i] == 1 {
             continue;
         }
-        if let (Some(&sa), Some(&sb)) = (s.a_strides.last(), s.b_strides.last()) {
-            // The outer dim continues the inner one when its stride is the
-            // inner stride times the inner size (0 == 0 * n for broadcasts).
-            if sa == a[i] * dims[i] && sb == b[i] * dims[i] {
-                let last = s.dims.len() - 1;
-                s.dims[last] *= dims[i];
-                s.a_strides[last] = a[i];
-                s.b_strides[last] = b[i];
+        if let (Some(&sx), Some(&sy)) = (xs.last(), ys.last()) {
+            let n = size(dims[i]);
+            if sx == x[i] * n && sy == y[i] * n {
+                let last = d.len() - 1;
+                d[last] *= dims[i];
+                xs[last] = x[i];
+                ys[last] = y[i];
                 continue;
             }
         }
-        s.dims.push(dims[i]);
-        s.a_strides.push(a[i]);
-        s.b_strides.push(b[i]);
+        d.push(dims[i]);
+        xs.push(x[i]);
+        ys.push(y[i]);
     }
-    s
+    (d, xs, ys)
 }
 
 fn classify(s: Strided) -> Layout {

@@ -23,38 +23,18 @@ const TILE: usize = 32;
 
 impl CopyPlan {
     pub fn new(dims: &[usize], src_offset: usize, src: &[isize], dst_offset: usize, dst: &[isize]) -> CopyPlan {
-        let mut p = CopyPlan {
-            dims: Vec::new(),
-            src_offset,
-            src_strides: Vec::new(),
-            dst_offset,
-            dst_strides: Vec::new(),
+        let (dims, src_strides, dst_strides) = if dims.contains(&0) {
+            (vec![0], vec![0], vec![0])
+        } else {
+            super::layout::merge_dims(dims, src, dst, |n| n as isize)
         };
-        if dims.contains(&0) {
-            p.dims.push(0);
-            p.src_strides.push(0);
-            p.dst_strides.push(0);
-            return p;
+        CopyPlan {
+            dims,
+            src_offset,
+            src_strides,
+            dst_offset,
+            dst_strides,
         }
-        for i in 0..dims.len() {
-            if dims[i] == 1 {
-                continue;
-            }
-            if let (Some(&ss), Some(&ds)) = (p.src_strides.last(), p.dst_strides.last()) {
-                let n = dims[i] as isize;
-                if ss == src[i] * n && ds == dst[i] * n {
-                    let last = p.dims.len() - 1;
-                    p.dims[last] *= dims[i];
-                    p.src_strides[last] = src[i];
-                    p.dst_strides[last] = dst[i];
-                    continue;
-                }
-            }
-            p.dims.push(dims[i]);
-            p.src_strides.push(src[i]);
-            p.dst_strides.push(dst[i]);
-        }
-        p
     }
 
     /// Elements copied.
