@@ -5,24 +5,18 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use common::*;
 use kiln_ep::ffi::sys;
 use kiln_ep::target::Target;
 
 fn env() -> &'static Env {
-    static ENV: OnceLock<Env> = OnceLock::new();
-    ENV.get_or_init(|| Env::with_options(sys::ORT_LOGGING_LEVEL_WARNING, &[]))
+    quiet_env()
 }
 
 /// Tests share one registration of kiln (`kiln.virtual`) and run one at a time.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    static REGISTERED: OnceLock<()> = OnceLock::new();
-    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    REGISTERED.get_or_init(|| env().register("kiln.virtual", &kiln_library_path()).unwrap());
-    guard
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    serial_registered("kiln.virtual")
 }
 
 fn device(target: &str) -> EpDevice {

@@ -675,3 +675,20 @@ pub fn model_compatibility(devices: &[&EpDevice], info: &str) -> OrtResult<sys::
     })?;
     Ok(out)
 }
+
+/// The test process's ORT environment (warnings only), for test binaries
+/// that share one registration of kiln.
+pub fn quiet_env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| Env::with_options(sys::ORT_LOGGING_LEVEL_WARNING, &[]))
+}
+
+/// Registers kiln once per process under `name` in `quiet_env()` and runs
+/// tests one at a time (ORT's environment and kiln's workspace are process-wide).
+pub fn serial_registered(name: &'static str) -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    static REGISTERED: OnceLock<()> = OnceLock::new();
+    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    REGISTERED.get_or_init(|| quiet_env().register(name, &kiln_library_path()).unwrap());
+    guard
+}
