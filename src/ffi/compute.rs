@@ -158,10 +158,17 @@ impl<'a> KernelContext<'a> {
     pub fn parallel(&self) -> OrtParallel<'a> {
         OrtParallel {
             ctx: self.ptr,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: host_threads(),
             _life: std::marker::PhantomData,
         }
     }
+}
+
+/// The CPUs this process may use, read once: `available_parallelism` reads
+/// cgroup files on every call, which cost more than a small graph's Compute.
+fn host_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// `KernelContext_ParallelFor`: runs tasks on the caller plus ORT's intra-op
