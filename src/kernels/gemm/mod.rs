@@ -423,6 +423,9 @@ pub const B_SCRATCH_MAX: usize = 512 * 1024;
 /// Smallest amount of work (flops) worth one more task: about 5 µs of one core.
 const MIN_FLOPS_PER_TASK: usize = 1 << 20;
 
+/// GEMV tasks per thread (see [`split_work`]).
+const GEMV_TASKS_PER_THREAD: usize = 4;
+
 /// Runs `f` on one view per (row part, column part), as parallel tasks.
 fn run_tasks(
     view: &mut CView<'_>,
@@ -454,7 +457,13 @@ fn split_work(
     let flops = 2.0 * m as f64 * n as f64 * k as f64;
     // GEMV streams B from memory: it pays off to split much earlier.
     let work = if gemv { flops * 8.0 } else { flops };
-    let tasks = threads.min(1 + (work / MIN_FLOPS_PER_TASK as f64) as usize).max(1);
+    // A GEMV task packs nothing, so it can be cut finer: ORT's pool hands
+    // tasks out dynamically, and a worker that wakes late then costs a quarter
+    // of its share instead of all of it (the caller takes its tasks).
+    let per_thread = if gemv && threads > 1 { GEMV_TASKS_PER_THREAD } else { 1 };
+    let tasks = (threads * per_thread)
+        .min(1 + (work / MIN_FLOPS_PER_TASK as f64) as usize)
+        .max(1);
     let (row_blocks, panels) = (m.div_ceil(blk.mr), n.div_ceil(blk.nr));
     let mut best: Option<(f64, usize, usize)> = None;
     for mt in 1..=tasks {
