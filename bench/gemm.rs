@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use kiln_ep::kernels::gemm::{gemm, gemm_packed, Activation, Bias, Epilogue, PackedB};
+use kiln_ep::kernels::gemm::{gemm, gemm_packed, microkernel_flops, Activation, Bias, Epilogue, PackedB};
 use kiln_ep::kernels::parallel::{Parallel, ScopedThreads, Serial};
 use kiln_ep::kernels::Isa;
 use kiln_ep::target::Target;
@@ -167,6 +167,11 @@ fn main() {
         }
     }
     let peak512_before = has512.then(|| peak(Target::Avx512));
+    if args.iter().any(|a| a == "--peak-only") {
+        // For bench/gemm_ort.py: the peak only, one number.
+        println!("{:.1}", peak512_before.unwrap_or_else(|| peak(Target::Avx2)));
+        return;
+    }
     let peak256_before = has256.then(|| peak(Target::Avx2));
     let both512 = has512.then(|| peak_threads(Target::Avx512, 2));
 
@@ -209,6 +214,11 @@ fn main() {
             }
         }
     }
+    let micro: Vec<(Target, f64)> = isas
+        .iter()
+        .filter(|i| i.target() != Target::Generic)
+        .map(|&isa| (isa.target(), microkernel(isa, budget, reps)))
+        .collect();
     let max = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a.max(b));
     let peak512_after = has512.then(|| peak(Target::Avx512));
     let peak512 = max(peak512_before, peak512_after);
@@ -249,6 +259,17 @@ fn main() {
             out,
             "Both cores at once, AVX-512: **{two:.1} GFLOP/s** ({:.2}x one core)",
             two / p
+        )
+        .unwrap();
+    }
+    for (target, g) in &micro {
+        let p = if *target == Target::Avx512 { peak512 } else { peak256 };
+        let pct = p.map_or("-".into(), |p| format!("{:.0}%", 100.0 * g / p));
+        writeln!(
+            out,
+            "Microkernel alone, {}: {g:.1} GFLOP/s = **{pct}** of its peak (one full tile over the same \
+             L1-resident A and B panels of depth {MICRO_KC}, repeated: the ceiling of every GEMM row below)  ",
+            target.name().trim_start_matches("x86_64-")
         )
         .unwrap();
     }
@@ -336,6 +357,25 @@ fn run(isa: Isa, c: &Case, par: &dyn Parallel, budget: Duration, reps: usize) ->
     black_box(&out);
     per_call.sort_by(f64::total_cmp);
     2.0 * (m * n * k) as f64 / per_call[reps / 2] / 1e9
+}
+
+/// Depth of the microkernel-alone measurement: the AVX-512 and AVX2 `KC`.
+const MICRO_KC: usize = 256;
+
+/// GFLOP/s of `isa`'s microkernel alone (see `microkernel_flops`): median of `reps` runs.
+fn microkernel(isa: Isa, budget: Duration, reps: usize) -> f64 {
+    let mut runs: Vec<f64> = (0..reps)
+        .map(|_| {
+            let start = Instant::now();
+            let mut flops = 0.0;
+            while flops == 0.0 || start.elapsed() < budget {
+                flops += microkernel_flops(isa, MICRO_KC, 1000);
+            }
+            flops / start.elapsed().as_secs_f64() / 1e9
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[reps / 2]
 }
 
 /// This core's FMA peak in GFLOP/s for `target` (AVX-512 or AVX2): median of 7 runs.

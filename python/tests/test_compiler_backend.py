@@ -9,8 +9,10 @@ shapes. The cases come from the installed ``onnx`` package:
   of onnx >= 1.19 do not, so otherwise the very same cases are generated in
   memory from ``onnx.backend.test.case.node`` (what ``backend-test-tools
   generate-data`` writes to ``data/node``);
-* ``data/simple/*`` and ``data/pytorch-operator/*`` (model.onnx +
-  ``test_data_set_*/input_*.pb`` / ``output_*.pb``).
+* ``data/simple/*``, ``data/pytorch-operator/*`` and ``data/pytorch-converted/*`` (model.onnx +
+  ``test_data_set_*/input_*.pb`` / ``output_*.pb``). ``data/light`` and
+  ``data/real`` are convolutional networks (Conv, pooling: not kiln ops;
+  ``real`` ships only download links), so none of their models qualifies.
 
 Every case with more than one graph input also runs as ``<name>+const``: all
 inputs but the first become initializers holding the reference values
@@ -149,7 +151,7 @@ def _collect() -> Tuple[List[BackendCase], Dict[str, int]]:
                 continue
             sets = [([_to_array(i) for i in ins], [_to_array(o) for o in outs]) for ins, outs in tc.data_sets]
             cases.append(BackendCase(tc.name, tc.model, sets, tc.rtol, tc.atol, "node (generated)"))
-    for sub in ("simple", "pytorch-operator"):
+    for sub in ("simple", "pytorch-operator", "pytorch-converted"):
         d = os.path.join(DATA_DIR, sub)
         if not os.path.isdir(d):
             continue

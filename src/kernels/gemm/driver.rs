@@ -371,6 +371,30 @@ pub(super) unsafe fn blocked<K: Kernel>(
     }
 }
 
+/// One full `MR x NR` tile, `reps` times over the same panels of depth `kc`
+/// (L1-resident for the blockings used): the microkernel's own ceiling,
+/// without packing or cache misses, for the GEMM benchmark.
+///
+/// # Safety
+/// The CPU supports `K`'s instructions.
+#[inline(always)]
+#[allow(unsafe_code)]
+pub(super) unsafe fn tile_repeat<K: Kernel>(kc: usize, reps: usize, c: &mut [f32]) {
+    let a = vec![0.5f32; K::MR * kc];
+    let b = vec![0.25f32; K::NR * kc];
+    let mut view = CView::new(c, K::MR, K::NR, K::NR).expect("tile_repeat: C holds MR x NR values");
+    let store = Store {
+        accumulate: true,
+        scale: 1.0,
+        bias: None,
+    };
+    for _ in 0..reps {
+        let mut tile = view.tile(0..K::MR, 0..K::NR);
+        // SAFETY: the caller guarantees the CPU supports K.
+        unsafe { K::tile(kc, &a, &b, &mut tile, &store) };
+    }
+}
+
 /// [`Kernel::pack_b`].
 ///
 /// # Safety

@@ -649,6 +649,8 @@ entry!(blocked(
     epi: &Epi<'_>
 ) => blocked);
 
+entry!(tile_repeat(kc: usize, reps: usize, c: &mut [f32]) => tile_repeat);
+
 entry!(gemv(a: &[f32], b: &BPanels<'_>, view: &mut CView<'_>, epi: &Epi<'_>) => gemv);
 
 entry!(pack_b(b: BSrc<'_>, ks: Range<usize>, cols: Range<usize>, dst: &mut [f32]) => pack_b_for);

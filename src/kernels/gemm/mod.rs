@@ -417,6 +417,17 @@ pub fn gemm(
     Ok(())
 }
 
+/// For the GEMM benchmark: runs `isa`'s microkernel `reps` times on one full
+/// tile whose A and B panels (depth `kc`) stay in L1, and returns the flops
+/// done; its rate is the ceiling of the whole GEMM (no packing, no misses).
+pub fn microkernel_flops(isa: Isa, kc: usize, reps: usize) -> f64 {
+    let blk = Blocking::of(isa.target());
+    let mut c = vec![0.0f32; blk.mr * blk.nr];
+    kernels::tile_repeat(isa, kc, reps, &mut c);
+    std::hint::black_box(&c);
+    2.0 * (blk.mr * blk.nr * kc * reps) as f64
+}
+
 /// Most values `gemm` packs B into at once (2 MiB of f32).
 pub const B_SCRATCH_MAX: usize = 512 * 1024;
 

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""GEMM side by side with ORT (issue #5): kiln vs ORT's CPU EP (MLAS) on one
+MatMul with a constant B, single thread, at the shapes ``bench/gemm.rs`` uses.
+
+Each case is a model with one ``MatMul(A [M, K], B [K, N] initializer)``. Both
+sessions use ``intra_op_num_threads=1``, ``ORT_ENABLE_ALL``; kiln's with
+``session.disable_cpu_ep_fallback=1`` (kiln runs the node; B is packed at
+compile time, as MLAS pre-packs it). Outputs are compared first. Then,
+interleaved (default 9 repetitions, order alternated), each session runs a
+block of ~60 ms; the table gives the median time per run as GFLOP/s
+(2·M·N·K / time), the percentage of this core's AVX-512 FMA peak, and kiln/ORT.
+Times include ORT's per-Run overhead (a few µs, the same for both), which
+shows at the M = 1 shapes.
+
+The peak comes from the same measurement as ``bench/gemm.rs`` (independent zmm
+FMAs), run here through ``cargo bench --bench gemm -- --bench --peak-only``.
+
+Writes ``bench/results/gemm_ort.md`` (or ``--out``) and prints it.
+
+Usage (repository root, after ``cargo build --release``)::
+
+    KILN_EP_LIBRARY=target/release/libkiln_ep.so PYTHONPATH=python \\
+        .venv/bin/python bench/gemm_ort.py [--reps 9] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import onnxruntime_ep_kiln as kiln  # noqa: E402
+from machine import describe  # noqa: E402
+
+# (name, M, N, K): bench/gemm.rs's square and model shapes.
+CASES = [
+    ("square 256", 256, 256, 256),
+    ("square 512", 512, 512, 512),
+    ("square 1024", 1024, 1024, 1024),
+    ("MLP M=1 1024->1024", 1, 1024, 1024),
+    ("MLP M=32 1024->1024", 32, 1024, 1024),
+    ("BERT M=128 768->768", 128, 768, 768),
+    ("BERT M=128 768->3072", 128, 3072, 768),
+    ("BERT M=128 3072->768", 128, 768, 3072),
+    ("encoder M=128 256->1024", 128, 1024, 256),
+    ("encoder M=128 1024->256", 128, 256, 1024),
+]
+BLOCK_SECONDS = 0.06
+
+
+def matmul_model(m: int, n: int, k: int) -> bytes:
+    rng = np.random.default_rng(m * 7 + n * 3 + k)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["A", "B"], ["C"])], "gemm",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("C", TensorProto.FLOAT, [m, n])],
+        [numpy_helper.from_array(b, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def options(threads: int = 1) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    return so
+
+
+def sessions(model: bytes, dev):
+    cpu = ort.InferenceSession(model, options(), providers=["CPUExecutionProvider"])
+    so = options()
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    so.add_provider_for_devices([dev], {})
+    return cpu, ort.InferenceSession(model, so)
+
+
+def per_run(sess, feeds, n: int) -> float:
+    sess.run(None, feeds)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        sess.run(None, feeds)
+    return (time.perf_counter() - t0) / n
+
+
+def block(sess, feeds) -> int:
+    dt = min(per_run(sess, feeds, 1) for _ in range(3))
+    return max(1, int(BLOCK_SECONDS / max(dt, 1e-6)))
+
+
+def fma_peak() -> float:
+    out = subprocess.run(["cargo", "bench", "--quiet", "--bench", "gemm", "--", "--bench", "--peak-only"],
+                         cwd=REPO, check=True, capture_output=True, text=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "gemm_ort.md"))
+    args = ap.parse_args()
+
+    kiln.register()
+    dev = kiln.host_device()
+    peak = fma_peak()
+    rows = []
+    for name, m, n, k in CASES:
+        cpu, ks = sessions(matmul_model(m, n, k), dev)
+        a = np.random.default_rng(1).uniform(-1, 1, (m, k)).astype(np.float32)
+        feeds = {"A": a}
+        want, got = cpu.run(None, feeds)[0], ks.run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k), err_msg=name)
+        n_cpu, n_kiln = block(cpu, feeds), block(ks, feeds)
+        t_cpu, t_kiln = [], []
+        for r in range(args.reps):
+            order = [(cpu, n_cpu, t_cpu), (ks, n_kiln, t_kiln)]
+            for sess, count, out in order if r % 2 == 0 else order[::-1]:
+                out.append(per_run(sess, feeds, count))
+        flops = 2.0 * m * n * k
+        g_cpu, g_kiln = flops / statistics.median(t_cpu) / 1e9, flops / statistics.median(t_kiln) / 1e9
+        print(f"{name}: ORT {g_cpu:.1f} GFLOP/s, kiln {g_kiln:.1f} GFLOP/s", file=sys.stderr)
+        rows.append((name, m, n, k, g_cpu, g_kiln))
+        del cpu, ks
+
+    lines = [
+        "# kiln vs ORT's CPU EP: one MatMul, single thread\n",
+        describe() + "\n",
+        f"Run: `python bench/gemm_ort.py` on {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; "
+        f"single-core AVX-512 FMA peak **{peak:.1f} GFLOP/s** (`bench/gemm.rs`'s measurement).\n",
+        f"One `MatMul(A[M,K], B[K,N] constant)` per model, `intra_op_num_threads=1`, `ORT_ENABLE_ALL`; "
+        f"median of {args.reps} interleaved blocks of ~{int(BLOCK_SECONDS * 1000)} ms. GFLOP/s = 2·M·N·K / "
+        "time per `Run` (ORT's per-Run overhead included for both). kiln/ORT > 1: kiln is faster.\n",
+        "| case | M | N | K | ORT CPU EP GFLOP/s | % peak | kiln GFLOP/s | % peak | kiln/ORT |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, m, n, k, g_cpu, g_kiln in rows:
+        lines.append(f"| {name} | {m} | {n} | {k} | {g_cpu:.1f} | {100 * g_cpu / peak:.0f}% | {g_kiln:.1f} | "
+                     f"{100 * g_kiln / peak:.0f}% | **{g_kiln / g_cpu:.2f}** |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
