@@ -814,3 +814,12 @@ fn overlapping_splits_panic() {
     let mut view = CView::new(&mut c, 4, 4, 4).unwrap();
     let _ = view.split(&[0..3, 2..4], std::slice::from_ref(&(0..4)));
 }
+
+#[test]
+fn microkernel_flops_counts_one_full_tile_per_rep() {
+    for isa in isas() {
+        let blk = Blocking::of(isa.target());
+        let flops = microkernel_flops(isa, 16, 3);
+        assert_eq!(flops, 2.0 * (blk.mr * blk.nr * 16 * 3) as f64, "{isa:?}");
+    }
+}
