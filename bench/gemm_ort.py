@@ -41,6 +41,7 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import onnxruntime_ep_kiln as kiln  # noqa: E402
+from latency import cpu_options, kiln_options  # noqa: E402  (the same session settings)
 from machine import describe  # noqa: E402
 
 # (name, M, N, K): bench/gemm.rs's square and model shapes.
@@ -72,20 +73,9 @@ def matmul_model(m: int, n: int, k: int) -> bytes:
     return model.SerializeToString()
 
 
-def options(threads: int = 1) -> ort.SessionOptions:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    return so
-
-
 def sessions(model: bytes, dev):
-    cpu = ort.InferenceSession(model, options(), providers=["CPUExecutionProvider"])
-    so = options()
-    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    so.add_provider_for_devices([dev], {})
-    return cpu, ort.InferenceSession(model, so)
+    cpu = ort.InferenceSession(model, cpu_options(1), providers=["CPUExecutionProvider"])
+    return cpu, ort.InferenceSession(model, kiln_options(dev, 1))
 
 
 def per_run(sess, feeds, n: int) -> float:
