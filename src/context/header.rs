@@ -97,6 +97,17 @@ impl Header {
     /// Reads and checks the header against the whole file: magic, version,
     /// layout, size, zero padding and checksum.
     pub fn parse(file: &[u8]) -> Result<Header> {
+        let h = Header::parse_fixed(file)?;
+        h.check_length(file.len())?;
+        h.check_padding(file)?;
+        h.check_checksum(file)?;
+        Ok(h)
+    }
+
+    /// Reads the header from a file's first bytes alone: magic, version,
+    /// header size and the offsets format 1 fixes. What needs the whole file
+    /// (its length, padding, checksum) is left to [`Header::parse`].
+    pub fn parse_fixed(file: &[u8]) -> Result<Header> {
         check_magic(file)?;
         if file.len() < HEADER_LEN {
             return Err(truncated("the header", HEADER_LEN as u64, file.len()));
@@ -117,13 +128,11 @@ impl Header {
             data_len: u64_at(file, 40),
             checksum: u128::from_le_bytes(file[48..64].try_into().expect("16 bytes")),
         };
-        h.check_layout(u64_at(file, 16), file.len())?;
-        h.check_padding(file)?;
-        h.check_checksum(file)?;
+        h.check_offsets(u64_at(file, 16))?;
         Ok(h)
     }
 
-    fn check_layout(&self, metadata_offset: u64, file_len: usize) -> Result<()> {
+    fn check_offsets(&self, metadata_offset: u64) -> Result<()> {
         if metadata_offset != HEADER_LEN as u64 {
             crate::bail!(
                 InvalidGraph,
@@ -140,6 +149,10 @@ impl Header {
                 expected_data.map_or("an overflowing offset".to_string(), |o| o.to_string())
             );
         }
+        Ok(())
+    }
+
+    fn check_length(&self, file_len: usize) -> Result<()> {
         let Some(expected) = self.data_offset.checked_add(self.data_len) else {
             crate::bail!(InvalidGraph, "data length {} overflows", self.data_len);
         };

@@ -18,6 +18,8 @@
 mod compat;
 mod convert;
 mod header;
+mod models;
+mod peek;
 pub mod proto;
 mod reader;
 mod writer;
@@ -26,6 +28,8 @@ mod writer;
 mod tests;
 
 pub use compat::{check_compatibility, compatibility_info, Compatibility};
+pub use models::{binary_stamp, names_binary, OnnxModelError};
+pub use peek::{peek, peek_checksum, Peek};
 pub use reader::ContextBinary;
 pub use writer::ContextBuilder;
 
@@ -51,6 +55,8 @@ pub struct WriteStats {
     /// Weight bytes stored, each distinct weight once.
     pub weight_bytes_stored: u64,
     pub file_bytes: u64,
+    /// The header's checksum: identifies the file's contents.
+    pub checksum: u128,
 }
 
 /// One line about a compiled program, e.g. for an EPContext node's notes:

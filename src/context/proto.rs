@@ -18,6 +18,11 @@ pub struct Metadata {
     pub weights: Vec<WeightInfo>,
     #[prost(message, repeated, tag = "4")]
     pub graphs: Vec<GraphInfo>,
+    /// File names of the compiled models (`_ctx.onnx`, in the binary's
+    /// folder) this binary was written for. A writer replaces an existing
+    /// binary only if it was written for the model being written.
+    #[prost(string, repeated, tag = "5")]
+    pub context_models: Vec<String>,
 }
 
 /// One stored weight. Identical weights are stored once per file.

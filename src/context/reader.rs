@@ -19,6 +19,8 @@ pub struct ContextBinary {
     storage: Arc<dyn Storage>,
     format_version: u32,
     kiln_version: String,
+    checksum: u128,
+    context_models: Vec<String>,
     target: Target,
     weights: usize,
     weight_bytes: u64,
@@ -44,6 +46,16 @@ impl ContextBinary {
 
     pub fn target(&self) -> Target {
         self.target
+    }
+
+    /// The header's checksum (xxh3-128 of metadata and data): the contents' identity.
+    pub fn checksum(&self) -> u128 {
+        self.checksum
+    }
+
+    /// The compiled models the binary was written for (empty in files of older kilns).
+    pub fn context_models(&self) -> &[String] {
+        &self.context_models
     }
 
     pub fn graph_names(&self) -> Vec<String> {
@@ -137,6 +149,8 @@ fn parse(storage: Arc<dyn Storage>) -> Result<ContextBinary> {
     Ok(ContextBinary {
         format_version: header.version,
         kiln_version: meta.kiln_version,
+        checksum: header.checksum,
+        context_models: meta.context_models,
         target,
         weights: constants.len(),
         weight_bytes,

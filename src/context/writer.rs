@@ -34,6 +34,8 @@ pub struct ContextBuilder {
     by_hash: HashMap<u128, Vec<usize>>,
     graphs: Vec<proto::GraphInfo>,
     weight_bytes_referenced: u64,
+    /// The compiled models the binary is written for (metadata `context_models`).
+    context_models: Vec<String>,
 }
 
 impl ContextBuilder {
@@ -44,7 +46,19 @@ impl ContextBuilder {
             by_hash: HashMap::new(),
             graphs: Vec::new(),
             weight_bytes_referenced: 0,
+            context_models: Vec::new(),
         }
+    }
+
+    /// Records `name` (a `_ctx.onnx` file name) as a model this binary is written for.
+    pub fn add_context_model(&mut self, name: &str) {
+        if !self.context_models.iter().any(|n| n == name) {
+            self.context_models.push(name.to_string());
+        }
+    }
+
+    pub fn context_models(&self) -> &[String] {
+        &self.context_models
     }
 
     pub fn target(&self) -> Target {
@@ -150,6 +164,7 @@ impl ContextBuilder {
             target: self.target.name().to_string(),
             weights,
             graphs: self.graphs.clone(),
+            context_models: self.context_models.clone(),
         }
     }
 
@@ -187,6 +202,7 @@ impl ContextBuilder {
             weight_bytes_referenced: self.weight_bytes_referenced,
             weight_bytes_stored: self.weights.iter().map(|w| w.data.byte_len() as u64).sum(),
             file_bytes: header.file_len(),
+            checksum: sum,
         })
     }
 

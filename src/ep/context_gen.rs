@@ -2,11 +2,12 @@
 //! `EPContext` node per partition and, in embed mode 0, writes the model's
 //! one context binary `<model>_kiln.bin` beside the output model.
 
-use std::io::Write;
+mod files;
+
 use std::path::{Path, PathBuf};
 
 use super::{KilnEp, EP_NAME};
-use crate::context::{ContextBuilder, FORMAT_VERSION};
+use crate::context::{self, ContextBuilder, FORMAT_VERSION};
 use crate::error::{Error, Result};
 use crate::ffi::ep::{AttrValue, EpContextNode};
 use crate::plan::Program;
@@ -51,10 +52,11 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
         }
         return Ok(nodes);
     }
-    let bin_name = if ep.config.context.share {
-        write_shared(ep, model_path, parts, &names)?
+    let out = output_location(ep, model_path)?;
+    let (bin_name, checksum) = if ep.config.context.share {
+        write_shared(ep, &out, parts, &names)?
     } else {
-        write_own(ep, model_path, parts, &names)?
+        write_own(ep, &out, parts, &names)?
     };
     // The node ORT writes first names the file; the others find their graph in it.
     let main = (0..parts.len()).min_by_key(|&i| parts[i].first_node).unwrap_or(0);
@@ -65,70 +67,79 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
         if i == main {
             node.attributes
                 .push(("ep_cache_context", AttrValue::Bytes(bin_name.clone().into_bytes())));
+            if let Some(sum) = checksum {
+                stamp_notes(node, sum);
+            }
         }
     }
     Ok(nodes)
 }
 
-/// Embed mode 0 without sharing: this model's own `<model>_kiln.bin`.
-fn write_own(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>], names: &[String]) -> Result<String> {
-    let (bin_path, bin_name) = binary_location(ep, model_path)?;
+/// Adds the binary's checksum to the main node's notes: how kiln tells that
+/// ORT wrote this model for this very binary (see `files`).
+fn stamp_notes(node: &mut EpContextNode, checksum: u128) {
+    if let Some((_, AttrValue::Bytes(notes))) = node.attributes.iter_mut().find(|(k, _)| *k == "notes") {
+        notes.extend_from_slice(format!("; {}", context::binary_stamp(checksum)).as_bytes());
+    }
+}
+
+/// Embed mode 0 without sharing: this model's own binary, staged until
+/// ORT has written the compiled model (see `files`).
+fn write_own(ep: &KilnEp, out: &Output, parts: &[Generated<'_>], names: &[String]) -> Result<(String, Option<u128>)> {
+    let models = [out.ctx_name.clone()];
+    let bin_name = files::choose_name(&out.folder, &out.stem, &models, &ep.logger)?;
     let mut builder = ContextBuilder::new(ep.target);
+    builder.add_context_model(&out.ctx_name);
     for (part, name) in parts.iter().zip(names) {
         builder.add_graph(name, part.program)?;
     }
-    let stats = write_atomically(&bin_path, |out| builder.write_to(out))?;
-    log_written(ep, &bin_path, &stats);
-    Ok(bin_name)
+    let staged = files::stage(&out.folder, &bin_name, &builder, &out.ctx_model, ep.config.compile_only)?;
+    let checksum = staged.stats.checksum;
+    ep.context_files.hold_or_commit(staged, out.ctx_file, &ep.logger)?;
+    Ok((bin_name, Some(checksum)))
 }
 
-/// `ep.share_ep_contexts=1`: add this model's graphs to the group's binary.
-fn write_shared(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>], names: &[String]) -> Result<String> {
-    let (own_path, _) = binary_location(ep, model_path)?;
-    let folder = own_path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let stem = own_path
-        .file_name()
-        .map(|n| n.to_string_lossy().trim_end_matches("_kiln.bin").to_string())
-        .unwrap_or_else(|| "model".into());
+/// `ep.share_ep_contexts=1`: add this model's graphs to the group's binary,
+/// which the stop session stages.
+fn write_shared(
+    ep: &KilnEp,
+    out: &Output,
+    parts: &[Generated<'_>],
+    names: &[String],
+) -> Result<(String, Option<u128>)> {
     let graphs: Vec<(String, &Program)> = names.iter().cloned().zip(parts.iter().map(|p| p.program)).collect();
+    let mut staged = None;
+    let member = super::share::Member {
+        target: ep.target,
+        folder: &out.folder,
+        ctx_name: &out.ctx_name,
+        graphs: &graphs,
+        stop: ep.config.context.stop_share,
+    };
     let shared = super::share::add_to_group(
-        ep.target,
-        &folder,
-        &stem,
-        &graphs,
-        ep.config.context.stop_share,
-        |path, b| write_atomically(path, |out| b.write_to(out)),
+        member,
+        || files::choose_name(&out.folder, &out.stem, std::slice::from_ref(&out.ctx_name), &ep.logger),
+        |name, b| {
+            let s = files::stage(&out.folder, name, b, &out.ctx_model, ep.config.compile_only)?;
+            let stats = s.stats.clone();
+            staged = Some(s);
+            Ok(stats)
+        },
     )?;
-    match &shared.written {
-        Some(stats) => log_written(ep, &shared.bin_path, stats),
+    let checksum = staged.as_ref().map(|s| s.stats.checksum);
+    match staged {
+        Some(s) => ep.context_files.hold_or_commit(s, out.ctx_file, &ep.logger)?,
         None => ep.logger.info(|| {
             format!(
                 "model {} of a shared context group: {} graph(s) added to '{}' (written by the session with \
                  ep.stop_share_ep_contexts=1)",
                 shared.model_index,
                 graphs.len(),
-                shared.bin_path.display()
+                out.folder.join(&shared.bin_name).display()
             )
         }),
     }
-    Ok(shared.bin_name)
-}
-
-fn log_written(ep: &KilnEp, path: &Path, stats: &crate::context::WriteStats) {
-    ep.logger.info(|| {
-        format!(
-            "wrote context binary '{}' ({} bytes, {} graph(s), {} of {} weight bytes stored after sharing)",
-            path.display(),
-            stats.file_bytes,
-            stats.graphs,
-            stats.weight_bytes_stored,
-            stats.weight_bytes_referenced
-        )
-    });
-    crate::stats::context_written(
-        stats.file_bytes,
-        stats.weight_bytes_referenced - stats.weight_bytes_stored,
-    );
+    Ok((shared.bin_name, checksum))
 }
 
 fn base_node(ep: &KilnEp, model_path: Option<&Path>, part: &Generated<'_>, partition_name: &str) -> EpContextNode {
@@ -167,11 +178,23 @@ fn notes(program: &Program) -> String {
     )
 }
 
-/// Where embed mode 0 puts the binary: the output model's folder, named
-/// after the model (`<model>_kiln.bin`). Returns the path and the name the
-/// EPContext node records (relative to the output model).
-fn binary_location(ep: &KilnEp, model_path: Option<&Path>) -> Result<(PathBuf, String)> {
-    let output = match (&ep.config.context.file_path, model_path) {
+/// Where embed mode 0 writes: the output model's folder, the binary named
+/// after the model (`<stem>_kiln.bin`, see `files::choose_name`).
+pub struct Output {
+    pub folder: PathBuf,
+    pub stem: String,
+    /// The compiled model ORT writes (or would write, for a memory output).
+    pub ctx_model: PathBuf,
+    /// Its file name, recorded in the binary.
+    pub ctx_name: String,
+    /// Whether ORT may write `ctx_model` as a file: false only for the
+    /// compile API writing to memory without `ep.context_file_path`.
+    pub ctx_file: bool,
+}
+
+fn output_location(ep: &KilnEp, model_path: Option<&Path>) -> Result<Output> {
+    let ctx = &ep.config.context;
+    let output = match (&ctx.file_path, model_path) {
         (Some(out), _) => PathBuf::from(out),
         (None, Some(model)) => default_output(model),
         (None, None) => {
@@ -185,22 +208,35 @@ fn binary_location(ep: &KilnEp, model_path: Option<&Path>) -> Result<(PathBuf, S
         Some(model) => file_stem(model),
         None => file_stem(&output).trim_end_matches("_ctx").to_string(),
     };
-    let name = format!("{stem}_kiln.bin");
-    let folder = output.parent().map(Path::to_path_buf).unwrap_or_default();
-    // ORT would fail to write the model there after kiln wrote (or, sharing,
-    // queued) its binary: refuse first, so nothing is left behind.
-    let shown = if folder.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        folder.as_path()
+    let folder = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
     };
-    if !shown.is_dir() {
+    // ORT would fail to write the model there after kiln staged (or, sharing,
+    // queued) its binary: refuse first, so nothing is written at all.
+    if !folder.is_dir() {
         return Err(Error::invalid_argument(format!(
             "the output model's folder '{}' does not exist; create it first",
-            shown.display()
+            folder.display()
         )));
     }
-    Ok((folder.join(&name), name))
+    let ctx_file = !ep.config.compile_only || ctx.file_path.is_some();
+    if ctx_file && output.is_dir() {
+        return Err(Error::invalid_argument(format!(
+            "the output model path '{}' is a folder; give the path of the _ctx.onnx file to write",
+            output.display()
+        )));
+    }
+    Ok(Output {
+        ctx_name: output
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        ctx_model: output,
+        folder,
+        stem,
+        ctx_file,
+    })
 }
 
 /// ORT's default output model: `<model dir>/<model stem>_ctx.onnx`.
@@ -214,49 +250,57 @@ fn file_stem(path: &Path) -> String {
         .unwrap_or_else(|| "model".into())
 }
 
-/// Writes `path` through a temporary file in the same folder and a rename,
-/// so the binary is either complete or absent, never half-written.
-pub fn write_atomically<T>(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<T>) -> Result<T> {
-    let folder = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(folder).map_err(|e| {
-        Error::fail(format!(
-            "cannot create folder '{}' for the context binary: {e}",
-            folder.display()
-        ))
-    })?;
-    // Unique per process and call: sessions may write at the same time.
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let tmp = folder.join(format!(
-        ".{}.tmp-{}-{}",
-        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
-        std::process::id(),
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let file = std::fs::File::create(&tmp).map_err(|e| io_error(&tmp, e))?;
-        let mut out = std::io::BufWriter::new(file);
-        let value = write(&mut out)?;
-        let file = out.into_inner().map_err(|e| io_error(&tmp, e.into_error()))?;
-        file.sync_all().map_err(|e| io_error(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io_error(path, e))?;
-        Ok(value)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+pub use files::{write_atomically, ContextFiles};
+
+/// `OnSessionInitializationEnd`: ORT has written the session's compiled
+/// model (session-option route), so the binaries it names go in place now,
+/// while the session lives on.
+pub fn on_session_initialization_end(ep: &KilnEp) -> Result<()> {
+    ep.context_files.finish_written(&ep.logger)
 }
 
-fn io_error(path: &Path, e: std::io::Error) -> Error {
-    Error::fail(format!("cannot write context binary '{}': {e}", path.display()))
+/// ORT releases the EP: settle every staged binary (in place if ORT wrote
+/// its compiled model, removed otherwise). A sharing group's stop session
+/// whose model gave kiln nothing to compile never reached Compile: end the
+/// group here, so the group's binary is still written.
+pub fn on_release(ep: &KilnEp) {
+    ep.context_files.finish_all(&ep.logger);
+    let c = &ep.config.context;
+    if !(c.enable && c.share && c.stop_share) || ep.compiled.load(std::sync::atomic::Ordering::Acquire) {
+        return;
+    }
+    let written = super::share::finish_group(|folder, name, builder| {
+        // No kiln node in this model to confirm: in place at once.
+        let staged = files::stage(folder, name, builder, folder, ep.config.compile_only)?;
+        let stats = staged.stats.clone();
+        files::commit(&staged)?;
+        Ok(stats)
+    });
+    match written {
+        Ok(Some((path, stats))) => {
+            ep.logger.info(|| {
+                format!(
+                    "stop session compiled nothing; ended the shared group by writing '{}' ({} bytes)",
+                    path.display(),
+                    stats.file_bytes
+                )
+            });
+            crate::stats::context_written(
+                stats.file_bytes,
+                stats.weight_bytes_referenced - stats.weight_bytes_stored,
+            );
+        }
+        Ok(None) => {}
+        Err(e) => ep
+            .logger
+            .error(&format!("could not write the shared context binary: {e}")),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn atomic_write_leaves_nothing_on_error() {

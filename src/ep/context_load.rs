@@ -184,7 +184,9 @@ impl LoadedBinaries {
         if let Some(b) = self.files.get(path) {
             return Ok(b.clone());
         }
-        let binary = match share.then(|| super::share::loaded(path)).flatten() {
+        // Taken before mapping: the workspace is keyed by the file's identity.
+        let id = share.then(|| super::share::identity(path)).flatten();
+        let binary = match id.as_ref().and_then(super::share::loaded) {
             Some(b) => {
                 stats::context_file_shared();
                 b
@@ -192,8 +194,8 @@ impl LoadedBinaries {
             None => {
                 let b = parse(map_file(path)?).map_err(|e| e.context(format!("'{}'", path.display())))?;
                 stats::context_file_opened();
-                if share {
-                    super::share::publish(path, &b);
+                if let Some(id) = id {
+                    super::share::publish(id, &b);
                 }
                 b
             }

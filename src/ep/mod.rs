@@ -153,6 +153,7 @@ impl FactoryImpl for KilnFactory {
             compat: CString::new(context::compatibility_info(target)).unwrap_or_default(),
             binaries: Default::default(),
             compiled: Default::default(),
+            context_files: Default::default(),
         })
     }
 
@@ -208,37 +209,14 @@ pub struct KilnEp {
     binaries: parking_lot::Mutex<context_load::LoadedBinaries>,
     /// Set once Compile ran (see `Drop`).
     compiled: std::sync::atomic::AtomicBool,
+    /// Context binaries written but not yet in place (see `context_gen`).
+    context_files: context_gen::ContextFiles,
 }
 
 impl Drop for KilnEp {
-    /// A sharing group's stop session whose model gave kiln nothing to
-    /// compile never reached Compile: end the group here, when ORT releases
-    /// the session, so the group's binary is still written.
+    /// Settles the context binaries this session staged (see `context_gen`).
     fn drop(&mut self) {
-        let c = &self.config.context;
-        if !(c.enable && c.share && c.stop_share) || self.compiled.load(std::sync::atomic::Ordering::Acquire) {
-            return;
-        }
-        let written = share::finish_group(|path, b| context_gen::write_atomically(path, |out| b.write_to(out)));
-        match written {
-            Ok(Some((path, stats))) => {
-                self.logger.info(|| {
-                    format!(
-                        "stop session compiled nothing; ended the shared group by writing '{}' ({} bytes)",
-                        path.display(),
-                        stats.file_bytes
-                    )
-                });
-                stats::context_written(
-                    stats.file_bytes,
-                    stats.weight_bytes_referenced - stats.weight_bytes_stored,
-                );
-            }
-            Ok(None) => {}
-            Err(e) => self
-                .logger
-                .error(&format!("could not write the shared context binary: {e}")),
-        }
+        context_gen::on_release(self);
     }
 }
 

@@ -9,9 +9,12 @@
 //! nothing on disk, and a session that fails adds nothing to its group.
 //!
 //! Loading: sessions with `ep.share_ep_contexts=1` take binaries other
-//! sessions already mapped from the workspace instead of opening the file
+//! sessions already mapped from the workspace instead of mapping the file
 //! again, so their weights exist once in memory. The workspace holds weak
-//! references: a binary lives as long as some session uses it.
+//! references: a binary lives as long as some session uses it. It is keyed
+//! by the file's identity (path, device, inode, size, modification time and
+//! the header's checksum), so a binary recompiled in place is a new entry:
+//! new sessions load the new file, live ones keep the mapping they have.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,7 +39,7 @@ struct Group {
 #[derive(Default)]
 struct Workspace {
     group: Option<Group>,
-    loaded: HashMap<PathBuf, Weak<ContextBinary>>,
+    loaded: HashMap<FileIdentity, Weak<ContextBinary>>,
 }
 
 static WORKSPACE: Lazy<Mutex<Workspace>> = Lazy::new(Default::default);
@@ -45,8 +48,6 @@ static WORKSPACE: Lazy<Mutex<Workspace>> = Lazy::new(Default::default);
 pub struct Shared {
     /// The binary's file name, relative to the session's output folder.
     pub bin_name: String,
-    /// The binary's full path.
-    pub bin_path: PathBuf,
     /// Set when this session ended the group and wrote the binary.
     pub written: Option<WriteStats>,
     /// 1 for the group's first model, 2 for the second, ...
@@ -61,27 +62,40 @@ fn same_folder(a: &Path, b: &Path) -> bool {
     canon(a) == canon(b)
 }
 
-/// Adds one session's graphs to the current group (starting one if none),
-/// all or nothing; with `stop`, writes the binary and ends the group.
+/// One session joining the current group.
+pub struct Member<'a> {
+    pub target: Target,
+    /// The output model's folder.
+    pub folder: &'a Path,
+    /// The output model's file name, recorded in the binary.
+    pub ctx_name: &'a str,
+    pub graphs: &'a [(String, &'a Program)],
+    /// `ep.stop_share_ep_contexts=1`: this session ends the group.
+    pub stop: bool,
+}
+
+/// Adds one session's graphs to the current group (starting one, named by
+/// `bin_name`, if none), all or nothing; with `stop`, writes the binary
+/// (`write(file name, builder)`) and ends the group.
 pub fn add_to_group(
-    target: Target,
-    folder: &Path,
-    model_stem: &str,
-    graphs: &[(String, &Program)],
-    stop: bool,
-    write: impl FnOnce(&Path, &ContextBuilder) -> Result<WriteStats>,
+    member: Member<'_>,
+    bin_name: impl FnOnce() -> Result<String>,
+    write: impl FnOnce(&str, &ContextBuilder) -> Result<WriteStats>,
 ) -> Result<Shared> {
     let mut ws = WORKSPACE.lock();
     // A group starts only once its first session succeeds, so a failed
     // first session does not name the binary.
-    let mut group = ws.group.take().unwrap_or_else(|| Group {
-        folder: folder.to_path_buf(),
-        bin_name: format!("{model_stem}_kiln.bin"),
-        builder: ContextBuilder::new(target),
-        models: 0,
-    });
-    let result = add_graphs(&mut group, target, folder, graphs, stop, write);
-    if (result.is_ok() && !stop) || (result.is_err() && group.models > 0) {
+    let mut group = match ws.group.take() {
+        Some(g) => g,
+        None => Group {
+            folder: member.folder.to_path_buf(),
+            bin_name: bin_name()?,
+            builder: ContextBuilder::new(member.target),
+            models: 0,
+        },
+    };
+    let result = add_graphs(&mut group, &member, write);
+    if (result.is_ok() && !member.stop) || (result.is_err() && group.models > 0) {
         ws.group = Some(group);
     }
     result
@@ -89,15 +103,12 @@ pub fn add_to_group(
 
 fn add_graphs(
     group: &mut Group,
-    target: Target,
-    folder: &Path,
-    graphs: &[(String, &Program)],
-    stop: bool,
-    write: impl FnOnce(&Path, &ContextBuilder) -> Result<WriteStats>,
+    member: &Member<'_>,
+    write: impl FnOnce(&str, &ContextBuilder) -> Result<WriteStats>,
 ) -> Result<Shared> {
-    check_joinable(group, target, folder)?;
+    check_joinable(group, member.target, member.folder)?;
     let mut next = group.builder.clone();
-    for (name, program) in graphs {
+    for (name, program) in member.graphs {
         if next.graph_names().iter().any(|n| n == name) {
             return Err(Error::invalid_argument(format!(
                 "graph '{name}' is already in the shared context binary '{}': give each model of the group its \
@@ -107,13 +118,16 @@ fn add_graphs(
         }
         next.add_graph(name, program)?;
     }
-    let bin_path = group.folder.join(&group.bin_name);
-    let written = if stop { Some(write(&bin_path, &next)?) } else { None };
+    next.add_context_model(member.ctx_name);
+    let written = if member.stop {
+        Some(write(&group.bin_name, &next)?)
+    } else {
+        None
+    };
     group.builder = next;
     group.models += 1;
     Ok(Shared {
         bin_name: group.bin_name.clone(),
-        bin_path,
         written,
         model_index: group.models,
     })
@@ -140,16 +154,52 @@ fn check_joinable(group: &Group, target: Target, folder: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A binary another session of this process already mapped, if it is still alive.
-pub fn loaded(path: &Path) -> Option<Arc<ContextBinary>> {
-    WORKSPACE.lock().loaded.get(path).and_then(Weak::upgrade)
+/// What makes two opens of a path the same binary: the file (device and
+/// inode), its size and modification time, and its contents' checksum.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FileIdentity {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    checksum: u128,
 }
 
-/// Offers a freshly mapped binary to later sharing sessions.
-pub fn publish(path: &Path, binary: &Arc<ContextBinary>) {
+/// The identity of the binary at `path` now; `None` for anything that is
+/// not a regular file with a readable kiln header (the caller's own open
+/// then reports what is wrong).
+pub fn identity(path: &Path) -> Option<FileIdentity> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
+    let mut file = std::fs::File::open(path).ok()?;
+    let checksum = crate::context::peek_checksum(&mut file).ok()?;
+    Some(FileIdentity {
+        path: path.to_path_buf(),
+        dev: meta.dev(),
+        ino: meta.ino(),
+        size: meta.size(),
+        mtime: (meta.mtime(), meta.mtime_nsec()),
+        checksum,
+    })
+}
+
+/// A binary another session of this process already mapped, if it is still
+/// alive and the file is still the one it mapped.
+pub fn loaded(id: &FileIdentity) -> Option<Arc<ContextBinary>> {
+    WORKSPACE.lock().loaded.get(id).and_then(Weak::upgrade)
+}
+
+/// Offers a freshly mapped binary to later sharing sessions. `id` must be
+/// taken before mapping; a binary whose contents are not the ones `id` saw
+/// (the file was replaced in between) is not offered.
+pub fn publish(id: FileIdentity, binary: &Arc<ContextBinary>) {
+    if binary.checksum() != id.checksum {
+        return;
+    }
     let mut ws = WORKSPACE.lock();
     ws.loaded.retain(|_, b| b.strong_count() > 0);
-    ws.loaded.insert(path.to_path_buf(), Arc::downgrade(binary));
+    ws.loaded.insert(id, Arc::downgrade(binary));
 }
 
 /// `ep.stop_share_ep_contexts=1` on a loading session: later sessions start afresh.
@@ -160,15 +210,14 @@ pub fn stop_sharing_loaded() {
 /// Ends the open group, if any, writing its binary: for a stop session that
 /// never compiled anything (kiln claimed nothing of its model).
 pub fn finish_group(
-    write: impl FnOnce(&Path, &ContextBuilder) -> Result<WriteStats>,
+    write: impl FnOnce(&Path, &str, &ContextBuilder) -> Result<WriteStats>,
 ) -> Result<Option<(PathBuf, WriteStats)>> {
     let mut ws = WORKSPACE.lock();
     let Some(group) = ws.group.take() else {
         return Ok(None);
     };
-    let path = group.folder.join(&group.bin_name);
-    match write(&path, &group.builder) {
-        Ok(stats) => Ok(Some((path, stats))),
+    match write(&group.folder, &group.bin_name, &group.builder) {
+        Ok(stats) => Ok(Some((group.folder.join(&group.bin_name), stats))),
         Err(e) => {
             ws.group = Some(group);
             Err(e)

@@ -1,0 +1,377 @@
+//! The context binary's file on disk: which name kiln may write, and when
+//! the binary goes in place.
+//!
+//! - **Ownership.** A binary records the compiled models (`_ctx.onnx` file
+//!   names) it was written for. kiln replaces an existing `<stem>_kiln.bin`
+//!   only if it was written for the model being written and no other
+//!   compiled model in the folder still names it; otherwise it writes
+//!   `<stem>.2_kiln.bin`, `<stem>.3_kiln.bin`, ... (the name is recorded in
+//!   `ep_cache_context`). Anything else under the name (a foreign file, a
+//!   binary of an older kiln that records no model, a folder, a FIFO) is
+//!   never touched.
+//! - **Staging.** Compile writes the binary under a temporary name in the
+//!   target folder. It is renamed into place only once ONNX Runtime has
+//!   written the compiled model that names it (checked by reading that model:
+//!   its kiln node names the file and carries the binary's checksum), and
+//!   removed otherwise, so a failed write of the `_ctx.onnx` leaves no
+//!   binary behind and destroys no older one.
+
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+
+use super::super::context_load::is_kiln_source;
+use crate::context::{self, ContextBuilder, WriteStats};
+use crate::error::{Error, Result};
+use crate::ffi::logger::Logger;
+use crate::ffi::mmap::map_file;
+
+/// How many alternative names kiln tries before giving up.
+const MAX_NAMES: usize = 100;
+
+/// A file's identity, to tell whether ORT wrote it since kiln looked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+}
+
+fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some(FileId {
+        dev: m.dev(),
+        ino: m.ino(),
+        size: m.size(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+    })
+}
+
+/// Whether kiln may write a binary at a path.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// Nothing there.
+    Free,
+    /// A binary written for one of the models being written, used by no other.
+    Ours,
+    /// Something kiln must leave alone, and why.
+    Other(String),
+}
+
+/// Whether the compiled model at `model` names `bin_name` (with `checksum`,
+/// if given). Any file that cannot be read as a model does not.
+pub fn model_names(model: &Path, bin_name: &str, checksum: Option<u128>) -> bool {
+    let regular = std::fs::metadata(model).is_ok_and(|m| m.is_file());
+    regular
+        && map_file(model)
+            .ok()
+            .and_then(|bytes| context::names_binary(bytes.bytes(), is_kiln_source, bin_name, checksum).ok())
+            .unwrap_or(false)
+}
+
+/// Who `folder/name` belongs to, for a binary written for `models`
+/// (`_ctx.onnx` file names in `folder`).
+pub fn ownership(folder: &Path, name: &str, models: &[String]) -> Ownership {
+    let path = folder.join(name);
+    let meta = match std::fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ownership::Free,
+        Err(e) => return Ownership::Other(format!("cannot be inspected ({e})")),
+        Ok(m) => m,
+    };
+    if !meta.is_file() {
+        return Ownership::Other("is not a regular file".into());
+    }
+    let peek = std::fs::File::open(&path)
+        .map_err(|e| Error::fail(e.to_string()))
+        .and_then(|mut f| context::peek(&mut f));
+    let peek = match peek {
+        Ok(p) => p,
+        Err(e) => return Ownership::Other(format!("is not a kiln context binary kiln can read ({e})")),
+    };
+    if peek.context_models.is_empty() {
+        return Ownership::Other(format!(
+            "was written by kiln {}, which did not record the compiled model it belongs to",
+            peek.kiln_version
+        ));
+    }
+    if !peek.context_models.iter().any(|m| models.contains(m)) {
+        return Ownership::Other(format!("belongs to {}", quoted(&peek.context_models)));
+    }
+    let users: Vec<String> = peek
+        .context_models
+        .iter()
+        .filter(|m| !models.contains(m) && model_names(&folder.join(m), name, None))
+        .cloned()
+        .collect();
+    if !users.is_empty() {
+        return Ownership::Other(format!("is still used by {}", quoted(&users)));
+    }
+    Ownership::Ours
+}
+
+fn quoted(names: &[String]) -> String {
+    names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
+}
+
+/// The binary's file name for `models` in `folder`: `<stem>_kiln.bin`, or,
+/// if that belongs to another compiled model, the first free or own one of
+/// `<stem>.2_kiln.bin`, `<stem>.3_kiln.bin`, ...
+pub fn choose_name(folder: &Path, stem: &str, models: &[String], logger: &Logger) -> Result<String> {
+    let mut skipped = Vec::new();
+    for n in 1..=MAX_NAMES {
+        let name = match n {
+            1 => format!("{stem}_kiln.bin"),
+            n => format!("{stem}.{n}_kiln.bin"),
+        };
+        match ownership(folder, &name, models) {
+            Ownership::Free | Ownership::Ours => {
+                if !skipped.is_empty() {
+                    logger.warning(&format!(
+                        "kiln leaves existing files alone: {}; writing the context binary as '{name}'",
+                        skipped.join("; ")
+                    ));
+                }
+                return Ok(name);
+            }
+            Ownership::Other(why) => skipped.push(format!("'{name}' {why}")),
+        }
+    }
+    Err(Error::fail(format!(
+        "no free name for the context binary in '{}': {}",
+        folder.display(),
+        skipped.join("; ")
+    )))
+}
+
+/// A binary written under a temporary name, waiting for its compiled model.
+#[derive(Debug)]
+pub struct Staged {
+    pub folder: PathBuf,
+    pub bin_name: String,
+    pub tmp: PathBuf,
+    pub stats: WriteStats,
+    /// The models the binary records (the ownership check at rename).
+    pub models: Vec<String>,
+    /// The compiled model ORT writes, which must name the binary.
+    pub ctx_model: PathBuf,
+    /// That model's file before ORT wrote it.
+    ctx_before: Option<FileId>,
+    /// The compile API may write the compiled model to memory instead (see `settle`).
+    compile_only: bool,
+}
+
+impl Staged {
+    pub fn dest(&self) -> PathBuf {
+        self.folder.join(&self.bin_name)
+    }
+
+    /// Whether ORT wrote the compiled model naming this very binary.
+    fn confirmed(&self) -> bool {
+        model_names(&self.ctx_model, &self.bin_name, Some(self.stats.checksum))
+    }
+
+    /// The compiled model is absent before and after: the compile API
+    /// wrote it to memory (with `ep.context_file_path` naming only the
+    /// binary's folder), or ORT failed before creating the file.
+    fn written_elsewhere(&self) -> bool {
+        self.compile_only && self.ctx_before.is_none() && file_id(&self.ctx_model).is_none()
+    }
+}
+
+/// Writes `builder` as `folder/.<bin_name>.tmp-<pid>-<n>`.
+pub fn stage(
+    folder: &Path,
+    bin_name: &str,
+    builder: &ContextBuilder,
+    ctx_model: &Path,
+    compile_only: bool,
+) -> Result<Staged> {
+    let tmp = temp_path(folder, bin_name);
+    let stats = write_file(&tmp, |out| builder.write_to(out))?;
+    Ok(Staged {
+        folder: folder.to_path_buf(),
+        bin_name: bin_name.to_string(),
+        tmp,
+        stats,
+        models: builder.context_models().to_vec(),
+        ctx_model: ctx_model.to_path_buf(),
+        ctx_before: file_id(ctx_model),
+        compile_only,
+    })
+}
+
+/// Puts a staged binary in place, unless its name now belongs to another
+/// model (a concurrent compile took it); the temporary file is gone after.
+pub fn commit(staged: &Staged) -> Result<()> {
+    let result = commit_inner(staged);
+    let _ = std::fs::remove_file(&staged.tmp);
+    result
+}
+
+fn commit_inner(staged: &Staged) -> Result<()> {
+    let dest = staged.dest();
+    match ownership(&staged.folder, &staged.bin_name, &staged.models) {
+        Ownership::Ours => std::fs::rename(&staged.tmp, &dest).map_err(|e| io_error(&dest, e)),
+        // A hard link never replaces a file that appeared meanwhile.
+        Ownership::Free => match std::fs::hard_link(&staged.tmp, &dest) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(taken(&dest, "appeared meanwhile")),
+            Err(_) => std::fs::rename(&staged.tmp, &dest).map_err(|e| io_error(&dest, e)),
+        },
+        Ownership::Other(why) => Err(taken(&dest, &why)),
+    }
+}
+
+fn taken(dest: &Path, why: &str) -> Error {
+    Error::fail(format!(
+        "kiln did not write the context binary '{}': the file {why} (another compile into the same folder?)",
+        dest.display()
+    ))
+}
+
+/// Binaries staged by one EP, settled when ORT is done with the compiled
+/// models: at `OnSessionInitializationEnd` and when ORT releases the EP.
+#[derive(Default)]
+pub struct ContextFiles {
+    staged: Mutex<Vec<Staged>>,
+}
+
+impl ContextFiles {
+    /// Keeps `staged` until ORT has written the compiled model, or, when
+    /// that model goes to memory (`ctx_file` false), puts it in place now.
+    pub fn hold_or_commit(&self, staged: Staged, ctx_file: bool, logger: &Logger) -> Result<()> {
+        if ctx_file {
+            self.staged.lock().push(staged);
+            Ok(())
+        } else {
+            settle_written(&staged, logger)
+        }
+    }
+
+    /// Session initialization ended, so ORT wrote its compiled model: put
+    /// every binary that model names in place. Others stay staged until the
+    /// EP is released.
+    pub fn finish_written(&self, logger: &Logger) -> Result<()> {
+        let mut staged = self.staged.lock();
+        let ready: Vec<Staged>;
+        (ready, *staged) = std::mem::take(&mut *staged)
+            .into_iter()
+            .partition(|s| s.confirmed() || s.written_elsewhere());
+        let mut first_error = None;
+        for s in ready {
+            if let Err(e) = settle_written(&s, logger) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// ORT released the EP: binaries whose compiled model ORT wrote go in
+    /// place; the others are removed, with the incomplete model ORT left
+    /// when writing it failed.
+    pub fn finish_all(&self, logger: &Logger) {
+        for s in std::mem::take(&mut *self.staged.lock()) {
+            if s.confirmed() || s.written_elsewhere() {
+                if let Err(e) = settle_written(&s, logger) {
+                    logger.error(&e.message);
+                }
+            } else {
+                discard(&s, logger);
+            }
+        }
+    }
+}
+
+fn settle_written(s: &Staged, logger: &Logger) -> Result<()> {
+    commit(s)?;
+    logger.info(|| {
+        format!(
+            "wrote context binary '{}' ({} bytes, {} graph(s), {} of {} weight bytes stored after sharing) for '{}'",
+            s.dest().display(),
+            s.stats.file_bytes,
+            s.stats.graphs,
+            s.stats.weight_bytes_stored,
+            s.stats.weight_bytes_referenced,
+            s.ctx_model.display()
+        )
+    });
+    crate::stats::context_written(
+        s.stats.file_bytes,
+        s.stats.weight_bytes_referenced - s.stats.weight_bytes_stored,
+    );
+    Ok(())
+}
+
+/// ORT did not write the compiled model: drop the binary, and the model
+/// file if ORT changed it without completing it (a full disk).
+fn discard(s: &Staged, logger: &Logger) {
+    let _ = std::fs::remove_file(&s.tmp);
+    let now = file_id(&s.ctx_model);
+    let debris = now.is_some() && now != s.ctx_before && std::fs::metadata(&s.ctx_model).is_ok_and(|m| m.is_file());
+    if debris && std::fs::remove_file(&s.ctx_model).is_ok() {
+        logger.warning(&format!(
+            "ONNX Runtime did not complete the compiled model '{}'; kiln removed it and its context binary",
+            s.ctx_model.display()
+        ));
+    } else {
+        logger.warning(&format!(
+            "ONNX Runtime did not write the compiled model '{}'; kiln removed the context binary it had staged for \
+             it ('{}' is unchanged)",
+            s.ctx_model.display(),
+            s.dest().display()
+        ));
+    }
+}
+
+/// A name in `folder` no other writer uses: per process and call.
+fn temp_path(folder: &Path, name: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    folder.join(format!(
+        ".{name}.tmp-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ))
+}
+
+/// Writes and syncs `path` (a new file); removes it on any error.
+fn write_file<T>(path: &Path, write: impl FnOnce(&mut dyn std::io::Write) -> Result<T>) -> Result<T> {
+    let result = (|| {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| io_error(path, e))?;
+        let mut out = std::io::BufWriter::new(file);
+        let value = write(&mut out)?;
+        let file = out.into_inner().map_err(|e| io_error(path, e.into_error()))?;
+        file.sync_all().map_err(|e| io_error(path, e))?;
+        Ok(value)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+/// Writes `path` through a temporary file in the same folder and a rename,
+/// so it is either complete or absent, never half-written.
+pub fn write_atomically<T>(path: &Path, write: impl FnOnce(&mut dyn std::io::Write) -> Result<T>) -> Result<T> {
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+    let tmp = temp_path(folder, &name);
+    let value = write_file(&tmp, write)?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io_error(path, e)
+    })?;
+    Ok(value)
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> Error {
+    Error::fail(format!("cannot write context binary '{}': {e}", path.display()))
+}
