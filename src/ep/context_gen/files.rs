@@ -189,7 +189,7 @@ pub fn stage(
     compile_only: bool,
 ) -> Result<Staged> {
     let tmp = temp_path(folder, bin_name);
-    let stats = write_file(&tmp, |out| builder.write_to(out))?;
+    let stats = write_file(&tmp, &folder.join(bin_name), |out| builder.write_to(out))?;
     Ok(Staged {
         folder: folder.to_path_buf(),
         bin_name: bin_name.to_string(),
@@ -213,15 +213,19 @@ pub fn commit(staged: &Staged) -> Result<()> {
 fn commit_inner(staged: &Staged) -> Result<()> {
     let dest = staged.dest();
     match ownership(&staged.folder, &staged.bin_name, &staged.models) {
-        Ownership::Ours => std::fs::rename(&staged.tmp, &dest).map_err(|e| io_error(&dest, e)),
+        Ownership::Ours => rename(&staged.tmp, &dest),
         // A hard link never replaces a file that appeared meanwhile.
         Ownership::Free => match std::fs::hard_link(&staged.tmp, &dest) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(taken(&dest, "appeared meanwhile")),
-            Err(_) => std::fs::rename(&staged.tmp, &dest).map_err(|e| io_error(&dest, e)),
+            Err(_) => rename(&staged.tmp, &dest),
         },
         Ownership::Other(why) => Err(taken(&dest, &why)),
     }
+}
+
+fn rename(tmp: &Path, dest: &Path) -> Result<()> {
+    std::fs::rename(tmp, dest).map_err(|e| io_error(dest, tmp, &e.to_string()))
 }
 
 fn taken(dest: &Path, why: &str) -> Error {
@@ -335,22 +339,24 @@ fn temp_path(folder: &Path, name: &str) -> PathBuf {
     ))
 }
 
-/// Writes and syncs `path` (a new file); removes it on any error.
-fn write_file<T>(path: &Path, write: impl FnOnce(&mut dyn std::io::Write) -> Result<T>) -> Result<T> {
+/// Writes and syncs `tmp` (a new file) for `dest`, which errors name;
+/// removes it on any error.
+fn write_file<T>(tmp: &Path, dest: &Path, write: impl FnOnce(&mut dyn std::io::Write) -> Result<T>) -> Result<T> {
+    let io = |e: std::io::Error| io_error(dest, tmp, &e.to_string());
     let result = (|| {
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .open(path)
-            .map_err(|e| io_error(path, e))?;
+            .open(tmp)
+            .map_err(io)?;
         let mut out = std::io::BufWriter::new(file);
-        let value = write(&mut out)?;
-        let file = out.into_inner().map_err(|e| io_error(path, e.into_error()))?;
-        file.sync_all().map_err(|e| io_error(path, e))?;
+        let value = write(&mut out).map_err(|e| io_error(dest, tmp, &e.message))?;
+        let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+        file.sync_all().map_err(io)?;
         Ok(value)
     })();
     if result.is_err() {
-        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(tmp);
     }
     result
 }
@@ -364,14 +370,18 @@ pub fn write_atomically<T>(path: &Path, write: impl FnOnce(&mut dyn std::io::Wri
         .unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
     let tmp = temp_path(folder, &name);
-    let value = write_file(&tmp, write)?;
+    let value = write_file(&tmp, path, write)?;
     std::fs::rename(&tmp, path).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        io_error(path, e)
+        io_error(path, &tmp, &e.to_string())
     })?;
     Ok(value)
 }
 
-fn io_error(path: &Path, e: std::io::Error) -> Error {
-    Error::fail(format!("cannot write context binary '{}': {e}", path.display()))
+fn io_error(dest: &Path, tmp: &Path, cause: &str) -> Error {
+    Error::fail(format!(
+        "cannot write context binary '{}' (through '{}'): {cause}",
+        dest.display(),
+        tmp.file_name().unwrap_or_default().to_string_lossy()
+    ))
 }
