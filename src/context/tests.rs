@@ -751,3 +751,48 @@ fn packed_weights_of_another_size_are_refused() {
     });
     refused(&bad, "[k, n]");
 }
+
+#[test]
+fn context_models_and_checksum_round_trip() {
+    let mut b = builder(&[graph_a()]);
+    b.add_context_model("m_ctx.onnx");
+    b.add_context_model("n_ctx.onnx");
+    b.add_context_model("m_ctx.onnx");
+    let mut out = Vec::new();
+    let stats = b.write_to(&mut out).unwrap();
+    let ctx = parse(&out).unwrap();
+    assert_eq!(ctx.context_models(), ["m_ctx.onnx", "n_ctx.onnx"]);
+    assert_eq!(ctx.checksum(), stats.checksum);
+    assert_eq!(ctx.checksum(), Header::parse(&out).unwrap().checksum);
+    // a file without the field (an older kiln) reads as "no models recorded"
+    let old = tamper(&out, |m| m.context_models.clear());
+    assert!(parse(&old).unwrap().context_models().is_empty());
+}
+
+#[test]
+fn peek_reads_header_and_metadata_only() {
+    let mut b = builder(&[graph_a(), graph_b()]);
+    b.add_context_model("m_ctx.onnx");
+    let bytes = b.to_bytes().unwrap();
+    let header = Header::parse(&bytes).unwrap();
+    // the weights are not needed: cut the file right after the metadata
+    let cut = &bytes[..HEADER_LEN + header.metadata_len as usize];
+    let p = peek(&mut &cut[..]).unwrap();
+    assert_eq!(p.checksum, header.checksum);
+    assert_eq!(p.context_models, ["m_ctx.onnx"]);
+    assert_eq!(p.kiln_version, KILN_VERSION);
+    assert_eq!(peek_checksum(&mut &bytes[..HEADER_LEN]).unwrap(), header.checksum);
+    // what is not a kiln binary, or is cut inside the header or the metadata, is refused
+    assert!(peek(&mut &b"user data"[..])
+        .unwrap_err()
+        .message
+        .contains("not a kiln context binary"));
+    assert!(peek(&mut &bytes[..40]).unwrap_err().message.contains("truncated"));
+    assert!(peek(&mut &cut[..cut.len() - 1]).is_err());
+    let mut newer = bytes.clone();
+    newer[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    assert!(peek_checksum(&mut &newer[..])
+        .unwrap_err()
+        .message
+        .contains("newer than"));
+}

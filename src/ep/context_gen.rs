@@ -300,7 +300,6 @@ pub fn on_release(ep: &KilnEp) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
     #[test]
     fn atomic_write_leaves_nothing_on_error() {

@@ -385,3 +385,164 @@ fn io_error(dest: &Path, tmp: &Path, cause: &str) -> Error {
         tmp.file_name().unwrap_or_default().to_string_lossy()
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::Target;
+
+    fn binary_for(models: &[&str]) -> ContextBuilder {
+        let mut b = ContextBuilder::new(Target::Generic);
+        for m in models {
+            b.add_context_model(m);
+        }
+        b
+    }
+
+    fn write(folder: &Path, name: &str, b: &ContextBuilder) {
+        write_atomically(&folder.join(name), |out| b.write_to(out)).unwrap();
+    }
+
+    fn names(folder: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(folder)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn ownership_of_what_lies_under_the_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let me = ["m_ctx.onnx".to_string()];
+        assert_eq!(ownership(d, "m_kiln.bin", &me), Ownership::Free);
+        write(d, "m_kiln.bin", &binary_for(&["m_ctx.onnx"]));
+        assert_eq!(ownership(d, "m_kiln.bin", &me), Ownership::Ours);
+        write(d, "o_kiln.bin", &binary_for(&["o_ctx.onnx"]));
+        let other = ownership(d, "o_kiln.bin", &me);
+        assert!(
+            matches!(&other, Ownership::Other(w) if w.contains("belongs to 'o_ctx.onnx'")),
+            "{other:?}"
+        );
+        write(d, "old_kiln.bin", &binary_for(&[]));
+        let old = ownership(d, "old_kiln.bin", &me);
+        assert!(
+            matches!(&old, Ownership::Other(w) if w.contains("did not record")),
+            "{old:?}"
+        );
+        std::fs::write(d.join("user_kiln.bin"), b"user data").unwrap();
+        let user = ownership(d, "user_kiln.bin", &me);
+        assert!(
+            matches!(&user, Ownership::Other(w) if w.contains("not a kiln context binary")),
+            "{user:?}"
+        );
+        std::fs::create_dir(d.join("dir_kiln.bin")).unwrap();
+        let folder = ownership(d, "dir_kiln.bin", &me);
+        assert!(
+            matches!(&folder, Ownership::Other(w) if w.contains("not a regular file")),
+            "{folder:?}"
+        );
+        std::os::unix::fs::symlink(d.join("m_kiln.bin"), d.join("link_kiln.bin")).unwrap();
+        assert!(matches!(ownership(d, "link_kiln.bin", &me), Ownership::Other(_)));
+    }
+
+    #[test]
+    fn a_binary_another_listed_model_still_uses_is_not_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write(d, "m_kiln.bin", &binary_for(&["m_ctx.onnx", "n_ctx.onnx"]));
+        let me = ["m_ctx.onnx".to_string()];
+        // n_ctx.onnx is absent, or is not a model naming the file: ours
+        assert_eq!(ownership(d, "m_kiln.bin", &me), Ownership::Ours);
+        std::fs::write(d.join("n_ctx.onnx"), b"not a model").unwrap();
+        assert_eq!(ownership(d, "m_kiln.bin", &me), Ownership::Ours);
+        // the group as a whole owns it
+        let group = ["m_ctx.onnx".to_string(), "n_ctx.onnx".to_string()];
+        assert_eq!(ownership(d, "m_kiln.bin", &group), Ownership::Ours);
+    }
+
+    #[test]
+    fn choose_name_skips_what_belongs_to_others_and_reuses_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let log = Logger::none();
+        let me = ["m_ctx.onnx".to_string()];
+        assert_eq!(choose_name(d, "m", &me, &log).unwrap(), "m_kiln.bin");
+        std::fs::write(d.join("m_kiln.bin"), b"user data").unwrap();
+        assert_eq!(choose_name(d, "m", &me, &log).unwrap(), "m.2_kiln.bin");
+        write(d, "m.2_kiln.bin", &binary_for(&["other_ctx.onnx"]));
+        assert_eq!(choose_name(d, "m", &me, &log).unwrap(), "m.3_kiln.bin");
+        write(d, "m.3_kiln.bin", &binary_for(&["m_ctx.onnx"]));
+        assert_eq!(
+            choose_name(d, "m", &me, &log).unwrap(),
+            "m.3_kiln.bin",
+            "its own binary, in place"
+        );
+    }
+
+    #[test]
+    fn staged_binaries_are_committed_or_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let log = Logger::none();
+        let b = binary_for(&["m_ctx.onnx"]);
+        let ctx = d.join("m_ctx.onnx");
+        // ORT never writes the model: nothing stays
+        let files = ContextFiles::default();
+        let staged = stage(d, "m_kiln.bin", &b, &ctx, false).unwrap();
+        assert!(staged.tmp.exists());
+        files.hold_or_commit(staged, true, &log).unwrap();
+        files.finish_written(&log).unwrap();
+        assert_eq!(names(d).len(), 1, "still staged: {:?}", names(d));
+        files.finish_all(&log);
+        assert!(names(d).is_empty(), "{:?}", names(d));
+        // a model file ORT left incomplete is removed with the binary
+        let staged = stage(d, "m_kiln.bin", &b, &ctx, false).unwrap();
+        files.hold_or_commit(staged, true, &log).unwrap();
+        std::fs::write(&ctx, b"\x08\x07\x3a\xff\xff").unwrap();
+        files.finish_all(&log);
+        assert!(names(d).is_empty(), "{:?}", names(d));
+        // an existing model ORT did not touch stays, and so does the old binary
+        std::fs::write(&ctx, b"old model").unwrap();
+        write(d, "m_kiln.bin", &b);
+        let old = std::fs::read(d.join("m_kiln.bin")).unwrap();
+        let mut newer = binary_for(&["m_ctx.onnx"]);
+        newer.add_context_model("x_ctx.onnx");
+        let staged = stage(d, "m_kiln.bin", &newer, &ctx, false).unwrap();
+        files.hold_or_commit(staged, true, &log).unwrap();
+        files.finish_all(&log);
+        assert_eq!(names(d), ["m_ctx.onnx", "m_kiln.bin"]);
+        assert_eq!(std::fs::read(d.join("m_kiln.bin")).unwrap(), old);
+        assert_eq!(std::fs::read(&ctx).unwrap(), b"old model");
+        // a memory output is committed at once
+        std::fs::remove_file(&ctx).unwrap();
+        let staged = stage(d, "m_kiln.bin", &newer, &ctx, true).unwrap();
+        files.hold_or_commit(staged, false, &log).unwrap();
+        assert_eq!(names(d), ["m_kiln.bin"]);
+        assert_ne!(std::fs::read(d.join("m_kiln.bin")).unwrap(), old);
+    }
+
+    #[test]
+    fn commit_never_replaces_a_file_that_appeared_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let staged = stage(
+            d,
+            "m_kiln.bin",
+            &binary_for(&["m_ctx.onnx"]),
+            &d.join("m_ctx.onnx"),
+            false,
+        )
+        .unwrap();
+        std::fs::write(d.join("m_kiln.bin"), b"user data").unwrap();
+        let e = commit(&staged).unwrap_err();
+        assert!(
+            e.message.contains("did not write") && e.message.contains("m_kiln.bin"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(d.join("m_kiln.bin")).unwrap(), b"user data");
+        assert_eq!(names(d), ["m_kiln.bin"], "the temporary file is gone");
+    }
+}
