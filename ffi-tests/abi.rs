@@ -111,6 +111,13 @@ macro_rules! ort_api_slots {
             GetTensorData,
             GetSessionOptionsConfigEntries,
             GetModelCompatibilityForEpDevices,
+            GetNumHardwareDevices,
+            GetHardwareDevices,
+            GetHardwareDeviceEpIncompatibilityDetails,
+            DeviceEpIncompatibilityDetails_GetReasonsBitmask,
+            DeviceEpIncompatibilityDetails_GetNotes,
+            DeviceEpIncompatibilityDetails_GetErrorCode,
+            ReleaseDeviceEpIncompatibilityDetails,
             CreateEnvWithOptions
         )
     };
@@ -125,6 +132,7 @@ macro_rules! ep_api_slots {
             EpGraphSupportInfo_AddNodesToFuse,
             CreateHardwareDevice,
             ReleaseHardwareDevice,
+            DeviceEpIncompatibilityDetails_SetDetails,
             GetEnvConfigEntries
         )
     };
@@ -250,12 +258,40 @@ fn declared_slots_are_populated_in_ort_1_31_1() {
     compile_api_slots!(compile_present);
 }
 
+/// Asserts that the listed members of `$ty` sit at fn# 0, 1, 2, ... after
+/// the leading `uint32_t ort_version_supported` (offset 8 + 8 * fn#).
+macro_rules! members_in_order {
+    ($ty:ty; $($name:ident),* $(,)?) => {{
+        let offsets = [$(offset_of!($ty, $name)),*];
+        let names = [$(stringify!($name)),*];
+        for (k, (offset, name)) in offsets.iter().zip(names).enumerate() {
+            assert_eq!(*offset, 8 + 8 * k, "{}::{name} is not fn# {k}", stringify!($ty));
+        }
+        offsets.len()
+    }};
+}
+
+/// The structs kiln implements, as the facts sheet (section 3) lays them out
+/// for API 31: OrtEpFactory fn# 0-19 (168 bytes), OrtEp fn# 0-24 (208 bytes).
 #[test]
-fn implemented_structs_have_v23_layouts() {
-    assert_eq!(std::mem::size_of::<sys::OrtEpFactory>(), 112);
-    assert_eq!(offset_of!(sys::OrtEpFactory, CreateDataTransfer), 88);
-    assert_eq!(std::mem::size_of::<sys::OrtEp>(), 104);
-    assert_eq!(offset_of!(sys::OrtEp, GetCompiledModelCompatibilityInfo), 96);
+fn implemented_structs_have_api_31_layouts() {
+    let factory = members_in_order!(sys::OrtEpFactory;
+        GetName, GetVendor, GetSupportedDevices, CreateEp, ReleaseEp, GetVendorId, GetVersion,
+        ValidateCompiledModelCompatibilityInfo, CreateAllocator, ReleaseAllocator, CreateDataTransfer,
+        IsStreamAware, CreateSyncStreamForDevice, GetHardwareDeviceIncompatibilityDetails,
+        CreateExternalResourceImporterForDevice, GetNumCustomOpDomains, GetCustomOpDomains,
+        InitGraphicsInterop, DeinitGraphicsInterop, SelectBestModelCandidate);
+    assert_eq!(factory, 20);
+    assert_eq!(std::mem::size_of::<sys::OrtEpFactory>(), 8 + 8 * 20);
+    let ep = members_in_order!(sys::OrtEp;
+        GetName, GetCapability, Compile, ReleaseNodeComputeInfos, GetPreferredDataLayout,
+        ShouldConvertDataLayoutForOp, SetDynamicOptions, OnRunStart, OnRunEnd, CreateAllocator,
+        CreateSyncStreamForDevice, GetCompiledModelCompatibilityInfo, GetKernelRegistry,
+        IsConcurrentRunSupported, Sync, CreateProfiler, IsGraphCaptureEnabled, IsGraphCaptured,
+        ReplayGraph, GetGraphCaptureNodeAssignmentPolicy, GetAvailableResource,
+        OnSessionInitializationEnd, GetDefaultMemoryDevice, ReleaseCapturedGraph, GetWeightlessSupport);
+    assert_eq!(ep, 25);
+    assert_eq!(std::mem::size_of::<sys::OrtEp>(), 8 + 8 * 25);
     assert_eq!(std::mem::size_of::<sys::OrtNodeComputeInfo>(), 32);
     assert_eq!(std::mem::size_of::<sys::OrtNodeFusionOptions>(), 8);
     assert_eq!(std::mem::size_of::<sys::OrtEnvCreationOptions>(), 48);

@@ -33,6 +33,18 @@ typedef struct KilnStats {
   uint64_t context_bytes_deduplicated;
   // Steps split over ORT's intra-op thread pool (`KernelContext_ParallelFor`).
   uint64_t parallel_for_calls;
+  // OrtEp instances ORT released.
+  uint64_t eps_released;
+  // `OnSessionInitializationEnd` calls (sessions ORT finished creating).
+  uint64_t sessions_initialized;
+  // `IsConcurrentRunSupported` calls.
+  uint64_t concurrency_queries;
+  // `GetHardwareDeviceIncompatibilityDetails` calls.
+  uint64_t device_queries;
+  // Factories created (`CreateEpFactories`) and freed; a factory ORT
+  // releases while sessions still hold its EPs is freed with the last EP.
+  uint64_t factories_created;
+  uint64_t factories_freed;
 } KilnStats;
 
 // Entry point ORT calls after loading the library: creates kiln's one factory.
@@ -47,10 +59,13 @@ OrtStatus *CreateEpFactories(const char *registered_name,
                              size_t max_factories,
                              size_t *num_factories);
 
-// Releases a factory made by `CreateEpFactories`.
+// Releases a factory made by `CreateEpFactories`. Any other pointer
+// (NULL, foreign, already released) gets an `ORT_INVALID_ARGUMENT` status
+// (or NULL when ORT never loaded kiln, so no status can be made).
 //
 // # Safety
-// `factory` must come from `CreateEpFactories` and not be used afterwards.
+// Safe for any argument; ORT must not use a released factory afterwards
+// except to release the EPs it still holds.
 OrtStatus *ReleaseEpFactory(OrtEpFactory *factory);
 
 // Copies kiln's counters since the library was loaded into `*out`, at most

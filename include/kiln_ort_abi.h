@@ -7,8 +7,11 @@
  * declared slot by slot: unused slots are `reserved_*` padding, and a static
  * assertion pins every declared member to its slot index, so a mistake fails
  * the build (bindgen runs clang over this file). Structs kiln implements
- * (OrtEpFactory, OrtEp, OrtNodeComputeInfo) use their full v23 layouts; kiln
- * sets ort_version_supported = 23 so ORT reads nothing past them.
+ * use their layouts as of API 31 (OrtEpFactory fn# 0-19, OrtEp fn# 0-24;
+ * OrtNodeComputeInfo is unchanged since 23), and kiln sets
+ * ort_version_supported = 31 on both: every member is implemented or a
+ * deliberate NULL. ORT 1.31.1 reads OrtEpFactory fn# 13 whatever the
+ * version says (facts sheet, section 3.1), so the struct must hold it.
  *
  * Linux/macOS only: ORTCHAR_T is char and ORT_API_CALL is empty there.
  */
@@ -125,6 +128,26 @@ typedef enum OrtOpAttrType {
   ORT_OP_ATTR_TENSOR = 8
 } OrtOpAttrType;
 
+/* Why a hardware device cannot run an EP (bit mask; since 24). */
+typedef enum OrtDeviceEpIncompatibilityReason {
+  OrtDeviceEpIncompatibility_NONE = 0,
+  OrtDeviceEpIncompatibility_DRIVER_INCOMPATIBLE = 1,
+  OrtDeviceEpIncompatibility_DEVICE_INCOMPATIBLE = 2,
+  OrtDeviceEpIncompatibility_MISSING_DEPENDENCY = 4,
+  OrtDeviceEpIncompatibility_UNKNOWN = (int)(1u << 31)
+} OrtDeviceEpIncompatibilityReason;
+
+typedef enum OrtGraphCaptureNodeAssignmentPolicy {
+  OrtGraphCaptureNodeAssignmentPolicy_ALL_NODES_ON_EP = 0,
+  OrtGraphCaptureNodeAssignmentPolicy_ALLOW_CPU_FOR_SHAPES = 1
+} OrtGraphCaptureNodeAssignmentPolicy;
+
+typedef enum OrtWeightlessSupport {
+  OrtWeightlessSupport_NONE = 0,
+  OrtWeightlessSupport_EXTERNAL_ONLY = 1,
+  OrtWeightlessSupport_ALL = 2
+} OrtWeightlessSupport;
+
 /* Bit flags of OrtCompileApi::ModelCompilationOptions_SetFlags. */
 typedef enum OrtCompileApiFlags {
   OrtCompileApiFlags_NONE = 0,
@@ -161,6 +184,13 @@ typedef struct OrtAllocator OrtAllocator;
 typedef struct OrtOpAttr OrtOpAttr;
 typedef struct OrtModelMetadata OrtModelMetadata;
 typedef struct OrtModelCompilationOptions OrtModelCompilationOptions;
+typedef struct OrtDeviceEpIncompatibilityDetails OrtDeviceEpIncompatibilityDetails;
+typedef struct OrtExternalResourceImporterImpl OrtExternalResourceImporterImpl;
+typedef struct OrtCustomOpDomain OrtCustomOpDomain;
+typedef struct OrtGraphicsInteropConfig OrtGraphicsInteropConfig;
+typedef struct OrtKernelRegistry OrtKernelRegistry;
+typedef struct OrtEpProfilerImpl OrtEpProfilerImpl;
+typedef struct OrtResourceCount OrtResourceCount;
 typedef struct OrtApi OrtApi;
 typedef struct OrtModelEditorApi OrtModelEditorApi;
 typedef struct OrtCompileApi OrtCompileApi;
@@ -333,7 +363,15 @@ struct OrtApi {
   OrtStatus* (*GetSessionOptionsConfigEntries)(const OrtSessionOptions* options, OrtKeyValuePairs** out); /* 379 */
   void* reserved_380_387[8];
   OrtStatus* (*GetModelCompatibilityForEpDevices)(const OrtEpDevice* const* ep_devices, size_t num_ep_devices, const char* compatibility_info, OrtCompiledModelCompatibility* out_status); /* 388 */
-  void* reserved_389_405[17];
+  void* reserved_389_396[8];
+  OrtStatus* (*GetNumHardwareDevices)(const OrtEnv* env, size_t* num_devices); /* 397 */
+  OrtStatus* (*GetHardwareDevices)(const OrtEnv* env, const OrtHardwareDevice** devices, size_t num_devices); /* 398 */
+  OrtStatus* (*GetHardwareDeviceEpIncompatibilityDetails)(const OrtEnv* env, const char* ep_name, const OrtHardwareDevice* hw, OrtDeviceEpIncompatibilityDetails** details); /* 399 */
+  OrtStatus* (*DeviceEpIncompatibilityDetails_GetReasonsBitmask)(const OrtDeviceEpIncompatibilityDetails* details, uint32_t* reasons_bitmask); /* 400 */
+  OrtStatus* (*DeviceEpIncompatibilityDetails_GetNotes)(const OrtDeviceEpIncompatibilityDetails* details, const char** notes); /* 401 */
+  OrtStatus* (*DeviceEpIncompatibilityDetails_GetErrorCode)(const OrtDeviceEpIncompatibilityDetails* details, int32_t* error_code); /* 402 */
+  void (*ReleaseDeviceEpIncompatibilityDetails)(OrtDeviceEpIncompatibilityDetails* input); /* 403 */
+  void* reserved_404_405[2];
   OrtStatus* (*CreateEnvWithOptions)(const OrtEnvCreationOptions* options, OrtEnv** out); /* 406 */
   void* reserved_407_427[21];
 };
@@ -432,6 +470,13 @@ KILN_ASSERT_SLOT(OrtApi, OpAttr_GetName, 364);
 KILN_ASSERT_SLOT(OrtApi, GetTensorData, 378);
 KILN_ASSERT_SLOT(OrtApi, GetSessionOptionsConfigEntries, 379);
 KILN_ASSERT_SLOT(OrtApi, GetModelCompatibilityForEpDevices, 388);
+KILN_ASSERT_SLOT(OrtApi, GetNumHardwareDevices, 397);
+KILN_ASSERT_SLOT(OrtApi, GetHardwareDevices, 398);
+KILN_ASSERT_SLOT(OrtApi, GetHardwareDeviceEpIncompatibilityDetails, 399);
+KILN_ASSERT_SLOT(OrtApi, DeviceEpIncompatibilityDetails_GetReasonsBitmask, 400);
+KILN_ASSERT_SLOT(OrtApi, DeviceEpIncompatibilityDetails_GetNotes, 401);
+KILN_ASSERT_SLOT(OrtApi, DeviceEpIncompatibilityDetails_GetErrorCode, 402);
+KILN_ASSERT_SLOT(OrtApi, ReleaseDeviceEpIncompatibilityDetails, 403);
 KILN_ASSERT_SLOT(OrtApi, CreateEnvWithOptions, 406);
 
 struct OrtEpApi {
@@ -441,7 +486,9 @@ struct OrtEpApi {
   void* reserved_3_15[13];
   OrtStatus* (*CreateHardwareDevice)(OrtHardwareDeviceType type, uint32_t vendor_id, uint32_t device_id, const char* vendor_name, const OrtKeyValuePairs* metadata, OrtHardwareDevice** hardware_device); /* 16 */
   void (*ReleaseHardwareDevice)(OrtHardwareDevice* input); /* 17 */
-  void* reserved_18_48[31];
+  void* reserved_18_43[26];
+  OrtStatus* (*DeviceEpIncompatibilityDetails_SetDetails)(OrtDeviceEpIncompatibilityDetails* details, uint32_t reasons_bitmask, int32_t error_code, const char* notes); /* 44 */
+  void* reserved_45_48[4];
   OrtStatus* (*GetEnvConfigEntries)(OrtKeyValuePairs** config_entries); /* 49 */
   void* reserved_50_77[28];
 };
@@ -450,6 +497,7 @@ KILN_ASSERT_SLOT(OrtEpApi, ReleaseEpDevice, 1);
 KILN_ASSERT_SLOT(OrtEpApi, EpGraphSupportInfo_AddNodesToFuse, 2);
 KILN_ASSERT_SLOT(OrtEpApi, CreateHardwareDevice, 16);
 KILN_ASSERT_SLOT(OrtEpApi, ReleaseHardwareDevice, 17);
+KILN_ASSERT_SLOT(OrtEpApi, DeviceEpIncompatibilityDetails_SetDetails, 44);
 KILN_ASSERT_SLOT(OrtEpApi, GetEnvConfigEntries, 49);
 
 struct OrtModelEditorApi {
@@ -485,7 +533,7 @@ KILN_ASSERT_SLOT(OrtCompileApi, CompileModel, 8);
 KILN_ASSERT_SLOT(OrtCompileApi, ModelCompilationOptions_SetFlags, 9);
 KILN_ASSERT_SLOT(OrtCompileApi, ModelCompilationOptions_SetOutputModelWriteFunc, 12);
 
-/* ---- structs kiln implements (v23 layouts) ------------------------------ */
+/* ---- structs kiln implements (layouts as of API 31) ------------------------ */
 
 struct OrtNodeFusionOptions {
   uint32_t ort_version_supported;
@@ -542,6 +590,29 @@ struct OrtEp {
                                           OrtSyncStreamImpl** stream);
   const char* (*GetCompiledModelCompatibilityInfo)(OrtEp* this_ptr,
                                                    const OrtGraph* graph);
+  /* ---- since 24 ---- */
+  OrtStatus* (*GetKernelRegistry)(OrtEp* this_ptr,
+                                  const OrtKernelRegistry** kernel_registry);
+  OrtStatus* (*IsConcurrentRunSupported)(OrtEp* this_ptr, bool* is_supported);
+  /* ---- since 25 ---- */
+  OrtStatus* (*Sync)(OrtEp* this_ptr);
+  OrtStatus* (*CreateProfiler)(OrtEp* this_ptr, OrtEpProfilerImpl** profiler);
+  /* ---- since 26 ---- */
+  bool (*IsGraphCaptureEnabled)(const OrtEp* this_ptr);
+  bool (*IsGraphCaptured)(const OrtEp* this_ptr, int graph_annotation_id);
+  OrtStatus* (*ReplayGraph)(OrtEp* this_ptr, int graph_annotation_id);
+  OrtGraphCaptureNodeAssignmentPolicy (*GetGraphCaptureNodeAssignmentPolicy)(
+      const OrtEp* this_ptr);
+  OrtStatus* (*GetAvailableResource)(const OrtEp* this_ptr,
+                                     OrtResourceCount* available);
+  /* ---- since 27 ---- */
+  OrtStatus* (*OnSessionInitializationEnd)(OrtEp* this_ptr);
+  OrtStatus* (*GetDefaultMemoryDevice)(const OrtEp* this_ptr,
+                                       const OrtMemoryDevice** device);
+  OrtStatus* (*ReleaseCapturedGraph)(OrtEp* this_ptr, int graph_annotation_id);
+  /* ---- since 29 ---- */
+  OrtStatus* (*GetWeightlessSupport)(const OrtEp* this_ptr,
+                                     OrtWeightlessSupport* support);
 };
 
 struct OrtEpFactory {
@@ -579,11 +650,39 @@ struct OrtEpFactory {
                                           const OrtMemoryDevice* memory_device,
                                           const OrtKeyValuePairs* stream_options,
                                           OrtSyncStreamImpl** stream);
+  /* ---- since 24 ---- */
+  OrtStatus* (*GetHardwareDeviceIncompatibilityDetails)(
+      OrtEpFactory* this_ptr, const OrtHardwareDevice* hw,
+      OrtDeviceEpIncompatibilityDetails* details);
+  OrtStatus* (*CreateExternalResourceImporterForDevice)(
+      OrtEpFactory* this_ptr, const OrtEpDevice* ep_device,
+      OrtExternalResourceImporterImpl** out_importer);
+  OrtStatus* (*GetNumCustomOpDomains)(OrtEpFactory* this_ptr,
+                                      size_t* num_domains);
+  OrtStatus* (*GetCustomOpDomains)(OrtEpFactory* this_ptr,
+                                   OrtCustomOpDomain** domains,
+                                   size_t num_domains);
+  /* ---- since 25 ---- */
+  OrtStatus* (*InitGraphicsInterop)(OrtEpFactory* this_ptr,
+                                    const OrtEpDevice* ep_device,
+                                    const OrtGraphicsInteropConfig* config);
+  OrtStatus* (*DeinitGraphicsInterop)(OrtEpFactory* this_ptr,
+                                      const OrtEpDevice* ep_device);
+  /* ---- since 28 ---- */
+  OrtStatus* (*SelectBestModelCandidate)(
+      OrtEpFactory* this_ptr, const OrtHardwareDevice* device,
+      const OrtKeyValuePairs* const* candidates, size_t num_candidates,
+      const OrtSessionOptions* session_options, size_t* selected_index);
 };
 
-/* v23 layouts: sizes on 64-bit, from the facts sheet (section 3). */
-_Static_assert(sizeof(void*) != 8 || sizeof(struct OrtEpFactory) == 112, "OrtEpFactory v23 is 112 bytes");
-_Static_assert(sizeof(void*) != 8 || sizeof(struct OrtEp) == 104, "OrtEp v23 is 104 bytes");
+/* Layouts as of API 31: sizes on 64-bit, from the facts sheet (section 3). */
+_Static_assert(sizeof(void*) != 8 || sizeof(struct OrtEpFactory) == 168, "OrtEpFactory (fn# 0-19) is 168 bytes");
+_Static_assert(sizeof(void*) != 8 || sizeof(struct OrtEp) == 208, "OrtEp (fn# 0-24) is 208 bytes");
+_Static_assert(sizeof(void*) != 8 || offsetof(struct OrtEpFactory, GetHardwareDeviceIncompatibilityDetails) == 112, "factory fn# 13 at 112");
+_Static_assert(sizeof(void*) != 8 || offsetof(struct OrtEpFactory, SelectBestModelCandidate) == 160, "factory fn# 19 at 160");
+_Static_assert(sizeof(void*) != 8 || offsetof(struct OrtEp, IsConcurrentRunSupported) == 112, "OrtEp fn# 13 at 112");
+_Static_assert(sizeof(void*) != 8 || offsetof(struct OrtEp, OnSessionInitializationEnd) == 176, "OrtEp fn# 21 at 176");
+_Static_assert(sizeof(void*) != 8 || offsetof(struct OrtEp, GetWeightlessSupport) == 200, "OrtEp fn# 24 at 200");
 _Static_assert(sizeof(void*) != 8 || sizeof(struct OrtNodeComputeInfo) == 32, "OrtNodeComputeInfo is 32 bytes");
 _Static_assert(sizeof(struct OrtNodeFusionOptions) == 8, "OrtNodeFusionOptions is 8 bytes");
 _Static_assert(sizeof(struct OrtApiBase) == 2 * sizeof(void*), "OrtApiBase is two pointers");

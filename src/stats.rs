@@ -28,6 +28,18 @@ pub struct KilnStats {
     pub context_bytes_deduplicated: u64,
     /// Steps split over ORT's intra-op thread pool (`KernelContext_ParallelFor`).
     pub parallel_for_calls: u64,
+    /// OrtEp instances ORT released.
+    pub eps_released: u64,
+    /// `OnSessionInitializationEnd` calls (sessions ORT finished creating).
+    pub sessions_initialized: u64,
+    /// `IsConcurrentRunSupported` calls.
+    pub concurrency_queries: u64,
+    /// `GetHardwareDeviceIncompatibilityDetails` calls.
+    pub device_queries: u64,
+    /// Factories created (`CreateEpFactories`) and freed; a factory ORT
+    /// releases while sessions still hold its EPs is freed with the last EP.
+    pub factories_created: u64,
+    pub factories_freed: u64,
 }
 
 static EPS_CREATED: AtomicU64 = AtomicU64::new(0);
@@ -40,6 +52,40 @@ static FILES_SHARED: AtomicU64 = AtomicU64::new(0);
 static BYTES_WRITTEN: AtomicU64 = AtomicU64::new(0);
 static BYTES_DEDUPLICATED: AtomicU64 = AtomicU64::new(0);
 static PARALLEL_FOR: AtomicU64 = AtomicU64::new(0);
+static EPS_RELEASED: AtomicU64 = AtomicU64::new(0);
+static SESSIONS_INITIALIZED: AtomicU64 = AtomicU64::new(0);
+static CONCURRENCY_QUERIES: AtomicU64 = AtomicU64::new(0);
+static DEVICE_QUERIES: AtomicU64 = AtomicU64::new(0);
+static FACTORIES_CREATED: AtomicU64 = AtomicU64::new(0);
+static FACTORIES_FREED: AtomicU64 = AtomicU64::new(0);
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn ep_released() {
+    bump(&EPS_RELEASED);
+}
+
+pub fn session_initialized() {
+    bump(&SESSIONS_INITIALIZED);
+}
+
+pub fn concurrency_queried() {
+    bump(&CONCURRENCY_QUERIES);
+}
+
+pub fn device_queried() {
+    bump(&DEVICE_QUERIES);
+}
+
+pub fn factory_created() {
+    bump(&FACTORIES_CREATED);
+}
+
+pub fn factory_freed() {
+    bump(&FACTORIES_FREED);
+}
 
 pub fn ep_created() {
     EPS_CREATED.fetch_add(1, Ordering::Relaxed);
@@ -87,5 +133,11 @@ pub fn snapshot() -> KilnStats {
         context_bytes_written: BYTES_WRITTEN.load(Ordering::Relaxed),
         context_bytes_deduplicated: BYTES_DEDUPLICATED.load(Ordering::Relaxed),
         parallel_for_calls: PARALLEL_FOR.load(Ordering::Relaxed),
+        eps_released: EPS_RELEASED.load(Ordering::Relaxed),
+        sessions_initialized: SESSIONS_INITIALIZED.load(Ordering::Relaxed),
+        concurrency_queries: CONCURRENCY_QUERIES.load(Ordering::Relaxed),
+        device_queries: DEVICE_QUERIES.load(Ordering::Relaxed),
+        factories_created: FACTORIES_CREATED.load(Ordering::Relaxed),
+        factories_freed: FACTORIES_FREED.load(Ordering::Relaxed),
     }
 }

@@ -266,6 +266,12 @@ class KilnStats(ctypes.Structure):
         ("context_bytes_written", ctypes.c_uint64),
         ("context_bytes_deduplicated", ctypes.c_uint64),
         ("parallel_for_calls", ctypes.c_uint64),
+        ("eps_released", ctypes.c_uint64),
+        ("sessions_initialized", ctypes.c_uint64),
+        ("concurrency_queries", ctypes.c_uint64),
+        ("device_queries", ctypes.c_uint64),
+        ("factories_created", ctypes.c_uint64),
+        ("factories_freed", ctypes.c_uint64),
     ]
 
 
@@ -293,7 +299,9 @@ def stats(library_path: Optional[str] = None) -> Dict[str, int]:
     Keys: ``eps_created``, ``partitions_compiled``, ``nodes_compiled``,
     ``compute_calls``, ``context_files_opened``, ``context_graphs_loaded``,
     ``context_files_shared``, ``context_bytes_written``,
-    ``context_bytes_deduplicated``, ``parallel_for_calls``. Counts since the library was loaded into
+    ``context_bytes_deduplicated``, ``parallel_for_calls``, ``eps_released``,
+    ``sessions_initialized``, ``concurrency_queries``, ``device_queries``,
+    ``factories_created``, ``factories_freed``. Counts since the library was loaded into
     this process.
     Reads the library registered most recently through :func:`register` (or
     ``library_path``, or :func:`get_library_path`); the dynamic loader hands

@@ -16,7 +16,8 @@ use crate::context;
 use crate::error::{Error, Result};
 use crate::ffi::ep::{Compiled, EpImpl, Partition, SupportInfo};
 use crate::ffi::factory::{
-    env_config_entries, Compatibility, DeviceSink, DeviceType, FactoryImpl, HardwareDevice, SelectedDevice,
+    env_config_entries, Compatibility, DeviceSink, DeviceType, DeviceVerdict, FactoryImpl, HardwareDevice,
+    SelectedDevice,
 };
 use crate::ffi::graph::Graph;
 use crate::ffi::logger::Logger;
@@ -174,7 +175,36 @@ impl FactoryImpl for KilnFactory {
             context::Compatibility::Unsupported => Compatibility::Unsupported,
         })
     }
+
+    fn device_verdict(&self, device: HardwareDevice) -> DeviceVerdict {
+        device_verdict(device.device_type(), self.host)
+    }
 }
+
+/// kiln runs on the host's CPU, for the best target the host supports; it
+/// never runs on a GPU or NPU. (Virtual devices are kiln's own; ORT asks
+/// about the hardware it discovered.)
+fn device_verdict(kind: DeviceType, host: Target) -> DeviceVerdict {
+    match kind {
+        DeviceType::Cpu => DeviceVerdict {
+            reasons: 0,
+            error_code: 0,
+            notes: format!(
+                "kiln runs on this CPU with target {} ({})",
+                host.name(),
+                host.description()
+            ),
+        },
+        other => DeviceVerdict {
+            reasons: DeviceVerdict::DEVICE_INCOMPATIBLE,
+            error_code: KILN_NOT_A_CPU,
+            notes: format!("kiln runs on CPUs only; this device is a {other:?}"),
+        },
+    }
+}
+
+/// kiln's error code in incompatibility details: the device is not a CPU.
+pub const KILN_NOT_A_CPU: i32 = 1;
 
 fn rank(c: context::Compatibility) -> u8 {
     match c {
@@ -244,5 +274,23 @@ impl EpImpl for KilnEp {
 
     fn compatibility_info(&self) -> Option<&CStr> {
         Some(&self.compat)
+    }
+
+    /// Every kernel takes its scratch from a per-call pool and only reads
+    /// the compiled program, so Runs of one session may overlap.
+    fn concurrent_runs_supported(&self) -> bool {
+        true
+    }
+
+    fn on_session_initialization_end(&self) -> Result<()> {
+        stats::session_initialized();
+        // The compiled programs hold their own references to the weights
+        // they use; the parsed binaries only served Compile. A sharing
+        // session keeps them: the shared workspace lends them to later
+        // sessions only while some session holds them.
+        if !self.config.context.share {
+            *self.binaries.lock() = Default::default();
+        }
+        Ok(())
     }
 }

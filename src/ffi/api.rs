@@ -63,6 +63,12 @@ impl Api {
     pub fn get() -> Api {
         *API.get().expect("kiln used before CreateEpFactories")
     }
+
+    /// The tables, or None before `CreateEpFactories` ever ran (an export
+    /// called by an application before ORT loaded kiln).
+    pub fn try_get() -> Option<Api> {
+        API.get().copied()
+    }
 }
 
 /// Reports an error before [`Api::init`] succeeded, through the oldest API

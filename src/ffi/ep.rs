@@ -76,27 +76,49 @@ pub trait EpImpl: Send + Sync + 'static {
     fn compile(&self, partitions: &[Partition<'_>]) -> Result<Vec<Compiled>>;
     /// What ORT records as `ep_compatibility_info.<EP>` in a compiled model.
     fn compatibility_info(&self) -> Option<&CStr>;
+    /// Whether ORT may run several `Run`s of one session at once.
+    fn concurrent_runs_supported(&self) -> bool;
+    /// ORT finished creating the session (and wrote its EPContext model, if
+    /// any): drop what only compiling needed.
+    fn on_session_initialization_end(&self) -> Result<()>;
 }
+
+/// The API version whose `OrtEp` layout kiln declares and fills: every
+/// member up to fn# 24 is implemented or a deliberate NULL.
+pub const EP_VERSION: u32 = 31;
+
+/// Zeroed pointer slots after the declared members (see factory.rs).
+const RESERVED_TAIL: usize = 16;
 
 #[repr(C)]
 struct EpObj<T: EpImpl> {
     base: sys::OrtEp,
+    _reserved: [usize; RESERVED_TAIL],
     imp: T,
     poison: Arc<Poison>,
 }
 
-/// Boxes `imp` behind a v23 `OrtEp`.
+/// Boxes `imp` behind an `OrtEp`.
 pub fn new_ep<T: EpImpl>(imp: T) -> *mut sys::OrtEp {
     // SAFETY: all-zero is a valid OrtEp (every slot None).
     let mut base: sys::OrtEp = unsafe { std::mem::zeroed() };
-    base.ort_version_supported = 23;
+    base.ort_version_supported = EP_VERSION;
     base.GetName = Some(get_name::<T>);
     base.GetCapability = Some(get_capability::<T>);
     base.Compile = Some(compile::<T>);
     base.ReleaseNodeComputeInfos = Some(release_node_compute_infos);
     base.GetCompiledModelCompatibilityInfo = Some(compatibility_info::<T>);
+    base.IsConcurrentRunSupported = Some(is_concurrent_run_supported::<T>);
+    base.OnSessionInitializationEnd = Some(on_session_initialization_end::<T>);
+    // NULL, each accepted by ORT 1.31.1 (tests in ffi-tests/abi_members.rs):
+    // data layout (NCHW is kiln's), dynamic options, run start/end hooks,
+    // allocators and streams (kiln uses ORT's CPU memory), kernel registry
+    // (kiln compiles, it registers no kernels), Sync (nothing asynchronous),
+    // CreateProfiler (see README "ABI"), graph capture and replay, available
+    // resources, default memory device (CPU) and weightless EPContext models.
     Box::into_raw(Box::new(EpObj {
         base,
+        _reserved: [0; RESERVED_TAIL],
         imp,
         poison: Arc::default(),
     }))
@@ -320,6 +342,36 @@ unsafe extern "C" fn compatibility_info<T: EpImpl>(
             .imp
             .compatibility_info()
             .map_or(std::ptr::null(), CStr::as_ptr))
+    })
+}
+
+unsafe extern "C" fn is_concurrent_run_supported<T: EpImpl>(
+    this: *mut sys::OrtEp,
+    is_supported: *mut bool,
+) -> *mut sys::OrtStatus {
+    // SAFETY: `this` is our EpObj; `is_supported` ORT's out-pointer.
+    let Ok(ep) = (unsafe { obj::<T>(this) }) else {
+        return guard("IsConcurrentRunSupported", None, || {
+            Err(Error::invalid_argument("OrtEp is NULL"))
+        });
+    };
+    guard("IsConcurrentRunSupported", Some(&ep.poison), || {
+        let out = non_null_mut(is_supported, "is_supported")?;
+        crate::stats::concurrency_queried();
+        unsafe { *out = ep.imp.concurrent_runs_supported() };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn on_session_initialization_end<T: EpImpl>(this: *mut sys::OrtEp) -> *mut sys::OrtStatus {
+    // SAFETY: `this` is our EpObj.
+    let Ok(ep) = (unsafe { obj::<T>(this) }) else {
+        return guard("OnSessionInitializationEnd", None, || {
+            Err(Error::invalid_argument("OrtEp is NULL"))
+        });
+    };
+    guard("OnSessionInitializationEnd", Some(&ep.poison), || {
+        ep.imp.on_session_initialization_end()
     })
 }
 

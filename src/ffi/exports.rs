@@ -44,6 +44,11 @@ pub unsafe extern "C" fn CreateEpFactories(
         // SAFETY: strings and logger from ORT, valid for the library's lifetime.
         let name = unsafe { super::cstr_to_string(registered_name) };
         let logger = unsafe { Logger::from_raw(default_logger) };
+        // Without the pin, sessions that outlive an unregister would crash;
+        // everything else still works, so a failure is only a warning.
+        if let Err(e) = super::pin::pin_self() {
+            logger.warning(&format!("{e}; release every kiln session before unregistering kiln"));
+        }
         let factory = KilnFactory::new(&name, logger)?;
         // SAFETY: room for at least one entry (checked above).
         unsafe {
@@ -54,15 +59,21 @@ pub unsafe extern "C" fn CreateEpFactories(
     })
 }
 
-/// Releases a factory made by `CreateEpFactories`.
+/// Releases a factory made by `CreateEpFactories`. Any other pointer
+/// (NULL, foreign, already released) gets an `ORT_INVALID_ARGUMENT` status
+/// (or NULL when ORT never loaded kiln, so no status can be made).
 ///
 /// # Safety
-/// `factory` must come from `CreateEpFactories` and not be used afterwards.
+/// Safe for any argument; ORT must not use a released factory afterwards
+/// except to release the EPs it still holds.
 #[no_mangle]
 pub unsafe extern "C" fn ReleaseEpFactory(factory: *mut sys::OrtEpFactory) -> *mut sys::OrtStatus {
-    // SAFETY: per contract; release_factory refuses unknown pointers.
-    guard("ReleaseEpFactory", None, || unsafe {
-        release_factory::<KilnFactory>(factory)
+    // SAFETY: release_factory only touches pointers it finds among its live factories.
+    guard("ReleaseEpFactory", None, || {
+        if unsafe { release_factory::<KilnFactory>(factory)? } {
+            crate::ep::share::stop_sharing_loaded();
+        }
+        Ok(())
     })
 }
 

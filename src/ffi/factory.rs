@@ -16,6 +16,7 @@ use super::logger::Logger;
 use super::status::{check, guard, guard_or, Poison, OK};
 use super::{cstr_to_string, non_null, non_null_mut, slice, sys};
 use crate::error::{Error, Result};
+use crate::stats;
 
 /// ORT's hardware device kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,6 +167,22 @@ impl Compatibility {
     }
 }
 
+/// What kiln knows of a hardware device it may be asked to run on
+/// (`GetHardwareDeviceIncompatibilityDetails`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceVerdict {
+    /// ORT's `OrtDeviceEpIncompatibilityReason` bits; 0 = kiln runs there.
+    pub reasons: u32,
+    /// kiln's own code for the reason (0 = none).
+    pub error_code: i32,
+    /// One readable line for the user.
+    pub notes: String,
+}
+
+impl DeviceVerdict {
+    pub const DEVICE_INCOMPATIBLE: u32 = sys::OrtDeviceEpIncompatibility_DEVICE_INCOMPATIBLE as u32;
+}
+
 /// What a plugin-EP factory must provide; kiln's is `ep::KilnFactory`.
 pub trait FactoryImpl: Send + Sync + Sized + 'static {
     type Ep: EpImpl;
@@ -183,25 +200,46 @@ pub trait FactoryImpl: Send + Sync + Sized + 'static {
     ) -> Result<Self::Ep>;
     /// Judges a compiled model's `ep_compatibility_info` for these devices.
     fn validate_compatibility(&self, devices: &[HardwareDevice], info: &str) -> Result<Compatibility>;
+    /// Whether kiln can run on `device`, and why not.
+    fn device_verdict(&self, device: HardwareDevice) -> DeviceVerdict;
+}
+
+/// The API version whose `OrtEpFactory` layout kiln declares and fills:
+/// every member up to fn# 19 is implemented or a deliberate NULL.
+pub const FACTORY_VERSION: u32 = 31;
+
+/// Zeroed pointer slots after the declared members, so that a runtime
+/// newer than kiln's declaration reads NULL, never kiln's own fields.
+const RESERVED_TAIL: usize = 16;
+
+/// When the factory's memory may go: ORT may release the factory
+/// (unregistering kiln) while sessions still hold EPs that ORT will later
+/// hand back through `ReleaseEp` on this very factory.
+#[derive(Default)]
+struct Lifetime {
+    live_eps: usize,
+    released: bool,
 }
 
 #[repr(C)]
 struct FactoryObj<T: FactoryImpl> {
     base: sys::OrtEpFactory,
+    _reserved: [usize; RESERVED_TAIL],
     imp: T,
     poison: Arc<Poison>,
     virtual_devices: Mutex<Vec<OwnedDevice>>,
+    lifetime: Mutex<Lifetime>,
 }
 
 /// Addresses of live factories, so ReleaseEpFactory can refuse a pointer
 /// kiln did not create (or already released).
 static LIVE: Lazy<Mutex<HashSet<usize>>> = Lazy::new(|| Mutex::new(HashSet::new()));
 
-/// Boxes `imp` behind a v23 `OrtEpFactory` and returns the C pointer.
+/// Boxes `imp` behind an `OrtEpFactory` and returns the C pointer.
 pub fn new_factory<T: FactoryImpl>(imp: T) -> *mut sys::OrtEpFactory {
     // SAFETY: all-zero is a valid OrtEpFactory (every slot None).
     let mut base: sys::OrtEpFactory = unsafe { std::mem::zeroed() };
-    base.ort_version_supported = 23;
+    base.ort_version_supported = FACTORY_VERSION;
     base.GetName = Some(get_name::<T>);
     base.GetVendor = Some(get_vendor::<T>);
     base.GetSupportedDevices = Some(get_supported_devices::<T>);
@@ -213,29 +251,58 @@ pub fn new_factory<T: FactoryImpl>(imp: T) -> *mut sys::OrtEpFactory {
     base.ValidateCompiledModelCompatibilityInfo = Some(validate_compatibility::<T>);
     base.CreateDataTransfer = Some(create_data_transfer);
     base.IsStreamAware = Some(is_stream_aware);
+    // NULL: CreateAllocator/ReleaseAllocator (kiln computes in ORT's CPU
+    // memory), CreateSyncStreamForDevice (not stream aware),
+    // CreateExternalResourceImporterForDevice, Init/DeinitGraphicsInterop
+    // (no device memory) and SelectBestModelCandidate (ORT's default choice).
+    base.GetHardwareDeviceIncompatibilityDetails = Some(device_incompatibility::<T>);
+    base.GetNumCustomOpDomains = Some(get_num_custom_op_domains);
+    base.GetCustomOpDomains = Some(get_custom_op_domains);
     let obj = Box::new(FactoryObj {
         base,
+        _reserved: [0; RESERVED_TAIL],
         imp,
         poison: Arc::default(),
         virtual_devices: Mutex::new(Vec::new()),
+        lifetime: Mutex::default(),
     });
     let ptr = Box::into_raw(obj);
     LIVE.lock().insert(ptr as usize);
+    stats::factory_created();
     ptr.cast()
 }
 
-/// Frees a factory made by [`new_factory`] with the same `T`.
+/// Releases a factory made by [`new_factory`] with the same `T`: frees it
+/// now, or, while EPs it created are alive, when the last of them goes.
+/// Returns whether no kiln factory is left in the process.
 ///
 /// # Safety
-/// `ptr` must be NULL or come from `new_factory::<T>`; ORT must not use it afterwards.
-pub unsafe fn release_factory<T: FactoryImpl>(ptr: *mut sys::OrtEpFactory) -> Result<()> {
+/// `ptr` may be anything: only a live factory made by `new_factory::<T>` is
+/// touched, and ORT must not use it afterwards except to release its EPs.
+pub unsafe fn release_factory<T: FactoryImpl>(ptr: *mut sys::OrtEpFactory) -> Result<bool> {
     let ptr = non_null_mut(ptr, "OrtEpFactory")?;
-    if !LIVE.lock().remove(&(ptr as usize)) {
-        return Err(Error::invalid_argument("ReleaseEpFactory: not a live kiln factory"));
+    let none_left = {
+        let mut live = LIVE.lock();
+        if !live.remove(&(ptr as usize)) {
+            return Err(Error::invalid_argument(
+                "ReleaseEpFactory: not a live kiln factory (never created by kiln, or already released)",
+            ));
+        }
+        live.is_empty()
+    };
+    // SAFETY: listed in LIVE until just now, so it is a FactoryObj<T>.
+    let free_now = {
+        let f = unsafe { &*ptr.cast::<FactoryObj<T>>() };
+        let mut life = f.lifetime.lock();
+        life.released = true;
+        life.live_eps == 0
+    };
+    if free_now {
+        // SAFETY: created by Box::into_raw in new_factory::<T>; unlisted and no EP left.
+        drop(unsafe { Box::from_raw(ptr.cast::<FactoryObj<T>>()) });
+        stats::factory_freed();
     }
-    // SAFETY: created by Box::into_raw in new_factory::<T> and now unlisted.
-    drop(unsafe { Box::from_raw(ptr.cast::<FactoryObj<T>>()) });
-    Ok(())
+    Ok(none_left)
 }
 
 /// # Safety
@@ -334,15 +401,92 @@ unsafe extern "C" fn create_ep<T: FactoryImpl>(
         let config = unsafe { session_config_entries(session_options)? };
         let logger = unsafe { Logger::from_raw(logger) };
         let imp = f.imp.create_ep(&selected, config, logger)?;
+        f.lifetime.lock().live_eps += 1;
         unsafe { *out = new_ep(imp) };
         Ok(())
     })
 }
 
 unsafe extern "C" fn release_ep_tramp<T: FactoryImpl>(this: *mut sys::OrtEpFactory, ep: *mut sys::OrtEp) {
+    if ep.is_null() {
+        return;
+    }
     // SAFETY: `ep` was made by new_ep::<T::Ep> in create_ep.
     guard_or("ReleaseEp", None, (), || unsafe { release_ep::<T::Ep>(ep) });
-    let _ = this;
+    // SAFETY: `this` made `ep`, so it is still allocated (see Lifetime).
+    guard_or("ReleaseEp", None, (), || unsafe { ep_released::<T>(this) });
+}
+
+/// Counts an EP gone; frees a factory ORT already released once its last EP is.
+///
+/// # Safety
+/// `this` must be the factory that created the EP just released.
+unsafe fn ep_released<T: FactoryImpl>(this: *mut sys::OrtEpFactory) -> Result<()> {
+    let f = unsafe { obj::<T>(this)? };
+    let free_now = {
+        let mut life = f.lifetime.lock();
+        life.live_eps = life.live_eps.saturating_sub(1);
+        life.released && life.live_eps == 0
+    };
+    stats::ep_released();
+    if free_now {
+        // SAFETY: ORT released the factory earlier (so it is unlisted) and
+        // this was its last EP: nothing refers to it any more.
+        drop(unsafe { Box::from_raw(this.cast::<FactoryObj<T>>()) });
+        stats::factory_freed();
+    }
+    Ok(())
+}
+
+unsafe extern "C" fn device_incompatibility<T: FactoryImpl>(
+    this: *mut sys::OrtEpFactory,
+    hw: *const sys::OrtHardwareDevice,
+    details: *mut sys::OrtDeviceEpIncompatibilityDetails,
+) -> *mut sys::OrtStatus {
+    // SAFETY (whole body): pointers come from ORT, valid for this call.
+    let Ok(f) = (unsafe { obj::<T>(this) }) else {
+        return guard("GetHardwareDeviceIncompatibilityDetails", None, || {
+            Err(Error::invalid_argument("OrtEpFactory is NULL"))
+        });
+    };
+    guard("GetHardwareDeviceIncompatibilityDetails", Some(&f.poison), || {
+        let hw = HardwareDevice(non_null(hw, "hardware device")?);
+        let details = non_null_mut(details, "incompatibility details")?;
+        stats::device_queried();
+        let verdict = f.imp.device_verdict(hw);
+        let notes = std::ffi::CString::new(verdict.notes.replace('\0', " ")).unwrap_or_default();
+        unsafe {
+            check(ort!(
+                Api::get().ep,
+                DeviceEpIncompatibilityDetails_SetDetails(details, verdict.reasons, verdict.error_code, notes.as_ptr())
+            ))
+        }
+    })
+}
+
+unsafe extern "C" fn get_num_custom_op_domains(_: *mut sys::OrtEpFactory, num: *mut usize) -> *mut sys::OrtStatus {
+    // kiln registers no custom operators.
+    if !num.is_null() {
+        // SAFETY: non-NULL out-pointer from ORT.
+        unsafe { *num = 0 };
+    }
+    OK
+}
+
+unsafe extern "C" fn get_custom_op_domains(
+    _: *mut sys::OrtEpFactory,
+    _domains: *mut *mut sys::OrtCustomOpDomain,
+    num: usize,
+) -> *mut sys::OrtStatus {
+    guard("GetCustomOpDomains", None, || {
+        if num == 0 {
+            Ok(())
+        } else {
+            Err(Error::invalid_argument(format!(
+                "kiln has no custom op domains, ORT asked for {num}"
+            )))
+        }
+    })
 }
 
 unsafe extern "C" fn validate_compatibility<T: FactoryImpl>(

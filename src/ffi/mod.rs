@@ -12,6 +12,7 @@ pub mod graph;
 pub mod kv;
 pub mod logger;
 pub mod mmap;
+pub mod pin;
 pub mod status;
 pub mod sys;
 

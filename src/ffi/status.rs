@@ -40,10 +40,13 @@ fn kind_of(code: sys::OrtErrorCode) -> ErrorKind {
     }
 }
 
-/// Makes an `OrtStatus` that ORT will own and free.
+/// Makes an `OrtStatus` that ORT will own and free; NULL when ORT never
+/// handed kiln its API (nothing can be reported then).
 pub fn to_status(err: &Error) -> *mut sys::OrtStatus {
     let msg = CString::new(err.message.replace('\0', " ")).unwrap_or_default();
-    let api = Api::get();
+    let Some(api) = Api::try_get() else {
+        return OK;
+    };
     // SAFETY: CreateStatus copies the message; the pointer is valid for the call.
     unsafe { ort!(api.ort, CreateStatus(code_of(err.kind), msg.as_ptr())) }
 }
