@@ -220,6 +220,43 @@ def test_a_binary_of_a_sharing_group_is_not_replaced_by_one_member_alone(kiln_de
 # --------------------------------------------------------------------------
 # defect 4 and faults: ORT (or kiln) cannot write
 # --------------------------------------------------------------------------
+def test_session_route_binary_is_in_place_while_the_session_lives(kiln_dev, tmp_path):
+    """kiln stages the binary until ORT has written the _ctx.onnx; ORT 1.31.1 calls
+    OnSessionInitializationEnd after that write, so on this route the binary is in place
+    (and the compiled model loads) while the generating session is still alive."""
+    src = make_model(tmp_path / "m.onnx", seed=1)
+    ctx = tmp_path / "m_ctx.onnx"
+    before = tu.stats()["sessions_initialized"]
+    so = tu.kiln_session_options(kiln_dev, {"ep.context_enable": "1", "ep.context_embed_mode": "0",
+                                           "ep.context_file_path": str(ctx)})
+    generating = ort.InferenceSession(src, so, enable_fallback=0)
+    assert tu.stats()["sessions_initialized"] == before + 1, "ORT called OnSessionInitializationEnd"
+    assert tu.files_in(tmp_path) == ["m.onnx", "m_ctx.onnx", "m_kiln.bin"]
+    check_runs_like(ctx, src, kiln_dev)
+    del generating
+    gc.collect()
+    assert tu.files_in(tmp_path) == ["m.onnx", "m_ctx.onnx", "m_kiln.bin"]
+
+
+def test_compile_api_calls_the_hook_after_writing_the_model(kiln_dev, tmp_path):
+    """The compile API's session also ends its initialization after ORT wrote the model
+    (to a file, or to memory: a binary beside ep.context_file_path is kept)."""
+    src = make_model(tmp_path / "m.onnx", seed=1)
+    before = tu.stats()["sessions_initialized"]
+    tu.compile_model(src, kiln_dev, embed=False, output=str(tmp_path / "m_ctx.onnx"))
+    assert tu.stats()["sessions_initialized"] == before + 1
+    sub = tmp_path / "mem"
+    sub.mkdir()
+    data = tu.compile_model(src, kiln_dev, embed=False, to="bytes",
+                            config={"ep.context_file_path": str(sub / "y_ctx.onnx")})
+    assert tu.stats()["sessions_initialized"] == before + 2
+    assert tu.files_in(sub) == ["m_kiln.bin"]
+    feeds = tu.make_feeds(src)
+    names, expected = tu.run_cpu(src, feeds)
+    run = tu.run_kiln(data, kiln_dev, feeds, config={"ep.context_file_path": str(sub / "y_ctx.onnx")})
+    tu.assert_outputs_close(names, expected, run.outputs)
+
+
 def expect_compile_error(route, src, dev, out):
     with pytest.raises(tu.KilnSessionError) as info:
         compile_to(route, src, dev, out)

@@ -284,6 +284,8 @@ impl EpImpl for KilnEp {
 
     fn on_session_initialization_end(&self) -> Result<()> {
         stats::session_initialized();
+        // ORT has written the session's compiled model: its binaries go in place.
+        context_gen::on_session_initialization_end(self)?;
         // The compiled programs hold their own references to the weights
         // they use; the parsed binaries only served Compile. A sharing
         // session keeps them: the shared workspace lends them to later

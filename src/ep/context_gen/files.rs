@@ -172,9 +172,9 @@ impl Staged {
         model_names(&self.ctx_model, &self.bin_name, Some(self.stats.checksum))
     }
 
-    /// The compiled model is absent before and after: the compile API
-    /// wrote it to memory (with `ep.context_file_path` naming only the
-    /// binary's folder), or ORT failed before creating the file.
+    /// At `OnSessionInitializationEnd` of the compile API, a compiled model
+    /// absent before and after went to memory (`ep.context_file_path` then
+    /// only names the binary's folder).
     fn written_elsewhere(&self) -> bool {
         self.compile_only && self.ctx_before.is_none() && file_id(&self.ctx_model).is_none()
     }
@@ -254,9 +254,10 @@ impl ContextFiles {
         }
     }
 
-    /// Session initialization ended, so ORT wrote its compiled model: put
-    /// every binary that model names in place. Others stay staged until the
-    /// EP is released.
+    /// Session initialization ended, which ORT 1.31 reports only after it
+    /// wrote the compiled model (on both routes): put every binary that
+    /// model names in place, and those of a model written to memory. Others
+    /// stay staged until the EP is released.
     pub fn finish_written(&self, logger: &Logger) -> Result<()> {
         let mut staged = self.staged.lock();
         let ready: Vec<Staged>;
@@ -274,10 +275,12 @@ impl ContextFiles {
 
     /// ORT released the EP: binaries whose compiled model ORT wrote go in
     /// place; the others are removed, with the incomplete model ORT left
-    /// when writing it failed.
+    /// when writing it failed. (A compiled model written to memory was
+    /// settled by `finish_written`: ORT calls it only after a successful
+    /// write, so what is still staged here has no model.)
     pub fn finish_all(&self, logger: &Logger) {
         for s in std::mem::take(&mut *self.staged.lock()) {
-            if s.confirmed() || s.written_elsewhere() {
+            if s.confirmed() {
                 if let Err(e) = settle_written(&s, logger) {
                     logger.error(&e.message);
                 }
