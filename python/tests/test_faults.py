@@ -217,6 +217,37 @@ def test_a_binary_of_a_sharing_group_is_not_replaced_by_one_member_alone(kiln_de
     check_runs_like(out / "m1_ctx.onnx", models[1], kiln_dev)
 
 
+def compile_group(models, dev, out):
+    for i, m in enumerate(models):
+        cfg = {"ep.share_ep_contexts": "1"}
+        if i == len(models) - 1:
+            cfg["ep.stop_share_ep_contexts"] = "1"
+        stem = os.path.splitext(os.path.basename(m))[0]
+        tu.compile_model(m, dev, embed=False, output=str(out / f"{stem}_ctx.onnx"), config=cfg)
+
+
+def test_a_sharing_group_recompiled_in_place_keeps_n_plus_one_files(kiln_dev, tmp_path):
+    """The group's binary is still named by the other members' _ctx.onnx when its first
+    member is recompiled, so the group moves to a new name; once every member names the
+    new binary, the old one (written for these models only) is removed."""
+    src = tmp_path / "src"
+    src.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    models = [tu.make_share_model(str(src / f"m{i}.onnx"), i, batch=1, rows=8, cols=8)["path"] for i in range(3)]
+    compile_group(models, kiln_dev, out)
+    assert tu.files_in(out) == ["m0_ctx.onnx", "m0_kiln.bin", "m1_ctx.onnx", "m2_ctx.onnx"]
+    for round_ in range(2):
+        compile_group(models, kiln_dev, out)
+        bins = [f for f in tu.files_in(out) if f.endswith("_kiln.bin")]
+        assert len(bins) == 1, f"round {round_}: N+1 files, got {tu.files_in(out)}"
+        assert all(bin_name_of(out / f"m{i}_ctx.onnx") == bins[0] for i in range(1)), bins
+        assert context_models(out / bins[0]) == ["m0_ctx.onnx", "m1_ctx.onnx", "m2_ctx.onnx"]
+        for i, m in enumerate(models):
+            check_runs_like(out / f"m{i}_ctx.onnx", m, kiln_dev)
+    no_temp_files(out)
+
+
 # --------------------------------------------------------------------------
 # defect 4 and faults: ORT (or kiln) cannot write
 # --------------------------------------------------------------------------

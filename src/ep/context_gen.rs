@@ -87,13 +87,17 @@ fn stamp_notes(node: &mut EpContextNode, checksum: u128) {
 /// ORT has written the compiled model (see `files`).
 fn write_own(ep: &KilnEp, out: &Output, parts: &[Generated<'_>], names: &[String]) -> Result<(String, Option<u128>)> {
     let models = [out.ctx_name.clone()];
-    let bin_name = files::choose_name(&out.folder, &out.stem, &models, &ep.logger)?;
+    let files::Name {
+        name: bin_name,
+        superseded,
+    } = files::choose_name(&out.folder, &out.stem, &models, &ep.logger)?;
     let mut builder = ContextBuilder::new(ep.target);
     builder.add_context_model(&out.ctx_name);
     for (part, name) in parts.iter().zip(names) {
         builder.add_graph(name, part.program)?;
     }
-    let staged = files::stage(&out.folder, &bin_name, &builder, &out.ctx_model, ep.config.compile_only)?;
+    let mut staged = files::stage(&out.folder, &bin_name, &builder, &out.ctx_model, ep.config.compile_only)?;
+    staged.supersedes = superseded;
     let checksum = staged.stats.checksum;
     ep.context_files.hold_or_commit(staged, out.ctx_file, &ep.logger)?;
     Ok((bin_name, Some(checksum)))
@@ -120,7 +124,8 @@ fn write_shared(
         member,
         || files::choose_name(&out.folder, &out.stem, std::slice::from_ref(&out.ctx_name), &ep.logger),
         |name, b| {
-            let s = files::stage(&out.folder, name, b, &out.ctx_model, ep.config.compile_only)?;
+            let mut s = files::stage(&out.folder, &name.name, b, &out.ctx_model, ep.config.compile_only)?;
+            s.supersedes = name.superseded.clone();
             let stats = s.stats.clone();
             staged = Some(s);
             Ok(stats)
@@ -250,7 +255,7 @@ fn file_stem(path: &Path) -> String {
         .unwrap_or_else(|| "model".into())
 }
 
-pub use files::{write_atomically, ContextFiles};
+pub use files::{write_atomically, ContextFiles, Name};
 
 /// `OnSessionInitializationEnd`: ORT has written the session's compiled
 /// model (session-option route), so the binaries it names go in place now,
@@ -271,9 +276,10 @@ pub fn on_release(ep: &KilnEp) {
     }
     let written = super::share::finish_group(|folder, name, builder| {
         // No kiln node in this model to confirm: in place at once.
-        let staged = files::stage(folder, name, builder, folder, ep.config.compile_only)?;
+        let mut staged = files::stage(folder, &name.name, builder, folder, ep.config.compile_only)?;
+        staged.supersedes = name.superseded.clone();
         let stats = staged.stats.clone();
-        files::commit(&staged)?;
+        files::settle_written(&staged, &ep.logger)?;
         Ok(stats)
     });
     match written {

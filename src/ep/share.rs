@@ -23,6 +23,7 @@ use std::sync::{Arc, Weak};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
+use super::context_gen::Name;
 use crate::context::{ContextBinary, ContextBuilder, WriteStats};
 use crate::error::{Error, Result};
 use crate::plan::Program;
@@ -31,7 +32,8 @@ use crate::target::Target;
 /// A group of sessions compiling into one binary.
 struct Group {
     folder: PathBuf,
-    bin_name: String,
+    /// The binary's name, and older binaries of the group's first model.
+    name: Name,
     builder: ContextBuilder,
     models: usize,
 }
@@ -79,8 +81,8 @@ pub struct Member<'a> {
 /// (`write(file name, builder)`) and ends the group.
 pub fn add_to_group(
     member: Member<'_>,
-    bin_name: impl FnOnce() -> Result<String>,
-    write: impl FnOnce(&str, &ContextBuilder) -> Result<WriteStats>,
+    bin_name: impl FnOnce() -> Result<Name>,
+    write: impl FnOnce(&Name, &ContextBuilder) -> Result<WriteStats>,
 ) -> Result<Shared> {
     let mut ws = WORKSPACE.lock();
     // A group starts only once its first session succeeds, so a failed
@@ -89,7 +91,7 @@ pub fn add_to_group(
         Some(g) => g,
         None => Group {
             folder: member.folder.to_path_buf(),
-            bin_name: bin_name()?,
+            name: bin_name()?,
             builder: ContextBuilder::new(member.target),
             models: 0,
         },
@@ -104,7 +106,7 @@ pub fn add_to_group(
 fn add_graphs(
     group: &mut Group,
     member: &Member<'_>,
-    write: impl FnOnce(&str, &ContextBuilder) -> Result<WriteStats>,
+    write: impl FnOnce(&Name, &ContextBuilder) -> Result<WriteStats>,
 ) -> Result<Shared> {
     check_joinable(group, member.target, member.folder)?;
     let mut next = group.builder.clone();
@@ -113,21 +115,21 @@ fn add_graphs(
             return Err(Error::invalid_argument(format!(
                 "graph '{name}' is already in the shared context binary '{}': give each model of the group its \
                  own ep.context_node_name_prefix",
-                group.bin_name
+                group.name.name
             )));
         }
         next.add_graph(name, program)?;
     }
     next.add_context_model(member.ctx_name);
     let written = if member.stop {
-        Some(write(&group.bin_name, &next)?)
+        Some(write(&group.name, &next)?)
     } else {
         None
     };
     group.builder = next;
     group.models += 1;
     Ok(Shared {
-        bin_name: group.bin_name.clone(),
+        bin_name: group.name.name.clone(),
         written,
         model_index: group.models,
     })
@@ -138,7 +140,7 @@ fn check_joinable(group: &Group, target: Target, folder: &Path) -> Result<()> {
         return Err(Error::invalid_argument(format!(
             "this session compiles for {target}, but the shared context group writing '{}' compiles for {}; \
              a group shares one target",
-            group.bin_name,
+            group.name.name,
             group.builder.target()
         )));
     }
@@ -146,7 +148,7 @@ fn check_joinable(group: &Group, target: Target, folder: &Path) -> Result<()> {
         return Err(Error::invalid_argument(format!(
             "the shared context group writes '{}' into '{}', but this session's output model goes to '{}': \
              every model of a group must be written to the same folder",
-            group.bin_name,
+            group.name.name,
             group.folder.display(),
             folder.display()
         )));
@@ -210,14 +212,14 @@ pub fn stop_sharing_loaded() {
 /// Ends the open group, if any, writing its binary: for a stop session that
 /// never compiled anything (kiln claimed nothing of its model).
 pub fn finish_group(
-    write: impl FnOnce(&Path, &str, &ContextBuilder) -> Result<WriteStats>,
+    write: impl FnOnce(&Path, &Name, &ContextBuilder) -> Result<WriteStats>,
 ) -> Result<Option<(PathBuf, WriteStats)>> {
     let mut ws = WORKSPACE.lock();
     let Some(group) = ws.group.take() else {
         return Ok(None);
     };
-    match write(&group.folder, &group.bin_name, &group.builder) {
-        Ok(stats) => Ok(Some((group.folder.join(&group.bin_name), stats))),
+    match write(&group.folder, &group.name, &group.builder) {
+        Ok(stats) => Ok(Some((group.folder.join(&group.name.name), stats))),
         Err(e) => {
             ws.group = Some(group);
             Err(e)

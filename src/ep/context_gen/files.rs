@@ -56,6 +56,9 @@ pub enum Ownership {
     Free,
     /// A binary written for one of the models being written, used by no other.
     Ours,
+    /// A binary written for one of the models being written that other
+    /// compiled models still name, and which ones.
+    InUse(String),
     /// Something kiln must leave alone, and why.
     Other(String),
 }
@@ -106,7 +109,7 @@ pub fn ownership(folder: &Path, name: &str, models: &[String]) -> Ownership {
         .cloned()
         .collect();
     if !users.is_empty() {
-        return Ownership::Other(format!("is still used by {}", quoted(&users)));
+        return Ownership::InUse(quoted(&users));
     }
     Ownership::Ours
 }
@@ -115,16 +118,27 @@ fn quoted(names: &[String]) -> String {
     names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
 }
 
+/// A name for a binary, and the binaries of the same models it supersedes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Name {
+    pub name: String,
+    /// Binaries written for these models that other compiled models still
+    /// named; removed once no model names them (see `remove_superseded`).
+    pub superseded: Vec<String>,
+}
+
 /// The binary's file name for `models` in `folder`: `<stem>_kiln.bin`, or,
-/// if that belongs to another compiled model, the first free or own one of
-/// `<stem>.2_kiln.bin`, `<stem>.3_kiln.bin`, ...
-pub fn choose_name(folder: &Path, stem: &str, models: &[String], logger: &Logger) -> Result<String> {
+/// if that belongs to or is used by another compiled model, the first free
+/// or own one of `<stem>.2_kiln.bin`, `<stem>.3_kiln.bin`, ...
+pub fn choose_name(folder: &Path, stem: &str, models: &[String], logger: &Logger) -> Result<Name> {
+    let candidate = |n: usize| match n {
+        1 => format!("{stem}_kiln.bin"),
+        n => format!("{stem}.{n}_kiln.bin"),
+    };
     let mut skipped = Vec::new();
+    let mut superseded = Vec::new();
     for n in 1..=MAX_NAMES {
-        let name = match n {
-            1 => format!("{stem}_kiln.bin"),
-            n => format!("{stem}.{n}_kiln.bin"),
-        };
+        let name = candidate(n);
         match ownership(folder, &name, models) {
             Ownership::Free | Ownership::Ours => {
                 if !skipped.is_empty() {
@@ -133,7 +147,20 @@ pub fn choose_name(folder: &Path, stem: &str, models: &[String], logger: &Logger
                         skipped.join("; ")
                     ));
                 }
-                return Ok(name);
+                // Older binaries of these models may follow (a group moving
+                // between two names); the run of existing names ends the search.
+                for later in (n + 1..=MAX_NAMES).map(candidate) {
+                    match ownership(folder, &later, models) {
+                        Ownership::Free => break,
+                        Ownership::InUse(_) => superseded.push(later),
+                        _ => {}
+                    }
+                }
+                return Ok(Name { name, superseded });
+            }
+            Ownership::InUse(users) => {
+                skipped.push(format!("'{name}' is still used by {users}"));
+                superseded.push(name);
             }
             Ownership::Other(why) => skipped.push(format!("'{name}' {why}")),
         }
@@ -145,6 +172,34 @@ pub fn choose_name(folder: &Path, stem: &str, models: &[String], logger: &Logger
     )))
 }
 
+/// After `s` went in place: removes the binaries it supersedes that were
+/// written only for models of `s` and that none of them names any more (a
+/// sharing group recompiled in place moved to a new name). Anything else
+/// stays.
+fn remove_superseded(s: &Staged, logger: &Logger) {
+    for name in s.supersedes.iter().filter(|n| **n != s.bin_name) {
+        let path = s.folder.join(name);
+        let owners = std::fs::File::open(&path)
+            .ok()
+            .and_then(|mut f| context::peek(&mut f).ok())
+            .map(|p| p.context_models)
+            .unwrap_or_default();
+        let unused = !owners.is_empty()
+            && owners.iter().all(|m| s.models.contains(m))
+            && !owners.iter().any(|m| model_names(&s.folder.join(m), name, None));
+        if unused && std::fs::remove_file(&path).is_ok() {
+            logger.info(|| {
+                format!(
+                    "removed '{}': it was written for {} only, which now name '{}'",
+                    path.display(),
+                    quoted(&owners),
+                    s.bin_name
+                )
+            });
+        }
+    }
+}
+
 /// A binary written under a temporary name, waiting for its compiled model.
 #[derive(Debug)]
 pub struct Staged {
@@ -154,6 +209,8 @@ pub struct Staged {
     pub stats: WriteStats,
     /// The models the binary records (the ownership check at rename).
     pub models: Vec<String>,
+    /// Older binaries of these models (see `Name::superseded`).
+    pub supersedes: Vec<String>,
     /// The compiled model ORT writes, which must name the binary.
     pub ctx_model: PathBuf,
     /// That model's file before ORT wrote it.
@@ -196,6 +253,7 @@ pub fn stage(
         tmp,
         stats,
         models: builder.context_models().to_vec(),
+        supersedes: Vec::new(),
         ctx_model: ctx_model.to_path_buf(),
         ctx_before: file_id(ctx_model),
         compile_only,
@@ -220,6 +278,7 @@ fn commit_inner(staged: &Staged) -> Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(taken(&dest, "appeared meanwhile")),
             Err(_) => rename(&staged.tmp, &dest),
         },
+        Ownership::InUse(users) => Err(taken(&dest, &format!("is still used by {users}"))),
         Ownership::Other(why) => Err(taken(&dest, &why)),
     }
 }
@@ -291,8 +350,10 @@ impl ContextFiles {
     }
 }
 
-fn settle_written(s: &Staged, logger: &Logger) -> Result<()> {
+/// Puts `s` in place, then removes what it supersedes.
+pub fn settle_written(s: &Staged, logger: &Logger) -> Result<()> {
     commit(s)?;
+    remove_superseded(s, logger);
     logger.info(|| {
         format!(
             "wrote context binary '{}' ({} bytes, {} graph(s), {} of {} weight bytes stored after sharing) for '{}'",
@@ -406,6 +467,58 @@ mod tests {
         write_atomically(&folder.join(name), |out| b.write_to(out)).unwrap();
     }
 
+    /// An ONNX model with one kiln EPContext node naming `bin` (embed mode 0).
+    fn model_naming(bin: &str) -> Vec<u8> {
+        use prost::Message;
+        #[derive(Clone, PartialEq, Message)]
+        struct M {
+            #[prost(message, optional, tag = "7")]
+            graph: Option<G>,
+        }
+        #[derive(Clone, PartialEq, Message)]
+        struct G {
+            #[prost(message, repeated, tag = "1")]
+            node: Vec<N>,
+        }
+        #[derive(Clone, PartialEq, Message)]
+        struct N {
+            #[prost(string, tag = "4")]
+            op_type: String,
+            #[prost(message, repeated, tag = "5")]
+            attribute: Vec<A>,
+            #[prost(string, tag = "7")]
+            domain: String,
+        }
+        #[derive(Clone, PartialEq, Message)]
+        struct A {
+            #[prost(string, tag = "1")]
+            name: String,
+            #[prost(int64, tag = "3")]
+            i: i64,
+            #[prost(bytes = "vec", tag = "4")]
+            s: Vec<u8>,
+        }
+        let a = |name: &str, i: i64, s: &str| A {
+            name: name.into(),
+            i,
+            s: s.as_bytes().to_vec(),
+        };
+        M {
+            graph: Some(G {
+                node: vec![N {
+                    op_type: "EPContext".into(),
+                    domain: "com.microsoft".into(),
+                    attribute: vec![
+                        a("source", 0, "KilnExecutionProvider"),
+                        a("embed_mode", 0, ""),
+                        a("ep_cache_context", 0, bin),
+                    ],
+                }],
+            }),
+        }
+        .encode_to_vec()
+    }
+
     fn names(folder: &Path) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(folder)
             .unwrap()
@@ -452,7 +565,7 @@ mod tests {
     }
 
     #[test]
-    fn a_binary_another_listed_model_still_uses_is_not_ours() {
+    fn a_binary_another_listed_model_still_uses_is_in_use() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         write(d, "m_kiln.bin", &binary_for(&["m_ctx.onnx", "n_ctx.onnx"]));
@@ -461,6 +574,8 @@ mod tests {
         assert_eq!(ownership(d, "m_kiln.bin", &me), Ownership::Ours);
         std::fs::write(d.join("n_ctx.onnx"), b"not a model").unwrap();
         assert_eq!(ownership(d, "m_kiln.bin", &me), Ownership::Ours);
+        std::fs::write(d.join("n_ctx.onnx"), model_naming("m_kiln.bin")).unwrap();
+        assert_eq!(ownership(d, "m_kiln.bin", &me), Ownership::InUse("'n_ctx.onnx'".into()));
         // the group as a whole owns it
         let group = ["m_ctx.onnx".to_string(), "n_ctx.onnx".to_string()];
         assert_eq!(ownership(d, "m_kiln.bin", &group), Ownership::Ours);
@@ -472,17 +587,23 @@ mod tests {
         let d = dir.path();
         let log = Logger::none();
         let me = ["m_ctx.onnx".to_string()];
-        assert_eq!(choose_name(d, "m", &me, &log).unwrap(), "m_kiln.bin");
+        let name = |n: &str| choose_name(d, "m", &me, &log).unwrap().name == n;
+        assert!(name("m_kiln.bin"));
         std::fs::write(d.join("m_kiln.bin"), b"user data").unwrap();
-        assert_eq!(choose_name(d, "m", &me, &log).unwrap(), "m.2_kiln.bin");
+        assert!(name("m.2_kiln.bin"));
         write(d, "m.2_kiln.bin", &binary_for(&["other_ctx.onnx"]));
-        assert_eq!(choose_name(d, "m", &me, &log).unwrap(), "m.3_kiln.bin");
-        write(d, "m.3_kiln.bin", &binary_for(&["m_ctx.onnx"]));
-        assert_eq!(
-            choose_name(d, "m", &me, &log).unwrap(),
-            "m.3_kiln.bin",
-            "its own binary, in place"
-        );
+        assert!(name("m.3_kiln.bin"));
+        write(d, "m.3_kiln.bin", &binary_for(&["m_ctx.onnx", "n_ctx.onnx"]));
+        assert!(name("m.3_kiln.bin"), "its own binary, in place");
+        std::fs::write(d.join("n_ctx.onnx"), model_naming("m.3_kiln.bin")).unwrap();
+        let chosen = choose_name(d, "m", &me, &log).unwrap();
+        assert_eq!(chosen.name, "m.4_kiln.bin", "m.3 is still used by n_ctx.onnx");
+        assert_eq!(chosen.superseded, ["m.3_kiln.bin"]);
+        // a free first name still collects the older binaries that follow it
+        std::fs::remove_file(d.join("m_kiln.bin")).unwrap();
+        let chosen = choose_name(d, "m", &me, &log).unwrap();
+        assert_eq!(chosen.name, "m_kiln.bin");
+        assert_eq!(chosen.superseded, ["m.3_kiln.bin"]);
     }
 
     #[test]
@@ -525,6 +646,35 @@ mod tests {
         files.hold_or_commit(staged, false, &log).unwrap();
         assert_eq!(names(d), ["m_kiln.bin"]);
         assert_ne!(std::fs::read(d.join("m_kiln.bin")).unwrap(), old);
+    }
+
+    #[test]
+    fn superseded_binaries_go_only_when_no_model_names_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let log = Logger::none();
+        let group = ["a_ctx.onnx".to_string(), "b_ctx.onnx".to_string()];
+        write(d, "a_kiln.bin", &binary_for(&["a_ctx.onnx", "b_ctx.onnx"]));
+        write(d, "x_kiln.bin", &binary_for(&["a_ctx.onnx", "x_ctx.onnx"]));
+        std::fs::write(d.join("b_ctx.onnx"), model_naming("a_kiln.bin")).unwrap();
+        let mut staged = stage(d, "a.2_kiln.bin", &binary_for(&["a_ctx.onnx", "b_ctx.onnx"]), d, true).unwrap();
+        staged.supersedes = vec!["a_kiln.bin".into(), "x_kiln.bin".into()];
+        // b_ctx.onnx still names a_kiln.bin: it stays
+        settle_written(&staged, &log).unwrap();
+        assert_eq!(names(d), ["a.2_kiln.bin", "a_kiln.bin", "b_ctx.onnx", "x_kiln.bin"]);
+        // once b_ctx.onnx names the new binary, a_kiln.bin goes; x_kiln.bin (x_ctx's too) stays
+        std::fs::write(d.join("b_ctx.onnx"), model_naming("a.2_kiln.bin")).unwrap();
+        let mut staged = stage(
+            d,
+            "a.2_kiln.bin",
+            &binary_for(&group.iter().map(String::as_str).collect::<Vec<_>>()),
+            d,
+            true,
+        )
+        .unwrap();
+        staged.supersedes = vec!["a_kiln.bin".into(), "x_kiln.bin".into()];
+        settle_written(&staged, &log).unwrap();
+        assert_eq!(names(d), ["a.2_kiln.bin", "b_ctx.onnx", "x_kiln.bin"]);
     }
 
     #[test]
