@@ -384,11 +384,15 @@ fn discard(s: &Staged, logger: &Logger) {
             s.ctx_model.display()
         ));
     } else {
+        let kept = if s.dest().exists() {
+            format!("; the existing '{}' is untouched", s.dest().display())
+        } else {
+            String::new()
+        };
         logger.warning(&format!(
-            "ONNX Runtime did not write the compiled model '{}'; kiln removed the context binary it had staged for \
-             it ('{}' is unchanged)",
-            s.ctx_model.display(),
-            s.dest().display()
+            "ONNX Runtime did not write the compiled model '{}'; kiln removed the context binary it had staged \
+             for it{kept}",
+            s.ctx_model.display()
         ));
     }
 }
