@@ -255,7 +255,7 @@ fn file_stem(path: &Path) -> String {
         .unwrap_or_else(|| "model".into())
 }
 
-pub use files::{write_atomically, ContextFiles, Name};
+pub use files::{ContextFiles, Name};
 
 /// `OnSessionInitializationEnd`: ORT has written the session's compiled
 /// model (session-option route), so the binaries it names go in place now,
@@ -305,6 +305,7 @@ pub fn on_release(ep: &KilnEp) {
 
 #[cfg(test)]
 mod tests {
+    use super::files::write_atomically;
     use super::*;
 
     #[test]

@@ -3,10 +3,12 @@
 //! Generation: the sessions of a *group* (every one with
 //! `ep.share_ep_contexts=1` and `ep.context_enable=1`, the last one also with
 //! `ep.stop_share_ep_contexts=1`) compile into one context binary, named after
-//! the group's first model and written into its output folder. Each distinct
+//! the group's first model (or the next name kiln may write, see
+//! `context_gen::files`) and written into its output folder. Each distinct
 //! weight is stored once (by content). Only the stop session writes the file
-//! (atomically) and then empties the workspace, so an abandoned group leaves
-//! nothing on disk, and a session that fails adds nothing to its group.
+//! (staged until its compiled model is written) and then empties the
+//! workspace, so an abandoned group leaves nothing on disk, and a session
+//! that fails adds nothing to its group.
 //!
 //! Loading: sessions with `ep.share_ep_contexts=1` take binaries other
 //! sessions already mapped from the workspace instead of mapping the file

@@ -215,7 +215,7 @@ pub struct Staged {
     pub ctx_model: PathBuf,
     /// That model's file before ORT wrote it.
     ctx_before: Option<FileId>,
-    /// The compile API may write the compiled model to memory instead (see `settle`).
+    /// The compile API may write the compiled model to memory instead (see `written_elsewhere`).
     compile_only: bool,
 }
 
@@ -430,7 +430,8 @@ fn write_file<T>(tmp: &Path, dest: &Path, write: impl FnOnce(&mut dyn std::io::W
 }
 
 /// Writes `path` through a temporary file in the same folder and a rename,
-/// so it is either complete or absent, never half-written.
+/// so it is either complete or absent, never half-written (tests' files).
+#[cfg(test)]
 pub fn write_atomically<T>(path: &Path, write: impl FnOnce(&mut dyn std::io::Write) -> Result<T>) -> Result<T> {
     let folder = path
         .parent()
