@@ -307,7 +307,8 @@ def test_output_path_is_a_folder(kiln_dev, tmp_path, route):
     assert snapshot(tmp_path) == before and tu.files_in(tmp_path) == ["m.onnx", "m_ctx.onnx"]
 
 
-def test_existing_read_only_ctx_keeps_the_old_binary(kiln_dev, tmp_path):
+@pytest.mark.parametrize("route", ROUTES)
+def test_existing_read_only_ctx_keeps_the_old_binary(kiln_dev, tmp_path, route):
     """ORT cannot replace the compiled model: the new binary must not replace the old one,
     which the old (still valid) compiled model names."""
     src = make_model(tmp_path / "m.onnx", seed=1)
@@ -318,8 +319,11 @@ def test_existing_read_only_ctx_keeps_the_old_binary(kiln_dev, tmp_path):
     make_model(src, seed=2)
     before = snapshot(tmp_path)
     with mounted(ctx, "--bind", "-o", "ro", str(ctx)):
-        err = expect_compile_error("compile", src, kiln_dev, ctx)
-        tu.assert_error(err, RuntimeError, "m_ctx.onnx", "Read-only file system")
+        err = expect_compile_error(route, src, kiln_dev, ctx)
+        if route == "compile":
+            tu.assert_error(err, RuntimeError, "m_ctx.onnx", "Read-only file system")
+        else:   # this route refuses any existing output before kiln compiles
+            tu.assert_error(err, C.Fail, "m_ctx.onnx", "exists already")
     assert snapshot(tmp_path) == before, "nothing changed: old model, old binary, source"
     no_temp_files(tmp_path)
     check_runs_like(ctx, old_src, kiln_dev)
