@@ -13,6 +13,11 @@
  *    runs and matches the CPU EP; releasing it frees kiln's factory;
  *    registering kiln again works, 20 times over.
  * 4. Once loaded, ReleaseEpFactory(NULL) is ORT_INVALID_ARGUMENT.
+ * 5. Releasing the environment (without unregistering) releases kiln's factory.
+ *
+ * Not covered, by design: running or releasing a session after ReleaseEnv.
+ * ORT 1.31.1 itself crashes there with its CPU EP alone (the environment
+ * must outlive its sessions), so no EP can make that order safe.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -128,6 +133,17 @@ int main(int argc, char** argv) {
 
   g_ort->ReleaseSession(cpu);
   g_ort->ReleaseEnv(env);
+
+  /* Releasing the environment unregisters kiln (no explicit unregister). */
+  ORT_CHECK(g_ort->CreateEnv(ORT_LOGGING_LEVEL_WARNING, "kiln-c-lifetime-2", &env));
+  ORT_CHECK(g_ort->RegisterExecutionProviderLibrary(env, "kiln_env", kiln_path));
+  DeviceInfo devs[8];
+  EXPECT(kiln_devices(env, devs, 8) == 1, "want exactly one kiln device");
+  g_ort->ReleaseSession(create_session(env, model, devs[0].device, NULL, 0, 1, NULL));
+  g_ort->ReleaseEnv(env);
+  end = stats();
+  EXPECT(end.factories_created == end.factories_freed, "ReleaseEnv left a factory: %llu created, %llu freed",
+         (unsigned long long)end.factories_created, (unsigned long long)end.factories_freed);
   free(model);
   printf("lifetime: 20 register/unregister rounds with a session outliving each; %llu factories\n",
          (unsigned long long)end.factories_created);
