@@ -233,7 +233,7 @@ SCRIPT = textwrap.dedent(r"""
 
     case, demo, folder = sys.argv[1], sys.argv[2], sys.argv[3]
     warnings.simplefilter("ignore", UserWarning)
-    ort.register_execution_provider_library("kiln_errors", kiln.get_library_path())
+    ort.register_execution_provider_library("kiln_errors.virtual", kiln.get_library_path())
     dev = [d for d in tu.kiln_devices() if not kiln.is_virtual(d)][0]
     res = {}
 
@@ -287,6 +287,12 @@ SCRIPT = textwrap.dedent(r"""
                 out = s.run(None, feeds)[0]
                 return [first, s.get_providers(), bool(np.array_equal(out, want))]
             attempt(f"fallback{fb}", go)
+    elif case == "capped":
+        # KILN_MAX_TARGET=x86_64-generic: the AVX2 virtual device is for compiling only
+        avx2 = [d for d in tu.kiln_devices() if kiln.device_target(d) == "x86_64-avx2"][0]
+        for fb in (1, 0):
+            attempt(f"fallback{fb}", lambda: ort.InferenceSession(
+                demo, tu.kiln_session_options(avx2), enable_fallback=fb).get_providers())
     print("RESULT " + json.dumps(res))
 """)
 
@@ -300,6 +306,15 @@ def run_case(case, models, lib_path, tmp_path, env_extra=None):
     lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
     assert p.returncode == 0 and lines, f"subprocess failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
     return json.loads(lines[-1][len("RESULT "):]), p.stdout
+
+
+def test_a_target_the_host_cannot_run_fails_create_ep_and_falls_back(models, lib_path, tmp_path):
+    """Refused in CreateEp, so it behaves like a bad option."""
+    res, out = run_case("capped", models, lib_path, tmp_path, {kiln.MAX_TARGET_ENV: "x86_64-generic"})
+    assert res["fallback1"] == ["ok", [CPU]], res
+    assert EP_ERROR in out and "cannot run on this host" in out
+    exc, msg = res["fallback0"]
+    assert exc == "RuntimeError" and "INVALID_ARGUMENT : kiln target x86_64-avx2 cannot run on this host" in msg, res
 
 
 def test_fail_from_writing_the_binary_raises_fail(models, lib_path, tmp_path):
