@@ -1,6 +1,8 @@
 """No leak across many sessions (issue #10): ITERATIONS kiln sessions created, run once
-and released in a loop, for a plain model (kiln compiles it every time) and for a
-compiled ``_ctx.onnx`` whose weights live in a memory-mapped ``_kiln.bin``.
+and released in a loop, for a plain model (kiln compiles it every time), for a
+compiled ``_ctx.onnx`` whose weights live in a memory-mapped ``_kiln.bin`` (with and
+without ``ep.share_ep_contexts``), and FAILURES session creations that kiln refuses
+(a damaged binary, a bad option).
 
 Measured from /proc/self: resident memory (VmRSS), open file descriptors (/proc/self/fd)
 and mappings of the ``_kiln.bin`` (/proc/self/maps). The first WARMUP iterations are
@@ -27,6 +29,7 @@ import shutil
 
 import onnxruntime as ort
 import pytest
+from onnxruntime.capi import onnxruntime_pybind11_state as C
 
 import kiln_testutil as tu
 
@@ -68,9 +71,9 @@ def demo_ctx(models, kiln_dev, tmp_path_factory):
     return str(ctx)
 
 
-def session_loop(path, dev, feeds, stats_key):
+def session_loop(path, dev, feeds, stats_key, config=None):
     """ITERATIONS x (create, run once, release); snapshots before, at WARMUP and at the end."""
-    so_cfg = {"session.disable_cpu_ep_fallback": "1"}
+    so_cfg = {"session.disable_cpu_ep_fallback": "1", **(config or {})}
     base = snapshot()
     before = tu.stats()
     marks = {}
@@ -125,3 +128,69 @@ def test_compiled_model_sessions_leak_nothing(models, kiln_dev, demo_ctx):
     check_flat("compiled model (_ctx.onnx + mapped _kiln.bin)", base, marks)
     # the check can fail: a live session maps the binary
     assert marks["alive"]["bin_mappings"] == base["bin_mappings"] + 1
+
+
+def test_sharing_sessions_leak_nothing(models, kiln_dev, demo_ctx):
+    """ep.share_ep_contexts=1: each session offers the binary to the process-wide
+    workspace, which must forget it once the session is gone."""
+    before = tu.stats()
+    base, marks = session_loop(demo_ctx, kiln_dev, tu.make_feeds(models["demo"]), "context_graphs_loaded",
+                               config={"ep.share_ep_contexts": "1"})
+    check_flat("compiled model, ep.share_ep_contexts=1", base, marks)
+    assert marks["alive"]["bin_mappings"] == base["bin_mappings"] + 1
+    # one session at a time: the workspace never had a live binary to share, so every
+    # session opened the file (a stale entry would have been "shared")
+    after = tu.stats()
+    assert after["context_files_opened"] - before["context_files_opened"] == ITERATIONS
+    assert after["context_files_shared"] == before["context_files_shared"]
+
+
+FAILURES = 200
+
+
+def failing_loop(make_session):
+    """FAILURES failed session creations; the error is dropped each time."""
+    base = snapshot()
+    warm = None
+    for i in range(1, FAILURES + 1):
+        failed = False
+        try:
+            make_session()
+        except Exception:  # noqa: BLE001 - expected, counted below
+            failed = True
+        assert failed, "session creation should have failed"
+        if i == WARMUP:
+            warm = snapshot()
+    return base, {"warm": warm, "end": snapshot()}
+
+
+def test_failed_loads_leak_nothing(kiln_dev, demo_ctx, tmp_path):
+    """A binary that is opened and mapped, then refused (checksum mismatch), and a bad
+    option: FAILURES times each, descriptors and mappings back to baseline."""
+    folder = os.path.dirname(demo_ctx)
+    for f in ("demo_ctx.onnx", "demo_kiln.bin"):
+        shutil.copy(os.path.join(folder, f), tmp_path / f)
+    data = bytearray((tmp_path / "demo_kiln.bin").read_bytes())
+    data[-100] ^= 0xFF  # a weight byte: the header parses, the checksum does not match
+    (tmp_path / "demo_kiln.bin").write_bytes(bytes(data))
+    bad_ctx = str(tmp_path / "demo_ctx.onnx")
+
+    def damaged():
+        ort.InferenceSession(bad_ctx, tu.kiln_session_options(kiln_dev), enable_fallback=0)
+
+    def bad_option():
+        ort.InferenceSession(bad_ctx, tu.kiln_session_options(kiln_dev, options={"target": "bogus"}),
+                             enable_fallback=0)
+
+    err = tu.expect_error(tu.run_kiln, bad_ctx, kiln_dev)
+    tu.assert_error(err, C.InvalidGraph, "checksum")
+    for label, fn in (("damaged binary refused", damaged), ("bad option refused", bad_option)):
+        base, marks = failing_loop(fn)
+        line = (f"{label}: {FAILURES} failed sessions; RSS {marks['warm']['rss_kib'] / 1024:.1f} -> "
+                f"{marks['end']['rss_kib'] / 1024:.1f} MiB after {WARMUP}..{FAILURES}; fds {base['fds']} -> "
+                f"{marks['end']['fds']}; _kiln.bin mappings {base['bin_mappings']} -> {marks['end']['bin_mappings']}")
+        FIGURES.append(line)
+        print(line)
+        assert marks["end"]["fds"] == base["fds"], line
+        assert marks["end"]["bin_mappings"] == base["bin_mappings"], line
+        assert (marks["end"]["rss_kib"] - marks["warm"]["rss_kib"]) / 1024 < RSS_BOUND_MB, line
