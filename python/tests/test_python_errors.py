@@ -139,6 +139,16 @@ def test_bad_option_with_disable_cpu_ep_fallback_raises_with_kiln_error_as_cause
     assert EP_ERROR in capfd.readouterr().out
 
 
+def test_bad_option_in_the_compile_api_raises_runtime_error(models, kiln_dev, tmp_path):
+    """``ort.ModelCompiler`` has no fallback: the same RuntimeError, nothing written."""
+    src = tmp_path / "demo.onnx"
+    shutil.copy(models["demo"], src)
+    err = tu.expect_error(tu.compile_model, str(src), kiln_dev, embed=False,
+                          output=str(tmp_path / "demo_ctx.onnx"), options={"target": "bogus"})
+    tu.assert_error(err, RuntimeError, "INVALID_ARGUMENT : invalid value 'bogus' for kiln option 'target'")
+    assert tu.files_in(tmp_path) == ["demo.onnx"]
+
+
 def test_bad_session_entry_read_by_kiln_falls_back_too(models, kiln_dev, capfd):
     """kiln checks ``ep.context_enable`` & co. in CreateEp: same path as a bad option."""
     so = kiln_options(kiln_dev, {}, {"ep.context_enable": "2"})
