@@ -29,7 +29,6 @@ import sys
 import textwrap
 import warnings
 
-import numpy as np
 import onnxruntime as ort
 import pytest
 from onnxruntime.capi import onnxruntime_pybind11_state as C
@@ -212,7 +211,6 @@ def test_codes_kiln_never_returns_map_like_ort_own(tmp_path):
     """kiln returns no NO_SUCHFILE / NOT_IMPLEMENTED / NOT_FOUND on any path a user can
     reach (a missing binary is INVALID_GRAPH); if it did, Python would map the code like
     ORT's own errors with it, pinned here."""
-    import onnx
     from onnx import TensorProto, helper
 
     _, err = create(str(tmp_path / "missing.onnx"), providers=[CPU], enable_fallback=0)
