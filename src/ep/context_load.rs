@@ -7,13 +7,14 @@ use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use super::capability::tensor_type;
+use super::options::ContextStorage;
 use super::KilnEp;
 use crate::context::ContextBinary;
 use crate::error::{Error, Result};
-use crate::ffi::graph::{Graph, Node};
-use crate::ffi::mmap::map_file;
-use crate::plan::{AlignedBytes, Program, Storage};
+use crate::ffi::graph::{Graph, Node, ValueInfo};
+use crate::ffi::mmap::{copy_file, map_file};
+use crate::ir::onnx_type_name;
+use crate::plan::{AlignedBytes, Program, Storage, TensorSpec};
 use crate::stats;
 
 pub const EP_CONTEXT_OP: &str = "EPContext";
@@ -180,17 +181,25 @@ pub struct LoadedBinaries {
 }
 
 impl LoadedBinaries {
-    fn file(&mut self, path: &Path, share: bool) -> Result<Arc<ContextBinary>> {
+    /// `share`: take the binary from (and offer it to) the process-wide
+    /// workspace. A `copy` session never shares: a binary another session
+    /// mapped would bring back the dependence on the file `copy` avoids.
+    fn file(&mut self, path: &Path, share: bool, storage: ContextStorage) -> Result<Arc<ContextBinary>> {
         if let Some(b) = self.files.get(path) {
             return Ok(b.clone());
         }
+        let share = share && storage == ContextStorage::Map;
         let binary = match share.then(|| super::share::loaded(path)).flatten() {
             Some(b) => {
                 stats::context_file_shared();
                 b
             }
             None => {
-                let b = parse(map_file(path)?).map_err(|e| e.context(format!("'{}'", path.display())))?;
+                let bytes = match storage {
+                    ContextStorage::Map => map_file(path)?,
+                    ContextStorage::Copy => copy_file(path)?,
+                };
+                let b = parse(bytes).map_err(|e| e.context(format!("'{}'", path.display())))?;
                 stats::context_file_opened();
                 if share {
                     super::share::publish(path, &b);
@@ -298,7 +307,9 @@ fn open_binary(
         )
     })?;
     let path = resolve_inside(base, rel).map_err(|cause| cn.fail(cause))?;
-    loaded.file(&path, ep.config.context.share).map_err(|e| cn.fail(e))
+    loaded
+        .file(&path, ep.config.context.share, ep.config.kiln.context_storage)
+        .map_err(|e| cn.fail(e))
 }
 
 fn check_runnable(ep: &KilnEp, cn: &ContextNode<'_>, program: &Program) -> Result<()> {
@@ -313,7 +324,10 @@ fn check_runnable(ep: &KilnEp, cn: &ContextNode<'_>, program: &Program) -> Resul
     )))
 }
 
-/// The node's inputs and outputs must be the ones the graph was compiled for.
+/// The node's inputs and outputs must be the ones the graph was compiled
+/// for: same names, element types and static shapes. Compute writes each
+/// output as the compiled program's type into a buffer ORT sizes by the
+/// node's type, so an edited type must never get this far.
 fn check_io(cn: &ContextNode<'_>, program: &Program) -> Result<()> {
     let sides = [
         ("input", cn.node.inputs()?, program.inputs()),
@@ -329,18 +343,62 @@ fn check_io(cn: &ContextNode<'_>, program: &Program) -> Result<()> {
             )));
         }
         for (i, (v, spec)) in values.iter().zip(specs).enumerate() {
-            let v = v.ok_or_else(|| cn.fail(format!("{what} {i} is missing")))?;
-            let ty = tensor_type(&v)?.map_err(|reason| cn.fail(format!("{what} {i} {reason}")))?;
-            if ty.shape != spec.shape {
-                return Err(cn.fail(format!(
-                    "{what} {i} ('{}') has shape {:?}, graph '{}' was compiled for {:?}",
-                    v.name()?,
-                    ty.shape,
-                    cn.partition_name,
-                    spec.shape
-                )));
-            }
+            let v = v.ok_or_else(|| cn.fail(format!("{what} {i} is missing, expected '{}'", spec.name)))?;
+            check_name(cn, what, i, &v.name()?, specs)?;
+            check_value(cn, &format!("{what} {i}"), &v, spec)?;
         }
+    }
+    Ok(())
+}
+
+/// A value keeps its compiled name, or gets a new one (merging models with
+/// `onnx.compose` prefixes every name; such values match by position). A
+/// name the graph was compiled with at another position is a reordering,
+/// which would feed one tensor's data to another.
+fn check_name(cn: &ContextNode<'_>, what: &str, i: usize, name: &str, specs: &[TensorSpec]) -> Result<()> {
+    match specs.iter().position(|s| s.name == name) {
+        Some(j) if j != i => Err(cn.fail(format!(
+            "{what} {i} is '{name}', but graph '{}' was compiled with '{name}' as {what} {j} (and '{}' as {what} {i})",
+            cn.partition_name, specs[i].name
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `float [2, 3, 4]`, with `?` for a dynamic dimension.
+fn type_text(elem_type: i32, dims: &[i64]) -> String {
+    let dims: Vec<String> = dims
+        .iter()
+        .map(|&d| if d < 0 { "?".into() } else { d.to_string() })
+        .collect();
+    format!("{} [{}]", onnx_type_name(elem_type), dims.join(", "))
+}
+
+fn check_value(cn: &ContextNode<'_>, what: &str, v: &ValueInfo<'_>, spec: &TensorSpec) -> Result<()> {
+    let name = v.name()?;
+    let expected: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
+    let expected_text = type_text(spec.elem_type, &expected);
+    let mismatch = |found: &str, cause: &str| {
+        cn.fail(format!(
+            "{what} '{name}': found {found}, expected {expected_text} as graph '{}' was compiled ({cause})",
+            cn.partition_name
+        ))
+    };
+    let Some(info) = v.tensor_info()? else {
+        return Err(mismatch("a value that is not a tensor", "not a tensor"));
+    };
+    let found = type_text(info.elem_type, &info.dims);
+    if info.elem_type != spec.elem_type {
+        return Err(mismatch(&found, "element type differs"));
+    }
+    if info.dims.len() != expected.len() {
+        return Err(mismatch(&found, "rank differs"));
+    }
+    if info.dims.iter().any(|&d| d < 0) {
+        return Err(mismatch(&found, "dynamic shape; kiln compiles static shapes"));
+    }
+    if info.dims != expected {
+        return Err(mismatch(&found, "shape differs"));
     }
     Ok(())
 }
