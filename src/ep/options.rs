@@ -216,8 +216,8 @@ mod tests {
         assert_eq!(c.kiln.target, Some(Target::Avx2));
         assert_eq!(c.kiln.disabled_ops, vec!["Relu".to_string(), "Mul".to_string()]);
         assert_eq!(c.kiln.context_storage, ContextStorage::Map);
-        let c = parse(&[("ep.kilnexecutionprovider.context_storage", "copy")]).unwrap();
-        assert_eq!(c.kiln.context_storage, ContextStorage::Copy);
+        let copy = parse(&[("ep.kilnexecutionprovider.context_storage", "copy")]).unwrap();
+        assert_eq!(copy.kiln.context_storage, ContextStorage::Copy);
         assert!(c.context.enable && !c.context.embed_mode && c.context.share && c.compile_only);
         assert_eq!(c.context.file_path.as_deref(), Some("out/m_ctx.onnx"));
         assert_eq!(c.context.node_name_prefix, "p_");
