@@ -57,13 +57,40 @@ fn text_attr(node: &Node<'_>, name: &str) -> Result<Option<String>> {
         .map(|b| String::from_utf8_lossy(&b).into_owned()))
 }
 
-fn int_attr(node: &Node<'_>, name: &str, default: i64) -> Result<i64> {
-    Ok(node
-        .attribute(name)?
-        .map(|a| a.int())
-        .transpose()?
-        .flatten()
-        .unwrap_or(default))
+/// The attributes kiln acts on must have their ONNX type: a wrong type is
+/// refused, not mistaken for an absent attribute (and its default).
+fn wrong_type(node: &Node<'_>, attr: &str, want: &str) -> Result<Error> {
+    Ok(Error::invalid_graph(format!(
+        "kiln EPContext node '{}': attribute '{attr}' must be {want}, it has another type",
+        node.name()?
+    )))
+}
+
+fn int_attr(node: &Node<'_>, name: &str, default: i64, allowed: &[i64]) -> Result<i64> {
+    let Some(attr) = node.attribute(name)? else {
+        return Ok(default);
+    };
+    let Some(value) = attr.int()? else {
+        return Err(wrong_type(node, name, "an INT")?);
+    };
+    if !allowed.contains(&value) {
+        return Err(Error::invalid_graph(format!(
+            "kiln EPContext node '{}': {name} {value} is not {}",
+            node.name()?,
+            allowed.iter().map(i64::to_string).collect::<Vec<_>>().join(" or ")
+        )));
+    }
+    Ok(value)
+}
+
+fn bytes_attr(node: &Node<'_>, name: &str) -> Result<Option<Vec<u8>>> {
+    let Some(attr) = node.attribute(name)? else {
+        return Ok(None);
+    };
+    match attr.bytes()? {
+        Some(bytes) => Ok(Some(bytes)),
+        None => Err(wrong_type(node, name, "a STRING")?),
+    }
 }
 
 /// The node's `source` attribute, if it has one.
@@ -73,21 +100,18 @@ pub fn source_of(node: &Node<'_>) -> Result<Option<String>> {
 
 impl<'a> ContextNode<'a> {
     pub fn read(node: Node<'a>) -> Result<ContextNode<'a>> {
-        let embed_mode = int_attr(&node, "embed_mode", 1)?;
+        let embed_mode = int_attr(&node, "embed_mode", 1, &[0, 1])?;
         // An embedded payload is read later, straight into aligned memory.
         let cache_context = match embed_mode {
             1 => None,
-            _ => node
-                .attribute("ep_cache_context")?
-                .map(|a| a.bytes())
-                .transpose()?
-                .flatten(),
+            _ => bytes_attr(&node, "ep_cache_context")?,
         };
+        let partition_name = bytes_attr(&node, "partition_name")?.unwrap_or_default();
         let cn = ContextNode {
             embed_mode,
-            main_context: int_attr(&node, "main_context", 1)?,
+            main_context: int_attr(&node, "main_context", 1, &[0, 1])?,
             cache_context,
-            partition_name: text_attr(&node, "partition_name")?.unwrap_or_default(),
+            partition_name: String::from_utf8_lossy(&partition_name).into_owned(),
             name: node.name()?,
             node,
         };
@@ -282,15 +306,14 @@ fn open_binary(
         let payload = cn
             .node
             .attribute("ep_cache_context")?
-            .map(|a| a.aligned_bytes())
+            .map(|a| {
+                a.aligned_bytes()?
+                    .ok_or_else(|| cn.fail("attribute 'ep_cache_context' must be a STRING, it has another type"))
+            })
             .transpose()?
-            .flatten()
             .filter(|p| !p.is_empty())
             .ok_or_else(|| cn.fail("ep_cache_context is empty or absent"))?;
         return loaded.embedded(payload).map_err(|e| cn.fail(e));
-    }
-    if cn.embed_mode != 0 {
-        return Err(cn.fail(format!("embed_mode {} is not 0 or 1", cn.embed_mode)));
     }
     let payload = cn
         .cache_context
