@@ -64,6 +64,7 @@ header: venv
 bench: build venv
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/session_creation.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/weight_sharing.py
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/session_memory.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/latency.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/gemm_ort.py
 	$(CARGO) bench --bench gemm

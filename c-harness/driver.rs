@@ -6,6 +6,13 @@
 //!   `split.onnx` on it, compares every output with ORT's CPU EP in the same
 //!   process, checks `kiln_ep_stats()` and a bad option's error, releases
 //!   everything and unregisters kiln.
+//! - `lifetime.c` calls `ReleaseEpFactory` before ORT loaded kiln, asks ORT
+//!   for kiln's verdict on every hardware device, and keeps a session alive
+//!   across `UnregisterExecutionProviderLibrary`, 20 times over.
+//! - `bad_inputs.c` loads compiled models broken one way each (truncated,
+//!   flipped, foreign, empty, directory, FIFO, symlinked-outside binaries, bad
+//!   attributes and paths, wrong `source`, a re-typed output, tampered
+//!   compatibility info, bad options) and checks each OrtErrorCode and message.
 //! - `virtual_devices.c` registers kiln as `kiln.virtual`, checks the virtual
 //!   devices, and runs or expects refusal on each; once more with the host
 //!   capped by `KILN_MAX_TARGET=x86_64-generic`, so every virtual device is
@@ -241,6 +248,20 @@ fn c_program_compiles_through_the_compile_api_then_loads() {
 fn c_program_compiles_a_weight_sharing_group_then_shares_it() {
     let work = tempfile::tempdir().unwrap();
     run_program("share_compile", &[work.path().to_str().unwrap()], &[]);
+}
+
+/// The bad input table through the C API (bad_inputs.c): each broken
+/// compiled model gives the expected OrtErrorCode and message, nothing hangs
+/// (alarm() in the program, TIMEOUT here) and no file is left behind.
+#[test]
+fn c_program_bad_input_table() {
+    let work = tempfile::tempdir().unwrap();
+    run_program("bad_inputs", &[work.path().to_str().unwrap()], &[]);
+}
+
+#[test]
+fn c_program_sessions_outlive_unregister() {
+    run_program("lifetime", &[], &[]);
 }
 
 #[test]

@@ -399,6 +399,57 @@ fn concurrent_runs_on_one_session() {
     }
 }
 
+/// Issue #10: 8 threads x 200 runs of the demo FFN block on one session, 16 inputs
+/// spread so that threads run different inputs at once. Every result equals, bit for
+/// bit, the same input run alone on the same session, which matches the CPU EP.
+#[test]
+fn eight_threads_of_200_runs_match_single_runs_bit_for_bit() {
+    const THREADS: usize = 8;
+    const RUNS: usize = 200;
+    const FEEDS: usize = 16;
+    let _s = serial();
+    let _reg = Registered::new("kiln_threads_8x200");
+    let feeds: Vec<Tensor> = (0..FEEDS as u32)
+        .map(|seed| Tensor::pattern(&[1, 32, 128], seed + 1))
+        .collect();
+    let cpu = cpu_session("demo.onnx");
+    let session = SessionOptions::new()
+        .config("session.disable_cpu_ep_fallback", "1")
+        .with_devices(env(), &[&host_device()], &[])
+        .unwrap()
+        .session(env(), &model("demo.onnx"))
+        .unwrap();
+    let single: Vec<Tensor> = feeds
+        .iter()
+        .map(|x| session.run(&[("x", x)], &["y"]).unwrap().remove(0))
+        .collect();
+    for (i, (x, got)) in feeds.iter().zip(&single).enumerate() {
+        let want = cpu.run(&[("x", x)], &["y"]).unwrap().remove(0);
+        let diff = max_abs_diff(got, &want);
+        assert!(diff <= 1e-4, "input {i}: kiln differs from the CPU EP by {diff}");
+    }
+    let before = kiln_stats().compute_calls;
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (session, feeds, single) = (&session, &feeds, &single);
+            s.spawn(move || {
+                for j in 0..RUNS {
+                    let i = (5 * t + 3 * j) % FEEDS;
+                    let got = session.run(&[("x", &feeds[i])], &["y"]).unwrap().remove(0);
+                    let same = bit_equal(&got, &single[i]);
+                    assert!(same, "thread {t} run {j}: input {i} differs from its single run");
+                }
+            });
+        }
+    });
+    assert_eq!(kiln_stats().compute_calls - before, (THREADS * RUNS) as u64);
+    drop(session);
+}
+
+fn bit_equal(a: &Tensor, b: &Tensor) -> bool {
+    a.shape == b.shape && a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 #[test]
 fn kiln_logs_through_ort_logger() {
     let _s = serial();

@@ -234,3 +234,38 @@ def test_pytest_run_whose_failing_test_keeps_a_session_alive(tmp_path):
     )
     assert proc.returncode == 1, f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "1 failed, 1 passed" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_members_kiln_leaves_null_on_the_paths_users_take(kiln_dev, tmp_path):
+    """ORT accepts kiln's NULL members where a user reaches them: profiling
+    (CreateProfiler: kiln's partitions still show as ORT node events with
+    their times), IOBinding with synchronisation (Sync), dynamic options
+    (SetDynamicOptions), and a session run at graph optimisation level
+    ENABLE_ALL (layout transformation asks GetPreferredDataLayout)."""
+    import json
+
+    so = tu.kiln_session_options(kiln_dev, {"session.disable_cpu_ep_fallback": "1"})
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "kiln_profile")
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(DEMO, so)
+    feeds = tu.make_feeds(DEMO)
+    want = tu.run_cpu(DEMO, feeds)[1][0]
+    np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+
+    binding = sess.io_binding()
+    for name, value in feeds.items():
+        binding.bind_cpu_input(name, value)
+    binding.bind_output(sess.get_outputs()[0].name)
+    binding.synchronize_inputs()
+    sess.run_with_iobinding(binding)
+    binding.synchronize_outputs()
+    np.testing.assert_allclose(binding.copy_outputs_to_cpu()[0], want, rtol=1e-4, atol=1e-4)
+
+    sess.set_ep_dynamic_options({"ep.dynamic.workload_type": "Efficient"})
+    np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+
+    events = json.load(open(sess.end_profiling()))
+    kiln_nodes = [e for e in events if e.get("cat") == "Node" and e["name"].startswith(EP)]
+    assert kiln_nodes, [e["name"] for e in events]
+    assert all(e["dur"] >= 0 and e["args"].get("provider") == EP for e in kiln_nodes), kiln_nodes

@@ -1,13 +1,16 @@
 """Loading EPContext models on kiln: which nodes kiln claims, how it finds binaries,
-and every way a shipped artifact can be broken (each an InvalidGraph naming the node,
-the file and the cause). Broken models are made by editing a compiled model with
-``onnx`` and by damaging / moving / symlinking its ``.bin``.
+how binaries are held in memory (``context_storage``: map or copy) and what a live
+session sees when its ``.bin`` changes. Every way a shipped artifact can be broken is
+a row of the bad input table, test_bad_inputs.py.
 """
 from __future__ import annotations
 
 import os
+import json
 import shutil
-import struct
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import onnx
@@ -28,11 +31,6 @@ def set_attr(node, name, value):
     node.attribute.extend(keep)
     if value is not None:
         node.attribute.append(helper.make_attribute(name, value))
-
-
-def main_node(m):
-    (n,) = [n for n in tu.ep_context_nodes(m) if tu.attrs_of(n)["main_context"] == 1]
-    return n
 
 
 @pytest.fixture
@@ -57,10 +55,6 @@ def load_error(model, dev, config=None) -> tu.KilnSessionError:
                            None, None, config)
 
 
-def assert_bad_context(err, node_name, *needles):
-    tu.assert_error(err, C.InvalidGraph, "kiln EPContext node", f"'{node_name}'", *needles)
-
-
 def check_runs(ctx, original, dev, config=None) -> tu.KilnRun:
     feeds = tu.make_feeds(original)
     names, want = tu.run_cpu(original, feeds)
@@ -71,87 +65,8 @@ def check_runs(ctx, original, dev, config=None) -> tu.KilnRun:
 
 
 # --------------------------------------------------------------------------
-# damaged / missing binaries
+# where binaries are found
 # --------------------------------------------------------------------------
-def test_missing_binary(amr_ctx, kiln_virtual):
-    ctx, binp, _ = amr_ctx
-    binp.unlink()
-    err = load_error(ctx, kiln_virtual["host"])
-    assert_bad_context(err, tu.ep_context_nodes(ctx)[0].name, "add_mul_relu_kiln.bin", "does not exist")
-
-
-def _damage(data: bytes, how: str) -> bytes:
-    if how == "bad magic":
-        return b"PK\x03\x04" + data[4:]
-    if how == "not kiln at all":
-        return b"definitely not a kiln context binary" * 4
-    if how == "newer version":
-        return data[:8] + struct.pack("<I", 99) + data[12:]
-    if how == "older version":
-        return data[:8] + struct.pack("<I", 0) + data[12:]
-    if how == "checksum":
-        last = len(data) - 1
-        return data[:last] + bytes([data[last] ^ 0x5A])
-    if how == "truncated":
-        return data[: len(data) // 2]
-    if how == "header only":
-        return data[:64]
-    if how == "empty file":
-        return b""
-    if how == "trailing bytes":
-        return data + b"\0" * 64
-    raise ValueError(how)
-
-
-DAMAGE = [
-    ("bad magic", ["not a kiln context binary"]),
-    ("not kiln at all", ["not a kiln context binary"]),
-    ("newer version", ["version", "99"]),
-    ("older version", ["version"]),
-    ("checksum", ["checksum"]),
-    ("truncated", ["truncated"]),
-    ("header only", ["truncated"]),
-    ("empty file", []),
-    ("trailing bytes", []),
-]
-
-
-@pytest.mark.parametrize("how,needles", DAMAGE, ids=[d[0] for d in DAMAGE])
-def test_damaged_binary(amr_ctx, kiln_virtual, how, needles):
-    ctx, binp, original = amr_ctx
-    good = binp.read_bytes()
-    binp.write_bytes(_damage(good, how))
-    err = load_error(ctx, kiln_virtual["host"])
-    assert_bad_context(err, tu.ep_context_nodes(ctx)[0].name, "add_mul_relu_kiln.bin", *needles)
-    binp.write_bytes(good)
-    check_runs(ctx, original, kiln_virtual["host"])
-
-
-@pytest.mark.parametrize("how,needles", [d for d in DAMAGE if d[0] != "empty file"],
-                         ids=[d[0] for d in DAMAGE if d[0] != "empty file"])
-def test_damaged_embedded_payload(models, kiln_virtual, how, needles):
-    dev = kiln_virtual["host"]
-    m = tu.load_model_proto(tu.compile_model(models["add_mul_relu"], dev, embed=True, to="bytes"))
-    (node,) = tu.ep_context_nodes(m)
-    set_attr(node, "ep_cache_context", _damage(tu.attrs_of(node)["ep_cache_context"], how))
-    err = load_error(m.SerializeToString(), dev)
-    assert_bad_context(err, node.name, "embedded payload", *needles)
-
-
-# --------------------------------------------------------------------------
-# bad attributes
-# --------------------------------------------------------------------------
-@pytest.mark.parametrize("value", [b"", None], ids=["empty", "absent"])
-def test_empty_or_absent_cache_context(amr_ctx, kiln_virtual, value):
-    ctx, _, _ = amr_ctx
-    m = tu.load_model_proto(ctx)
-    node = tu.ep_context_nodes(m)[0]
-    set_attr(node, "ep_cache_context", value)
-    onnx.save(m, str(ctx))
-    err = load_error(ctx, kiln_virtual["host"])
-    assert_bad_context(err, node.name, "ep_cache_context is empty or absent")
-
-
 def _point_at(ctx, rel):
     m = tu.load_model_proto(ctx)
     node = tu.ep_context_nodes(m)[0]
@@ -160,31 +75,9 @@ def _point_at(ctx, rel):
     return node.name
 
 
-def test_absolute_path_refused(amr_ctx, kiln_virtual, tmp_path):
-    ctx, binp, _ = amr_ctx
-    name = _point_at(ctx, str(binp))  # an absolute path to the real, valid binary
-    err = load_error(ctx, kiln_virtual["host"])
-    assert_bad_context(err, name, "absolute path", str(binp))
-
-
-def test_parent_dir_refused(models, kiln_virtual, tmp_path):
-    dev = kiln_virtual["host"]
-    src = tmp_path / "add_mul_relu.onnx"
-    shutil.copy(models["add_mul_relu"], src)
-    inner = tmp_path / "inner"
-    inner.mkdir()
-    out = inner / "add_mul_relu_ctx.onnx"
-    tu.generate_context(str(src), dev, embed=0, file_path=str(out))
-    # move the binary one level up and point at it with '..'
-    shutil.move(str(inner / "add_mul_relu_kiln.bin"), str(tmp_path / "add_mul_relu_kiln.bin"))
-    name = _point_at(out, "../add_mul_relu_kiln.bin")
-    err = load_error(out, dev)
-    assert_bad_context(err, name, "'..'", "../add_mul_relu_kiln.bin")
-    name = _point_at(out, "sub/../../add_mul_relu_kiln.bin")
-    assert_bad_context(load_error(out, dev), name, "'..'")
-
-
-def test_symlink_outside_refused_inside_allowed(models, kiln_virtual, tmp_path):
+def test_symlink_inside_the_folder_allowed(models, kiln_virtual, tmp_path):
+    """A symlink (even a relative one, through a subfolder) that stays inside the model's
+    folder is fine; one leading outside is a row of test_bad_inputs.py."""
     dev = kiln_virtual["host"]
     src = tmp_path / "add_mul_relu.onnx"
     shutil.copy(models["add_mul_relu"], src)
@@ -193,15 +86,8 @@ def test_symlink_outside_refused_inside_allowed(models, kiln_virtual, tmp_path):
     out = inner / "add_mul_relu_ctx.onnx"
     tu.generate_context(str(src), dev, embed=0, file_path=str(out))
     real = inner / "add_mul_relu_kiln.bin"
-    outside = tmp_path / "outside_kiln.bin"
-    shutil.move(str(real), str(outside))
-    os.symlink(str(outside), str(real))
-    err = load_error(out, dev)
-    assert_bad_context(err, tu.ep_context_nodes(out)[0].name, "add_mul_relu_kiln.bin", "symbolic link")
-    # a symlink (even a relative one, through a subfolder) that stays inside is fine
-    os.unlink(str(real))
     (inner / "store").mkdir()
-    shutil.move(str(outside), str(inner / "store" / "actual.bin"))
+    shutil.move(str(real), str(inner / "store" / "actual.bin"))
     os.symlink("store/actual.bin", str(real))
     check_runs(out, str(src), dev)
 
@@ -215,98 +101,6 @@ def test_binary_in_subfolder(amr_ctx, kiln_virtual):
     assert run.created_delta("context_files_opened") == 1
 
 
-def test_main_context_0_without_a_binary(split_ctx, kiln_virtual):
-    ctx, _, _ = split_ctx
-    m = tu.load_model_proto(ctx)
-    node = main_node(m)
-    set_attr(node, "main_context", 0)
-    set_attr(node, "ep_cache_context", None)
-    onnx.save(m, str(ctx))
-    err = load_error(ctx, kiln_virtual["host"])
-    tu.assert_error(err, C.InvalidGraph, "kiln EPContext node",
-                    "main_context=0 but no context binary loaded in this session holds graph")
-
-
-def test_partition_not_in_binary(split_ctx, kiln_virtual):
-    ctx, _, _ = split_ctx
-    m = tu.load_model_proto(ctx)
-    node = main_node(m)
-    set_attr(node, "partition_name", b"no_such_graph")
-    onnx.save(m, str(ctx))
-    err = load_error(ctx, kiln_virtual["host"])
-    assert_bad_context(err, node.name, "no_such_graph", "is not in its context binary")
-
-
-def test_secondary_partition_not_in_any_binary(split_ctx, kiln_virtual):
-    ctx, _, _ = split_ctx
-    m = tu.load_model_proto(ctx)
-    node = [n for n in tu.ep_context_nodes(m) if tu.attrs_of(n)["main_context"] == 0][0]
-    set_attr(node, "partition_name", b"no_such_graph")
-    onnx.save(m, str(ctx))
-    err = load_error(ctx, kiln_virtual["host"])
-    assert_bad_context(err, node.name, "no_such_graph", "main_context=0")
-
-
-def test_missing_partition_name(amr_ctx, kiln_virtual):
-    ctx, _, _ = amr_ctx
-    m = tu.load_model_proto(ctx)
-    node = tu.ep_context_nodes(m)[0]
-    set_attr(node, "partition_name", None)
-    onnx.save(m, str(ctx))
-    assert_bad_context(load_error(ctx, kiln_virtual["host"]), node.name, "partition_name")
-
-
-def test_bad_embed_mode(amr_ctx, kiln_virtual):
-    ctx, _, _ = amr_ctx
-    m = tu.load_model_proto(ctx)
-    node = tu.ep_context_nodes(m)[0]
-    set_attr(node, "embed_mode", 2)
-    onnx.save(m, str(ctx))
-    assert_bad_context(load_error(ctx, kiln_virtual["host"]), node.name, "embed_mode 2")
-
-
-def test_embed_mode_0_attribute_on_a_payload_is_read_as_a_path(models, kiln_virtual, tmp_path):
-    """embed_mode is what decides: a payload under embed_mode=0 is taken as a file name."""
-    dev = kiln_virtual["host"]
-    m = tu.load_model_proto(tu.compile_model(models["add_mul_relu"], dev, embed=True, to="bytes"))
-    (node,) = tu.ep_context_nodes(m)
-    set_attr(node, "embed_mode", 0)
-    path = tmp_path / "m.onnx"
-    onnx.save(m, str(path))
-    err = load_error(path, dev)
-    tu.assert_error(err, C.InvalidGraph, "kiln EPContext node", node.name)
-
-
-def test_node_input_count_disagrees(amr_ctx, kiln_virtual):
-    ctx, _, _ = amr_ctx
-    m = tu.load_model_proto(ctx)
-    node = tu.ep_context_nodes(m)[0]
-    node.input.append("B")
-    onnx.save(m, str(ctx))
-    assert_bad_context(load_error(ctx, kiln_virtual["host"]), node.name, "it has 3 inputs", "compiled with 2")
-
-
-def test_node_output_count_disagrees(amr_ctx, kiln_virtual):
-    ctx, _, _ = amr_ctx
-    m = tu.load_model_proto(ctx)
-    node = tu.ep_context_nodes(m)[0]
-    node.output.append("Y2")
-    m.graph.output.append(helper.make_tensor_value_info("Y2", onnx.TensorProto.FLOAT, [2, 3, 4]))
-    onnx.save(m, str(ctx))
-    assert_bad_context(load_error(ctx, kiln_virtual["host"]), node.name, "it has 2 outputs", "compiled with 1")
-
-
-def test_node_input_shape_disagrees(amr_ctx, kiln_virtual):
-    ctx, _, _ = amr_ctx
-    m = tu.load_model_proto(ctx)
-    node = tu.ep_context_nodes(m)[0]
-    a = [i for i in m.graph.input if i.name == "A"][0]
-    a.type.tensor_type.shape.dim[2].dim_value = 5
-    onnx.save(m, str(ctx))
-    assert_bad_context(load_error(ctx, kiln_virtual["host"]), node.name, "input 0 ('A') has shape [2, 3, 5]",
-                       "[2, 3, 4]")
-
-
 # --------------------------------------------------------------------------
 # which EPContext nodes kiln takes
 # --------------------------------------------------------------------------
@@ -318,22 +112,6 @@ def test_source_spellings_are_claimed(amr_ctx, kiln_virtual, source):
     onnx.save(m, str(ctx))
     run = check_runs(ctx, original, kiln_virtual["host"])
     assert run.created_delta("context_graphs_loaded") == 1
-
-
-@pytest.mark.parametrize("source", ["OtherEP", None], ids=["OtherEP", "no-source"])
-def test_foreign_or_sourceless_node_is_not_claimed(amr_ctx, kiln_virtual, source):
-    ctx, _, _ = amr_ctx
-    m = tu.load_model_proto(ctx)
-    node = tu.ep_context_nodes(m)[0]
-    set_attr(node, "source", None if source is None else source.encode())
-    onnx.save(m, str(ctx))
-    before = tu.stats()
-    err = load_error(ctx, kiln_virtual["host"])
-    assert err.exc_type is C.NotImplemented, err
-    assert node.name in err.message, err.message
-    if source:
-        assert f"generated by '{source}'" in err.message, err.message
-    assert tu.stats()["context_files_opened"] == before["context_files_opened"]
 
 
 def _mixed_model(split_ctx_path):
@@ -413,3 +191,101 @@ def test_runs_repeatedly_and_with_other_inputs(split_ctx, kiln_virtual):
         run = tu.run_kiln(str(ctx), kiln_virtual["host"], feeds, runs=3)
         tu.assert_outputs_close(names, want, run.outputs)
         assert run.run_delta("compute_calls") == 9
+
+
+# --------------------------------------------------------------------------
+# a binary that changes under a live session (README "Loading compiled models")
+# --------------------------------------------------------------------------
+def _weighty_ctx(folder, dev, seed=7):
+    """A model with ~1 MB of weights compiled with embed 0: (ctx, bin, original)."""
+    src = folder / "weighty.onnx"
+    tu.make_weighty_model(str(src), seed=seed)
+    tu.generate_context(str(src), dev, embed=0)
+    return folder / "weighty_ctx.onnx", folder / "weighty_kiln.bin", src
+
+
+def test_map_binary_replaced_by_rename_keeps_live_sessions(kiln_virtual, tmp_path):
+    """The contract for the default (map): replace a binary atomically (write another
+    file, rename it over the old one). A live session keeps the binary it mapped and
+    its results; a new session reads the new file."""
+    dev = kiln_virtual["host"]
+    ctx, binp, src = _weighty_ctx(tmp_path, dev)
+    feeds = tu.make_feeds(str(src))
+    names, want = tu.run_cpu(str(src), feeds)
+    so = tu.kiln_session_options(dev)
+    sess = ort_session(str(ctx), so)
+    tu.assert_outputs_close(names, want, sess.run(names, feeds))
+    replacement = tmp_path / "replacement.bin"
+    replacement.write_bytes(b"not a kiln context binary" * 100)
+    os.replace(replacement, binp)
+    tu.assert_outputs_close(names, want, sess.run(names, feeds))
+    sess = None
+    err = tu.expect_error(tu.run_kiln, str(ctx), dev)
+    tu.assert_error(err, C.InvalidGraph, "weighty_kiln.bin", "not a kiln context binary")
+
+
+def ort_session(path, so):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(path, so, enable_fallback=0)
+
+
+COPY_SCRIPT = textwrap.dedent(r"""
+    import json, os, sys
+    import numpy as np
+    import onnxruntime as ort
+    import onnxruntime_ep_kiln as kiln
+    import kiln_testutil as tu
+
+    ctx, binp, src, share = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+    name = tu.unique_name("kiln_copy")
+    ort.register_execution_provider_library(name, kiln.get_library_path())
+    dev = [d for d in tu.kiln_devices() if not kiln.is_virtual(d)][0]
+    config = {"ep.share_ep_contexts": "1"} if share else {}
+    feeds = tu.make_feeds(src)
+    names, want = tu.run_cpu(src, feeds)
+    before = tu.stats()
+    sessions = [ort.InferenceSession(ctx, tu.kiln_session_options(dev, config, {"context_storage": "copy"}),
+                                     enable_fallback=0) for _ in range(2)]
+    opened = tu.stats()["context_files_opened"] - before["context_files_opened"]
+    size = os.path.getsize(binp)
+    res = {"opened": opened, "diffs": {}}
+
+    def check(label):
+        res["diffs"][label] = [max(float(np.max(np.abs(g - w))) for g, w in zip(s.run(names, feeds), want))
+                               for s in sessions]
+
+    check("fresh")
+    with open(binp, "r+b") as f:  # truncated in place
+        f.truncate(0)
+    check("truncated")
+    with open(binp, "r+b") as f:  # rewritten in place, same length, other bytes
+        f.write(b"" * size)
+    check("overwritten")
+    sessions = None
+    dev = None
+    tu.safe_unregister(name)
+    print("RESULT " + json.dumps(res))
+""")
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["own", "share_ep_contexts"])
+def test_copy_storage_is_independent_of_the_file(kiln_virtual, lib_path, tmp_path, share):
+    """context_storage=copy: truncating the .bin, then rewriting it in place, changes
+    nothing for live sessions. In a subprocess, so that a regression to mapping (whose
+    truncation may SIGBUS) cannot take the test run down. With ep.share_ep_contexts=1,
+    copy sessions do not share: each reads the file itself."""
+    ctx, binp, src = _weighty_ctx(tmp_path, kiln_virtual["host"])
+    size = binp.stat().st_size
+    env = dict(os.environ)
+    env[kiln.LIBRARY_ENV] = lib_path
+    env["PYTHONPATH"] = os.pathsep.join([tu.PYTHON_DIR, tu.TESTS_DIR, env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-c", COPY_SCRIPT, str(ctx), str(binp), str(src), "1" if share else "0"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, f"subprocess died ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+    res = json.loads(lines[-1][len("RESULT "):])
+    assert res["opened"] == 2, res  # each session read the file; nothing shared, nothing mapped
+    for label, diffs in res["diffs"].items():
+        assert all(d <= 1e-5 for d in diffs), (label, diffs)
+    assert binp.read_bytes() == b"\x7f" * size  # the file really was rewritten under the sessions

@@ -9,8 +9,8 @@ use super::partition::{partition, PNode};
 use super::{context_load, KilnEp};
 use crate::error::Result;
 use crate::ffi::ep::SupportInfo;
-use crate::ffi::graph::{Graph, Node, ValueInfo};
-use crate::ir::{self, DType, TensorType};
+use crate::ffi::graph::{Graph, Node};
+use crate::ir;
 
 /// Claims kiln's EPContext nodes (each its own partition) and every convex
 /// group of other nodes kiln supports.
@@ -120,23 +120,4 @@ fn producers(node: &Node<'_>, index: &HashMap<*const crate::ffi::sys::OrtNode, u
         }
     }
     Ok(out)
-}
-
-/// kiln's static float tensor type of a value, or why it has none (used to
-/// check an EPContext node's inputs and outputs).
-pub fn tensor_type(v: &ValueInfo<'_>) -> Result<std::result::Result<TensorType, String>> {
-    let Some(info) = v.tensor_info()? else {
-        return Ok(Err("is not a tensor".into()));
-    };
-    let Some(dtype) = DType::from_onnx(info.elem_type) else {
-        return Ok(Err(format!("has element type {}, kiln supports float", info.elem_type)));
-    };
-    let shape: Option<Vec<usize>> = info.dims.iter().map(|&d| usize::try_from(d).ok()).collect();
-    Ok(match shape {
-        Some(shape) => Ok(TensorType { dtype, shape }),
-        None => Err(format!(
-            "has a dynamic shape {:?}; kiln compiles static shapes",
-            info.dims
-        )),
-    })
 }

@@ -7,13 +7,14 @@ use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use super::capability::tensor_type;
+use super::options::ContextStorage;
 use super::KilnEp;
 use crate::context::ContextBinary;
 use crate::error::{Error, Result};
-use crate::ffi::graph::{Graph, Node};
-use crate::ffi::mmap::map_file;
-use crate::plan::{AlignedBytes, Program, Storage};
+use crate::ffi::graph::{Graph, Node, ValueInfo};
+use crate::ffi::mmap::{copy_file, map_file};
+use crate::ir::onnx_type_name;
+use crate::plan::{AlignedBytes, Program, Storage, TensorSpec};
 use crate::stats;
 
 pub const EP_CONTEXT_OP: &str = "EPContext";
@@ -56,13 +57,40 @@ fn text_attr(node: &Node<'_>, name: &str) -> Result<Option<String>> {
         .map(|b| String::from_utf8_lossy(&b).into_owned()))
 }
 
-fn int_attr(node: &Node<'_>, name: &str, default: i64) -> Result<i64> {
-    Ok(node
-        .attribute(name)?
-        .map(|a| a.int())
-        .transpose()?
-        .flatten()
-        .unwrap_or(default))
+/// The attributes kiln acts on must have their ONNX type: a wrong type is
+/// refused, not mistaken for an absent attribute (and its default).
+fn wrong_type(node: &Node<'_>, attr: &str, want: &str) -> Result<Error> {
+    Ok(Error::invalid_graph(format!(
+        "kiln EPContext node '{}': attribute '{attr}' must be {want}, it has another type",
+        node.name()?
+    )))
+}
+
+fn int_attr(node: &Node<'_>, name: &str, default: i64, allowed: &[i64]) -> Result<i64> {
+    let Some(attr) = node.attribute(name)? else {
+        return Ok(default);
+    };
+    let Some(value) = attr.int()? else {
+        return Err(wrong_type(node, name, "an INT")?);
+    };
+    if !allowed.contains(&value) {
+        return Err(Error::invalid_graph(format!(
+            "kiln EPContext node '{}': {name} {value} is not {}",
+            node.name()?,
+            allowed.iter().map(i64::to_string).collect::<Vec<_>>().join(" or ")
+        )));
+    }
+    Ok(value)
+}
+
+fn bytes_attr(node: &Node<'_>, name: &str) -> Result<Option<Vec<u8>>> {
+    let Some(attr) = node.attribute(name)? else {
+        return Ok(None);
+    };
+    match attr.bytes()? {
+        Some(bytes) => Ok(Some(bytes)),
+        None => Err(wrong_type(node, name, "a STRING")?),
+    }
 }
 
 /// The node's `source` attribute, if it has one.
@@ -72,21 +100,18 @@ pub fn source_of(node: &Node<'_>) -> Result<Option<String>> {
 
 impl<'a> ContextNode<'a> {
     pub fn read(node: Node<'a>) -> Result<ContextNode<'a>> {
-        let embed_mode = int_attr(&node, "embed_mode", 1)?;
+        let embed_mode = int_attr(&node, "embed_mode", 1, &[0, 1])?;
         // An embedded payload is read later, straight into aligned memory.
         let cache_context = match embed_mode {
             1 => None,
-            _ => node
-                .attribute("ep_cache_context")?
-                .map(|a| a.bytes())
-                .transpose()?
-                .flatten(),
+            _ => bytes_attr(&node, "ep_cache_context")?,
         };
+        let partition_name = bytes_attr(&node, "partition_name")?.unwrap_or_default();
         let cn = ContextNode {
             embed_mode,
-            main_context: int_attr(&node, "main_context", 1)?,
+            main_context: int_attr(&node, "main_context", 1, &[0, 1])?,
             cache_context,
-            partition_name: text_attr(&node, "partition_name")?.unwrap_or_default(),
+            partition_name: String::from_utf8_lossy(&partition_name).into_owned(),
             name: node.name()?,
             node,
         };
@@ -180,10 +205,14 @@ pub struct LoadedBinaries {
 }
 
 impl LoadedBinaries {
-    fn file(&mut self, path: &Path, share: bool) -> Result<Arc<ContextBinary>> {
+    /// `share`: take the binary from (and offer it to) the process-wide
+    /// workspace. A `copy` session never shares: a binary another session
+    /// mapped would bring back the dependence on the file `copy` avoids.
+    fn file(&mut self, path: &Path, share: bool, storage: ContextStorage) -> Result<Arc<ContextBinary>> {
         if let Some(b) = self.files.get(path) {
             return Ok(b.clone());
         }
+        let share = share && storage == ContextStorage::Map;
         // Taken before mapping: the workspace is keyed by the file's identity.
         let id = share.then(|| super::share::identity(path)).flatten();
         let binary = match id.as_ref().and_then(super::share::loaded) {
@@ -192,7 +221,11 @@ impl LoadedBinaries {
                 b
             }
             None => {
-                let b = parse(map_file(path)?).map_err(|e| e.context(format!("'{}'", path.display())))?;
+                let bytes = match storage {
+                    ContextStorage::Map => map_file(path)?,
+                    ContextStorage::Copy => copy_file(path)?,
+                };
+                let b = parse(bytes).map_err(|e| e.context(format!("'{}'", path.display())))?;
                 stats::context_file_opened();
                 if let Some(id) = id {
                     super::share::publish(id, &b);
@@ -275,15 +308,14 @@ fn open_binary(
         let payload = cn
             .node
             .attribute("ep_cache_context")?
-            .map(|a| a.aligned_bytes())
+            .map(|a| {
+                a.aligned_bytes()?
+                    .ok_or_else(|| cn.fail("attribute 'ep_cache_context' must be a STRING, it has another type"))
+            })
             .transpose()?
-            .flatten()
             .filter(|p| !p.is_empty())
             .ok_or_else(|| cn.fail("ep_cache_context is empty or absent"))?;
         return loaded.embedded(payload).map_err(|e| cn.fail(e));
-    }
-    if cn.embed_mode != 0 {
-        return Err(cn.fail(format!("embed_mode {} is not 0 or 1", cn.embed_mode)));
     }
     let payload = cn
         .cache_context
@@ -300,7 +332,9 @@ fn open_binary(
         )
     })?;
     let path = resolve_inside(base, rel).map_err(|cause| cn.fail(cause))?;
-    loaded.file(&path, ep.config.context.share).map_err(|e| cn.fail(e))
+    loaded
+        .file(&path, ep.config.context.share, ep.config.kiln.context_storage)
+        .map_err(|e| cn.fail(e))
 }
 
 fn check_runnable(ep: &KilnEp, cn: &ContextNode<'_>, program: &Program) -> Result<()> {
@@ -315,7 +349,10 @@ fn check_runnable(ep: &KilnEp, cn: &ContextNode<'_>, program: &Program) -> Resul
     )))
 }
 
-/// The node's inputs and outputs must be the ones the graph was compiled for.
+/// The node's inputs and outputs must be the ones the graph was compiled
+/// for: same names, element types and static shapes. Compute writes each
+/// output as the compiled program's type into a buffer ORT sizes by the
+/// node's type, so an edited type must never get this far.
 fn check_io(cn: &ContextNode<'_>, program: &Program) -> Result<()> {
     let sides = [
         ("input", cn.node.inputs()?, program.inputs()),
@@ -331,18 +368,62 @@ fn check_io(cn: &ContextNode<'_>, program: &Program) -> Result<()> {
             )));
         }
         for (i, (v, spec)) in values.iter().zip(specs).enumerate() {
-            let v = v.ok_or_else(|| cn.fail(format!("{what} {i} is missing")))?;
-            let ty = tensor_type(&v)?.map_err(|reason| cn.fail(format!("{what} {i} {reason}")))?;
-            if ty.shape != spec.shape {
-                return Err(cn.fail(format!(
-                    "{what} {i} ('{}') has shape {:?}, graph '{}' was compiled for {:?}",
-                    v.name()?,
-                    ty.shape,
-                    cn.partition_name,
-                    spec.shape
-                )));
-            }
+            let v = v.ok_or_else(|| cn.fail(format!("{what} {i} is missing, expected '{}'", spec.name)))?;
+            check_name(cn, what, i, &v.name()?, specs)?;
+            check_value(cn, &format!("{what} {i}"), &v, spec)?;
         }
+    }
+    Ok(())
+}
+
+/// A value keeps its compiled name, or gets a new one (merging models with
+/// `onnx.compose` prefixes every name; such values match by position). A
+/// name the graph was compiled with at another position is a reordering,
+/// which would feed one tensor's data to another.
+fn check_name(cn: &ContextNode<'_>, what: &str, i: usize, name: &str, specs: &[TensorSpec]) -> Result<()> {
+    match specs.iter().position(|s| s.name == name) {
+        Some(j) if j != i => Err(cn.fail(format!(
+            "{what} {i} is '{name}', but graph '{}' was compiled with '{name}' as {what} {j} (and '{}' as {what} {i})",
+            cn.partition_name, specs[i].name
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `float [2, 3, 4]`, with `?` for a dynamic dimension.
+fn type_text(elem_type: i32, dims: &[i64]) -> String {
+    let dims: Vec<String> = dims
+        .iter()
+        .map(|&d| if d < 0 { "?".into() } else { d.to_string() })
+        .collect();
+    format!("{} [{}]", onnx_type_name(elem_type), dims.join(", "))
+}
+
+fn check_value(cn: &ContextNode<'_>, what: &str, v: &ValueInfo<'_>, spec: &TensorSpec) -> Result<()> {
+    let name = v.name()?;
+    let expected: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
+    let expected_text = type_text(spec.elem_type, &expected);
+    let mismatch = |found: &str, cause: &str| {
+        cn.fail(format!(
+            "{what} '{name}': found {found}, expected {expected_text} as graph '{}' was compiled ({cause})",
+            cn.partition_name
+        ))
+    };
+    let Some(info) = v.tensor_info()? else {
+        return Err(mismatch("a value that is not a tensor", "not a tensor"));
+    };
+    let found = type_text(info.elem_type, &info.dims);
+    if info.elem_type != spec.elem_type {
+        return Err(mismatch(&found, "element type differs"));
+    }
+    if info.dims.len() != expected.len() {
+        return Err(mismatch(&found, "rank differs"));
+    }
+    if info.dims.iter().any(|&d| d < 0) {
+        return Err(mismatch(&found, "dynamic shape; kiln compiles static shapes"));
+    }
+    if info.dims != expected {
+        return Err(mismatch(&found, "shape differs"));
     }
     Ok(())
 }

@@ -18,6 +18,32 @@ pub struct KilnOptions {
     pub target: Option<Target>,
     /// Op types kiln must leave to other EPs (as spelled in `ir::SUPPORTED_OPS`).
     pub disabled_ops: Vec<String>,
+    /// How a loaded context binary is held in memory.
+    pub context_storage: ContextStorage,
+}
+
+/// `context_storage`: how kiln holds a `<model>_kiln.bin` it loads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ContextStorage {
+    /// Map the file read-only and use the weights in place. The file must not
+    /// be truncated or rewritten in place while a session uses it.
+    #[default]
+    Map,
+    /// Copy the file into kiln-owned memory at load: later changes to the
+    /// file cannot reach a live session.
+    Copy,
+}
+
+impl ContextStorage {
+    pub const NAMES: [&'static str; 2] = ["map", "copy"];
+
+    pub fn parse(value: &str) -> Option<ContextStorage> {
+        match value.trim() {
+            "map" => Some(ContextStorage::Map),
+            "copy" => Some(ContextStorage::Copy),
+            _ => None,
+        }
+    }
 }
 
 /// One option: its key, what it accepts, and its default on a device.
@@ -35,7 +61,15 @@ pub const OPTIONS: &[OptionSpec] = &[
         key: "disabled_ops",
         accepts: op_names,
     },
+    OptionSpec {
+        key: "context_storage",
+        accepts: storage_names,
+    },
 ];
+
+fn storage_names() -> String {
+    ContextStorage::NAMES.join(", ")
+}
 
 fn target_names() -> String {
     Target::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
@@ -67,6 +101,9 @@ impl KilnOptions {
             match name {
                 "target" => options.target = Some(Target::parse(value).ok_or_else(|| bad_value(name, value))?),
                 "disabled_ops" => options.disabled_ops = parse_ops(value).ok_or_else(|| bad_value(name, value))?,
+                "context_storage" => {
+                    options.context_storage = ContextStorage::parse(value).ok_or_else(|| bad_value(name, value))?
+                }
                 _ => return Err(unknown_option(name)),
             }
         }
@@ -178,6 +215,9 @@ mod tests {
         .unwrap();
         assert_eq!(c.kiln.target, Some(Target::Avx2));
         assert_eq!(c.kiln.disabled_ops, vec!["Relu".to_string(), "Mul".to_string()]);
+        assert_eq!(c.kiln.context_storage, ContextStorage::Map);
+        let copy = parse(&[("ep.kilnexecutionprovider.context_storage", "copy")]).unwrap();
+        assert_eq!(copy.kiln.context_storage, ContextStorage::Copy);
         assert!(c.context.enable && !c.context.embed_mode && c.context.share && c.compile_only);
         assert_eq!(c.context.file_path.as_deref(), Some("out/m_ctx.onnx"));
         assert_eq!(c.context.node_name_prefix, "p_");
@@ -202,6 +242,16 @@ mod tests {
             e.message.contains("disabled_ops") && e.message.contains("Sigmoid"),
             "{e}"
         );
+        for bad in ["mmap", "Copy", "", "map,copy"] {
+            let e = parse(&[("ep.kilnexecutionprovider.context_storage", bad)]).unwrap_err();
+            assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument);
+            assert!(
+                e.message
+                    .contains(&format!("invalid value '{bad}' for kiln option 'context_storage'"))
+                    && e.message.contains("map, copy"),
+                "{e}"
+            );
+        }
         let e = parse(&[("ep.kilnexecutionprovider.speed", "fast")]).unwrap_err();
         assert!(
             e.message.contains("unknown kiln option 'speed'") && e.message.contains("target"),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::api::{ort, Api};
-use super::graph::{read_tensor_info, tensor_data};
+use super::graph::{read_tensor_info, tensor_data, TensorInfo};
 use super::logger::Logger;
 use super::status::{check, guard, guard_or, Poison};
 use super::{non_null, non_null_mut, sys};
@@ -52,6 +52,20 @@ fn byte_len(elem_type: i32, dims: &[i64]) -> Result<usize> {
         .ok_or_else(|| Error::invalid_argument(format!("tensor shape {dims:?} is not a valid size")))
 }
 
+/// Element type and shape of a tensor value ORT passes or allocates.
+fn value_info(value: *const sys::OrtValue) -> Result<TensorInfo> {
+    let api = Api::get();
+    let mut shape = std::ptr::null_mut();
+    // SAFETY: `value` is a live OrtValue of this Compute call; the shape info
+    // is ours to release, after it was read.
+    unsafe {
+        check(ort!(api.ort, GetTensorTypeAndShape(value, &mut shape)))?;
+        let info = read_tensor_info(non_null_mut(shape, "tensor type and shape")?);
+        ort!(api.ort, ReleaseTensorTypeAndShapeInfo(shape));
+        info
+    }
+}
+
 /// The `OrtKernelContext` of one Compute call.
 pub struct KernelContext<'a> {
     ptr: *mut sys::OrtKernelContext,
@@ -95,14 +109,7 @@ impl<'a> KernelContext<'a> {
         // SAFETY: live context; the value is borrowed for this Compute call.
         unsafe { check(ort!(api.ort, KernelContext_GetInput(self.ptr, index, &mut value)))? };
         let value = non_null(value, "kernel input")?;
-        let mut shape = std::ptr::null_mut();
-        // SAFETY: live value; the shape info is ours to release.
-        let info = unsafe {
-            check(ort!(api.ort, GetTensorTypeAndShape(value, &mut shape)))?;
-            let info = read_tensor_info(shape);
-            ort!(api.ort, ReleaseTensorTypeAndShapeInfo(shape));
-            info?
-        };
+        let info = value_info(value)?;
         let len = byte_len(info.elem_type, &info.dims)?;
         // SAFETY: a tensor of `len` bytes owned by ORT for this call.
         let bytes = unsafe { super::slice(tensor_data(value)? as *const u8, len, "input data")? };
@@ -142,15 +149,30 @@ impl<'a> KernelContext<'a> {
                 api.ort,
                 KernelContext_GetOutput(self.ptr, index, dims.as_ptr(), dims.len(), &mut value)
             ))?;
-            check(ort!(
-                api.ort,
-                GetTensorMutableData(non_null_mut(value, "kernel output")?, &mut data)
-            ))?;
         }
+        let value = non_null_mut(value, "kernel output")?;
+        // ORT sizes the buffer by the graph's type for this output, which an
+        // edited model can make differ from the program's: never write more
+        // than ORT allocated.
+        let given = value_info(value)?;
+        let given_len = byte_len(given.elem_type, &given.dims)?;
+        if given.elem_type != elem_type || given.dims != dims || given_len != len {
+            return Err(Error::runtime(format!(
+                "output {index}: ORT allocated {} {:?} ({given_len} bytes), the compiled partition writes {} {:?} \
+                 ({len} bytes); the model's type for this output disagrees with the compiled graph",
+                crate::ir::onnx_type_name(given.elem_type),
+                given.dims,
+                crate::ir::onnx_type_name(elem_type),
+                dims
+            )));
+        }
+        // SAFETY: live output value owned by ORT.
+        unsafe { check(ort!(api.ort, GetTensorMutableData(value, &mut data)))? };
         if len == 0 {
             return Ok(&mut []);
         }
-        // SAFETY: ORT allocated `len` bytes for this output, distinct per index.
+        // SAFETY: ORT allocated `given_len` == `len` bytes for this output
+        // (checked above), distinct per index.
         Ok(unsafe { std::slice::from_raw_parts_mut(non_null_mut(data.cast::<u8>(), "output data")?, len) })
     }
 
