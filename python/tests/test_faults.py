@@ -173,6 +173,24 @@ def test_recompiling_in_place_replaces_the_models_own_binary(kiln_dev, tmp_path,
     check_runs_like(ctx, src, kiln_dev)
 
 
+def test_a_model_whose_binary_another_compile_replaced_is_refused(kiln_dev, tmp_path):
+    """The compiled model records its binary's checksum (notes); a copy of an old _ctx.onnx
+    whose binary was recompiled since fails to load clearly instead of running weights it
+    was not compiled with."""
+    src = make_model(tmp_path / "m.onnx", seed=1)
+    ctx = tmp_path / "m_ctx.onnx"
+    tu.compile_model(src, kiln_dev, embed=False, output=str(ctx))
+    (node,) = tu.ep_context_nodes(ctx)
+    checksum = int.from_bytes(tu.parse_ctx_header((tmp_path / "m_kiln.bin").read_bytes()).checksum, "little")
+    assert tu.attrs_of(node)["notes"].endswith(f"; binary checksum {checksum:032x}".encode())
+    shutil.copy(ctx, tmp_path / "copy_ctx.onnx")
+    make_model(src, seed=2)
+    tu.compile_model(src, kiln_dev, embed=False, output=str(ctx))
+    check_runs_like(ctx, src, kiln_dev)
+    err = tu.expect_error(tu.run_kiln, str(tmp_path / "copy_ctx.onnx"), kiln_dev, tu.make_feeds(src))
+    tu.assert_error(err, C.InvalidGraph, "m_kiln.bin", "another compile replaced the file")
+
+
 @pytest.mark.parametrize("foreign", ["user file", "folder", "other model's binary"])
 def test_a_foreign_file_under_the_binary_name_is_never_overwritten(kiln_dev, tmp_path, foreign):
     src = make_model(tmp_path / "m.onnx", seed=1)

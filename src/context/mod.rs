@@ -28,7 +28,7 @@ mod writer;
 mod tests;
 
 pub use compat::{check_compatibility, compatibility_info, Compatibility};
-pub use models::{binary_stamp, names_binary, OnnxModelError};
+pub use models::{binary_stamp, names_binary, stamped_checksum, OnnxModelError};
 pub use peek::{peek, peek_checksum, Peek};
 pub use reader::ContextBinary;
 pub use writer::ContextBuilder;

@@ -58,6 +58,13 @@ pub fn binary_stamp(checksum: u128) -> String {
     format!("binary checksum {checksum:032x}")
 }
 
+/// The checksum a [`binary_stamp`] in `notes` records, if any.
+pub fn stamped_checksum(notes: &str) -> Option<u128> {
+    let (_, rest) = notes.rsplit_once("binary checksum ")?;
+    let hex = rest.get(..32)?;
+    u128::from_str_radix(hex, 16).ok()
+}
+
 /// Whether `model` (the bytes of an ONNX model) has an EPContext node from
 /// `is_source` whose `ep_cache_context` is the file `bin_name`, and, with
 /// `checksum`, whose `notes` carry that checksum's [`binary_stamp`].
@@ -115,6 +122,14 @@ mod tests {
             i: v,
             s: vec![],
         }
+    }
+
+    #[test]
+    fn stamps_read_back() {
+        let notes = format!("Add x1; 2 steps; {}", binary_stamp(0xabc));
+        assert_eq!(stamped_checksum(&notes), Some(0xabc));
+        assert_eq!(stamped_checksum("Add x1; 2 steps"), None);
+        assert_eq!(stamped_checksum("binary checksum 12"), None, "too short");
     }
 
     #[test]

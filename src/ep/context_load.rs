@@ -291,6 +291,9 @@ fn load_one(ep: &KilnEp, base: Option<&Path>, cn: &ContextNode<'_>, loaded: &mut
                 binary.graph_names().join(", ")
             ))
         })?;
+    if cn.main_context != 0 && cn.embed_mode == 0 {
+        check_stamp(cn, &binary)?;
+    }
     check_runnable(ep, cn, &program)?;
     check_io(cn, &program)?;
     Ok(program)
@@ -335,6 +338,21 @@ fn open_binary(
     loaded
         .file(&path, ep.config.context.share, ep.config.kiln.context_storage)
         .map_err(|e| cn.fail(e))
+}
+
+/// kiln writes the checksum of a node's binary into its `notes`: a
+/// different binary under that name came from another compile (a model
+/// without the stamp, or with unreadable notes, is not checked).
+fn check_stamp(cn: &ContextNode<'_>, binary: &ContextBinary) -> Result<()> {
+    let notes = text_attr(&cn.node, "notes").ok().flatten().unwrap_or_default();
+    match crate::context::stamped_checksum(&notes) {
+        Some(sum) if sum != binary.checksum() => Err(cn.fail(format!(
+            "the file's checksum is {:032x}, but this model was compiled with a binary of checksum {sum:032x}: \
+             another compile replaced the file; recompile the model",
+            binary.checksum()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn check_runnable(ep: &KilnEp, cn: &ContextNode<'_>, program: &Program) -> Result<()> {
