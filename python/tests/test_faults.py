@@ -383,7 +383,7 @@ def test_full_file_system_when_kiln_writes_the_binary(kiln_dev, tmp_path, route)
     out.mkdir()
     with mounted(out, "-t", "tmpfs", "-o", "size=64k", "tmpfs"):
         err = expect_compile_error(route, src, kiln_dev, out / "m_ctx.onnx")
-        tu.assert_error(err, C.Fail, "cannot write context binary", "No space left on device")
+        tu.assert_error(err, C.Fail, "writing kiln context binary", "No space left on device", "m_kiln.bin")
         assert tu.files_in(out) == []
     assert digest(src) == src_digest
 

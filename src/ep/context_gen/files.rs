@@ -418,7 +418,13 @@ fn write_file<T>(tmp: &Path, dest: &Path, write: impl FnOnce(&mut dyn std::io::W
             .open(tmp)
             .map_err(io)?;
         let mut out = std::io::BufWriter::new(file);
-        let value = write(&mut out).map_err(|e| io_error(dest, tmp, &e.message))?;
+        let value = write(&mut out).map_err(|e| {
+            let file = tmp.file_name().unwrap_or_default().to_string_lossy();
+            Error::new(
+                e.kind,
+                format!("{} ('{}', through '{file}')", e.message, dest.display()),
+            )
+        })?;
         let file = out.into_inner().map_err(|e| io(e.into_error()))?;
         file.sync_all().map_err(io)?;
         Ok(value)
