@@ -87,20 +87,16 @@ fn stamp_notes(node: &mut EpContextNode, checksum: u128) {
 /// ORT has written the compiled model (see `files`).
 fn write_own(ep: &KilnEp, out: &Output, parts: &[Generated<'_>], names: &[String]) -> Result<(String, Option<u128>)> {
     let models = [out.ctx_name.clone()];
-    let files::Name {
-        name: bin_name,
-        superseded,
-    } = files::choose_name(&out.folder, &out.stem, &models, &ep.logger)?;
+    let name = files::choose_name(&out.folder, &out.stem, &models, &ep.logger)?;
     let mut builder = ContextBuilder::new(ep.target);
     builder.add_context_model(&out.ctx_name);
     for (part, name) in parts.iter().zip(names) {
         builder.add_graph(name, part.program)?;
     }
-    let mut staged = files::stage(&out.folder, &bin_name, &builder, &out.ctx_model, ep.config.compile_only)?;
-    staged.supersedes = superseded;
+    let staged = files::stage(&out.folder, &name, &builder, &out.ctx_model, ep.config.compile_only)?;
     let checksum = staged.stats.checksum;
     ep.context_files.hold_or_commit(staged, out.ctx_file, &ep.logger)?;
-    Ok((bin_name, Some(checksum)))
+    Ok((name.name, Some(checksum)))
 }
 
 /// `ep.share_ep_contexts=1`: add this model's graphs to the group's binary,
@@ -124,8 +120,7 @@ fn write_shared(
         member,
         || files::choose_name(&out.folder, &out.stem, std::slice::from_ref(&out.ctx_name), &ep.logger),
         |name, b| {
-            let mut s = files::stage(&out.folder, &name.name, b, &out.ctx_model, ep.config.compile_only)?;
-            s.supersedes = name.superseded.clone();
+            let s = files::stage(&out.folder, name, b, &out.ctx_model, ep.config.compile_only)?;
             let stats = s.stats.clone();
             staged = Some(s);
             Ok(stats)
@@ -276,8 +271,7 @@ pub fn on_release(ep: &KilnEp) {
     }
     let written = super::share::finish_group(|folder, name, builder| {
         // No kiln node in this model to confirm: in place at once.
-        let mut staged = files::stage(folder, &name.name, builder, folder, ep.config.compile_only)?;
-        staged.supersedes = name.superseded.clone();
+        let staged = files::stage(folder, name, builder, folder, ep.config.compile_only)?;
         let stats = staged.stats.clone();
         files::settle_written(&staged, &ep.logger)?;
         Ok(stats)

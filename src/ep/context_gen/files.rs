@@ -16,8 +16,11 @@
 //!   removed otherwise, so a failed write of the `_ctx.onnx` leaves no
 //!   binary behind and destroys no older one.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::super::context_load::is_kiln_source;
@@ -119,12 +122,53 @@ fn quoted(names: &[String]) -> String {
 }
 
 /// A name for a binary, and the binaries of the same models it supersedes.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Name {
     pub name: String,
     /// Binaries written for these models that other compiled models still
     /// named; removed once no model names them (see `remove_superseded`).
     pub superseded: Vec<String>,
+    /// Keeps other sessions of this process off the name until the binary
+    /// is in place or dropped.
+    reservation: Arc<Reservation>,
+}
+
+/// Names chosen by sessions of this process whose binaries are not settled
+/// yet: two sessions compiling models with the same stem into one folder at
+/// the same time must not pick the same name.
+static RESERVED: Lazy<Mutex<HashMap<PathBuf, u64>>> = Lazy::new(Default::default);
+
+#[derive(Debug)]
+struct Reservation {
+    key: PathBuf,
+    token: u64,
+}
+
+impl Reservation {
+    /// `None` if another session of this process holds the name.
+    fn take(folder: &Path, name: &str) -> Option<Arc<Reservation>> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let key = folder
+            .canonicalize()
+            .unwrap_or_else(|_| folder.to_path_buf())
+            .join(name);
+        let mut reserved = RESERVED.lock();
+        if reserved.contains_key(&key) {
+            return None;
+        }
+        let token = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        reserved.insert(key.clone(), token);
+        Some(Arc::new(Reservation { key, token }))
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut reserved = RESERVED.lock();
+        if reserved.get(&self.key) == Some(&self.token) {
+            reserved.remove(&self.key);
+        }
+    }
 }
 
 /// The binary's file name for `models` in `folder`: `<stem>_kiln.bin`, or,
@@ -139,7 +183,15 @@ pub fn choose_name(folder: &Path, stem: &str, models: &[String], logger: &Logger
     let mut superseded = Vec::new();
     for n in 1..=MAX_NAMES {
         let name = candidate(n);
-        match ownership(folder, &name, models) {
+        let owner = ownership(folder, &name, models);
+        let reservation = match owner {
+            Ownership::Free | Ownership::Ours => Reservation::take(folder, &name),
+            _ => None,
+        };
+        match owner {
+            Ownership::Free | Ownership::Ours if reservation.is_none() => {
+                skipped.push(format!("'{name}' is being written by another session of this process"));
+            }
             Ownership::Free | Ownership::Ours => {
                 if !skipped.is_empty() {
                     logger.warning(&format!(
@@ -156,7 +208,11 @@ pub fn choose_name(folder: &Path, stem: &str, models: &[String], logger: &Logger
                         _ => {}
                     }
                 }
-                return Ok(Name { name, superseded });
+                return Ok(Name {
+                    name,
+                    superseded,
+                    reservation: reservation.expect("taken above"),
+                });
             }
             Ownership::InUse(users) => {
                 skipped.push(format!("'{name}' is still used by {users}"));
@@ -211,6 +267,8 @@ pub struct Staged {
     pub models: Vec<String>,
     /// Older binaries of these models (see `Name::superseded`).
     pub supersedes: Vec<String>,
+    /// Held until the binary is settled.
+    _reservation: Arc<Reservation>,
     /// The compiled model ORT writes, which must name the binary.
     pub ctx_model: PathBuf,
     /// That model's file before ORT wrote it.
@@ -240,20 +298,21 @@ impl Staged {
 /// Writes `builder` as `folder/.<bin_name>.tmp-<pid>-<n>`.
 pub fn stage(
     folder: &Path,
-    bin_name: &str,
+    name: &Name,
     builder: &ContextBuilder,
     ctx_model: &Path,
     compile_only: bool,
 ) -> Result<Staged> {
-    let tmp = temp_path(folder, bin_name);
-    let stats = write_file(&tmp, &folder.join(bin_name), |out| builder.write_to(out))?;
+    let tmp = temp_path(folder, &name.name);
+    let stats = write_file(&tmp, &folder.join(&name.name), |out| builder.write_to(out))?;
     Ok(Staged {
         folder: folder.to_path_buf(),
-        bin_name: bin_name.to_string(),
+        bin_name: name.name.clone(),
         tmp,
         stats,
         models: builder.context_models().to_vec(),
-        supersedes: Vec::new(),
+        supersedes: name.superseded.clone(),
+        _reservation: name.reservation.clone(),
         ctx_model: ctx_model.to_path_buf(),
         ctx_before: file_id(ctx_model),
         compile_only,
@@ -474,6 +533,18 @@ mod tests {
         b
     }
 
+    /// A name as `choose_name` gives it, without taking part in reservations.
+    fn name(folder: &Path, name: &str) -> Name {
+        Name {
+            name: name.into(),
+            superseded: Vec::new(),
+            reservation: Arc::new(Reservation {
+                key: folder.join(name),
+                token: 0,
+            }),
+        }
+    }
+
     fn write(folder: &Path, name: &str, b: &ContextBuilder) {
         write_atomically(&folder.join(name), |out| b.write_to(out)).unwrap();
     }
@@ -626,7 +697,7 @@ mod tests {
         let ctx = d.join("m_ctx.onnx");
         // ORT never writes the model: nothing stays
         let files = ContextFiles::default();
-        let staged = stage(d, "m_kiln.bin", &b, &ctx, false).unwrap();
+        let staged = stage(d, &name(d, "m_kiln.bin"), &b, &ctx, false).unwrap();
         assert!(staged.tmp.exists());
         files.hold_or_commit(staged, true, &log).unwrap();
         files.finish_written(&log).unwrap();
@@ -634,7 +705,7 @@ mod tests {
         files.finish_all(&log);
         assert!(names(d).is_empty(), "{:?}", names(d));
         // a model file ORT left incomplete is removed with the binary
-        let staged = stage(d, "m_kiln.bin", &b, &ctx, false).unwrap();
+        let staged = stage(d, &name(d, "m_kiln.bin"), &b, &ctx, false).unwrap();
         files.hold_or_commit(staged, true, &log).unwrap();
         std::fs::write(&ctx, b"\x08\x07\x3a\xff\xff").unwrap();
         files.finish_all(&log);
@@ -645,7 +716,7 @@ mod tests {
         let old = std::fs::read(d.join("m_kiln.bin")).unwrap();
         let mut newer = binary_for(&["m_ctx.onnx"]);
         newer.add_context_model("x_ctx.onnx");
-        let staged = stage(d, "m_kiln.bin", &newer, &ctx, false).unwrap();
+        let staged = stage(d, &name(d, "m_kiln.bin"), &newer, &ctx, false).unwrap();
         files.hold_or_commit(staged, true, &log).unwrap();
         files.finish_all(&log);
         assert_eq!(names(d), ["m_ctx.onnx", "m_kiln.bin"]);
@@ -653,7 +724,7 @@ mod tests {
         assert_eq!(std::fs::read(&ctx).unwrap(), b"old model");
         // a memory output is committed at once
         std::fs::remove_file(&ctx).unwrap();
-        let staged = stage(d, "m_kiln.bin", &newer, &ctx, true).unwrap();
+        let staged = stage(d, &name(d, "m_kiln.bin"), &newer, &ctx, true).unwrap();
         files.hold_or_commit(staged, false, &log).unwrap();
         assert_eq!(names(d), ["m_kiln.bin"]);
         assert_ne!(std::fs::read(d.join("m_kiln.bin")).unwrap(), old);
@@ -668,7 +739,14 @@ mod tests {
         write(d, "a_kiln.bin", &binary_for(&["a_ctx.onnx", "b_ctx.onnx"]));
         write(d, "x_kiln.bin", &binary_for(&["a_ctx.onnx", "x_ctx.onnx"]));
         std::fs::write(d.join("b_ctx.onnx"), model_naming("a_kiln.bin")).unwrap();
-        let mut staged = stage(d, "a.2_kiln.bin", &binary_for(&["a_ctx.onnx", "b_ctx.onnx"]), d, true).unwrap();
+        let mut staged = stage(
+            d,
+            &name(d, "a.2_kiln.bin"),
+            &binary_for(&["a_ctx.onnx", "b_ctx.onnx"]),
+            d,
+            true,
+        )
+        .unwrap();
         staged.supersedes = vec!["a_kiln.bin".into(), "x_kiln.bin".into()];
         // b_ctx.onnx still names a_kiln.bin: it stays
         settle_written(&staged, &log).unwrap();
@@ -677,7 +755,7 @@ mod tests {
         std::fs::write(d.join("b_ctx.onnx"), model_naming("a.2_kiln.bin")).unwrap();
         let mut staged = stage(
             d,
-            "a.2_kiln.bin",
+            &name(d, "a.2_kiln.bin"),
             &binary_for(&group.iter().map(String::as_str).collect::<Vec<_>>()),
             d,
             true,
@@ -689,12 +767,33 @@ mod tests {
     }
 
     #[test]
+    fn a_name_another_session_is_writing_is_skipped_until_it_settles() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let log = Logger::none();
+        let first = choose_name(d, "m", &["a_ctx.onnx".into()], &log).unwrap();
+        let second = choose_name(d, "m", &["b_ctx.onnx".into()], &log).unwrap();
+        assert_eq!(
+            (first.name.as_str(), second.name.as_str()),
+            ("m_kiln.bin", "m.2_kiln.bin")
+        );
+        let staged = stage(d, &first, &binary_for(&["a_ctx.onnx"]), &d.join("a_ctx.onnx"), false).unwrap();
+        drop(first);
+        let third = choose_name(d, "m", &["c_ctx.onnx".into()], &log).unwrap();
+        assert_eq!(third.name, "m.3_kiln.bin", "the staged binary still holds its name");
+        drop(staged);
+        drop(third);
+        let again = choose_name(d, "m", &["c_ctx.onnx".into()], &log).unwrap();
+        assert_eq!(again.name, "m_kiln.bin", "released once settled");
+    }
+
+    #[test]
     fn commit_never_replaces_a_file_that_appeared_meanwhile() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let staged = stage(
             d,
-            "m_kiln.bin",
+            &name(d, "m_kiln.bin"),
             &binary_for(&["m_ctx.onnx"]),
             &d.join("m_ctx.onnx"),
             false,
