@@ -80,7 +80,7 @@ pub struct Member<'a> {
 
 /// Adds one session's graphs to the current group (starting one, named by
 /// `bin_name`, if none), all or nothing; with `stop`, writes the binary
-/// (`write(file name, builder)`) and ends the group.
+/// (`write(name, builder)`, which stages it) and ends the group.
 pub fn add_to_group(
     member: Member<'_>,
     bin_name: impl FnOnce() -> Result<Name>,
