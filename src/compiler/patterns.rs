@@ -381,6 +381,7 @@ fn layer_norm(v: &View<'_>, ni: usize, g: &mut Graph) -> Option<Rewrite> {
             Op::LayerNorm {
                 axis,
                 epsilon: eps as f32,
+                decomposed: true,
             },
             inputs,
         ),
@@ -414,6 +415,7 @@ fn softmax(v: &View<'_>, yi: usize, _: &mut Graph) -> Option<Rewrite> {
     let z = en.inputs[0];
     let mut remove = vec![si, ei];
     let mut x = z;
+    let mut unshifted = true;
     if let Some((zi, zn)) = v.producer(z) {
         if zn.op == Op::Binary(BinaryOp::Sub) && v.sole_use(z) == Some(ei) {
             let (a, mx) = (zn.inputs[0], zn.inputs[1]);
@@ -423,10 +425,11 @@ fn softmax(v: &View<'_>, yi: usize, _: &mut Graph) -> Option<Rewrite> {
                     && v.sole_use(mx) == Some(zi);
                 if is_max {
                     x = a;
+                    unshifted = false;
                     remove.extend([zi, mi]);
                 }
             }
         }
     }
-    finish(v, x, yi, Op::Softmax { axis }, remove)
+    finish(v, x, yi, Op::Softmax { axis, unshifted }, remove)
 }

@@ -303,7 +303,13 @@ fn softmax_is_recognised_with_and_without_max() {
             b.output(y);
             let opt = check_passes_agree(&b.g);
             assert_eq!(ops(&opt), ["Softmax"]);
-            assert_eq!(opt.nodes[0].op, Op::Softmax { axis });
+            assert_eq!(
+                opt.nodes[0].op,
+                Op::Softmax {
+                    axis,
+                    unshifted: !with_max
+                }
+            );
         }
     }
 }
@@ -356,7 +362,14 @@ fn epilogue_scale_then_bias_and_blockers() {
     let eight = b.scalar("eight", 8.0);
     let scaled = b.bin(BinaryOp::Div, scores, eight, "scaled");
     let masked = b.bin(BinaryOp::Add, scaled, mask, "masked");
-    let p = b.op(Op::Softmax { axis: 3 }, &[masked], "p");
+    let p = b.op(
+        Op::Softmax {
+            axis: 3,
+            unshifted: false,
+        },
+        &[masked],
+        "p",
+    );
     b.output(p);
     let opt = check_passes_agree(&b.g);
     assert_eq!(ops(&opt), ["MatMul+Scale+Residual", "Softmax"]);
@@ -669,7 +682,14 @@ fn parallel_and_concurrent_runs_agree() {
     let x = b.input("x", &[64, 96]);
     let w = b.constant("w", &[96, 128], data(96 * 128, 3));
     let mm = matmul(&mut b, x, w, "mm");
-    let s = b.op(Op::Softmax { axis: 1 }, &[mm], "s");
+    let s = b.op(
+        Op::Softmax {
+            axis: 1,
+            unshifted: false,
+        },
+        &[mm],
+        "s",
+    );
     b.output(s);
     let p = compile(&b.g, Target::cpu_best()).unwrap();
     let inputs = inputs_for(&b.g);

@@ -114,15 +114,23 @@ fn step_info(step: &Step) -> proto::StepInfo {
                 dst: Some(buf(m.dst)),
             })
         }
-        Step::Softmax { len, inner, src, dst } => K::Softmax(proto::SoftmaxStep {
+        Step::Softmax {
+            len,
+            inner,
+            unshifted,
+            src,
+            dst,
+        } => K::Softmax(proto::SoftmaxStep {
             len: *len as u64,
             inner: *inner as u64,
             src: Some(buf(*src)),
             dst: Some(buf(*dst)),
+            unshifted: *unshifted,
         }),
         Step::LayerNorm {
             len,
             epsilon,
+            decomposed,
             src,
             scale,
             bias,
@@ -134,6 +142,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
             scale: Some(buf(*scale)),
             bias: bias.map(buf),
             dst: Some(buf(*dst)),
+            decomposed: *decomposed,
         }),
         Step::Reduce {
             kind,
@@ -386,12 +395,14 @@ fn step(s: &proto::StepInfo) -> Result<Step> {
         K::Softmax(s) => Step::Softmax {
             len: usize_of(s.len, "length")?,
             inner: usize_of(s.inner, "inner size")?,
+            unshifted: s.unshifted,
             src: buf_ref(&s.src)?,
             dst: buf_ref(&s.dst)?,
         },
         K::LayerNorm(l) => Step::LayerNorm {
             len: usize_of(l.len, "length")?,
             epsilon: l.epsilon,
+            decomposed: l.decomposed,
             src: buf_ref(&l.src)?,
             scale: buf_ref(&l.scale)?,
             bias: l.bias.as_ref().map(|b| buf_ref(&Some(b.clone()))).transpose()?,
