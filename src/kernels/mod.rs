@@ -234,6 +234,7 @@ macro_rules! isa_kernels {
 
         $(
             #[allow(unsafe_code)] // calls the ISA variants, see SAFETY below
+            #[allow(clippy::too_many_arguments)]
             fn $name(isa: Isa, $($arg: $ty),*) {
                 match isa.0 {
                     // SAFETY: `Isa::new` checked that this CPU has AVX-512F/BW/VL and FMA.
