@@ -334,6 +334,25 @@ def gemm_cases() -> List[Case]:
                           model(nodes, [vi("a", [m, k]), vi("res", [m, n])], [vi("y", [m, n])],
                                 [const("b", b), const("c", bias)], 13),
                           {"a": np.abs(a).clip(0.5, 1.5).astype(F32), "res": res}, levels=(RAW, OPT), fused="MatMul"))
+    # batched products with both operands at run time (attention's Q·Kᵀ and P·V paths)
+    qa = rng.uniform(0.5, 1.5, (4, 6, 37)).astype(F32)
+    kb = rng.uniform(0.5, 1.5, (4, 37, 33)).astype(F32) * rng.choice([-1, 1], (4, 37, 33)).astype(F32)
+    for bi in range(4):
+        for i in range(6):
+            qa[bi, i, (3 * i + bi) % 37] = specials[(i + bi) % len(specials)]
+    nodes = [oh.make_node("MatMul", ["a", "b"], ["y"])]
+    cases.append(Case("MatMul_batched_special", model(nodes, [vi("a", qa.shape), vi("b", kb.shape)],
+                                                      [vi("y", [4, 6, 33])]), {"a": qa, "b": kb}))
+    # Gemm's beta = 0 ignores C (NaN there stays out); alpha = 0 still multiplies (0 · inf = NaN)
+    a3 = np.abs(rng.uniform(0.5, 1.5, (3, 5))).astype(F32)
+    a3[0, 0], a3[1, 1] = INF, NAN
+    b3 = rng.uniform(0.5, 1.5, (5, 4)).astype(F32)
+    c3 = np.array([NAN, INF, -INF, 1.0], F32)
+    for alpha, beta in ((1.0, 0.0), (0.0, 1.0), (0.0, 0.0)):
+        nodes = [oh.make_node("Gemm", ["a", "b", "c"], ["y"], alpha=alpha, beta=beta)]
+        cases.append(Case(f"Gemm_alpha{alpha:g}_beta{beta:g}",
+                          model(nodes, [vi("a", [3, 5])], [vi("y", [3, 4])], [const("b", b3), const("c", c3)], 13),
+                          {"a": a3}))
     return cases
 
 
