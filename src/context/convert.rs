@@ -230,6 +230,8 @@ fn activation_info(a: Activation) -> proto::ActivationInfo {
         Activation::Tanh => (K::Tanh, 0.0, 0.0),
         Activation::GeluErf => (K::GeluErf, 0.0, 0.0),
         Activation::GeluTanh => (K::GeluTanh, 0.0, 0.0),
+        Activation::GeluErfWritten => (K::GeluErfWritten, 0.0, 0.0),
+        Activation::GeluTanhWritten => (K::GeluTanhWritten, 0.0, 0.0),
         Activation::Clip(lo, hi) => (K::Clip, lo, hi),
     };
     proto::ActivationInfo {
@@ -285,6 +287,8 @@ fn unary_kind(op: UnaryOp) -> proto::UnaryOpKind {
         UnaryOp::Clip(..) => K::Clip,
         UnaryOp::Gelu => K::Gelu,
         UnaryOp::GeluTanh => K::GeluTanh,
+        UnaryOp::GeluWritten => K::GeluWritten,
+        UnaryOp::GeluTanhWritten => K::GeluTanhWritten,
     }
 }
 
@@ -517,6 +521,8 @@ fn activation(a: &proto::ActivationInfo) -> Result<Activation> {
         Ok(K::Tanh) => Activation::Tanh,
         Ok(K::GeluErf) => Activation::GeluErf,
         Ok(K::GeluTanh) => Activation::GeluTanh,
+        Ok(K::GeluErfWritten) => Activation::GeluErfWritten,
+        Ok(K::GeluTanhWritten) => Activation::GeluTanhWritten,
         Ok(K::Clip) => Activation::Clip(a.a, a.b),
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown activation code {}", a.kind),
     })
@@ -540,6 +546,8 @@ fn unary_op(u: &proto::UnaryStep) -> Result<UnaryOp> {
         Ok(K::Clip) => UnaryOp::Clip(u.lo, u.hi),
         Ok(K::Gelu) => UnaryOp::Gelu,
         Ok(K::GeluTanh) => UnaryOp::GeluTanh,
+        Ok(K::GeluWritten) => UnaryOp::GeluWritten,
+        Ok(K::GeluTanhWritten) => UnaryOp::GeluTanhWritten,
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown unary op code {code}"),
     })
 }

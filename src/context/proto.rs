@@ -368,6 +368,8 @@ pub enum UnaryOpKind {
     Clip = 12,
     Gelu = 13,
     GeluTanh = 14,
+    GeluWritten = 15,
+    GeluTanhWritten = 16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
@@ -402,6 +404,8 @@ pub enum ActivationKind {
     GeluErf = 6,
     GeluTanh = 7,
     Clip = 8,
+    GeluErfWritten = 9,
+    GeluTanhWritten = 10,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]

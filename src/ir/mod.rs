@@ -278,7 +278,7 @@ impl Op {
     /// Short name for summaries, e.g. `MatMul+Bias+Gelu`.
     pub fn name(&self) -> String {
         match self {
-            Op::Unary(UnaryOp::GeluTanh) => "Gelu(tanh)".into(),
+            Op::Unary(UnaryOp::GeluTanh | UnaryOp::GeluTanhWritten) => "Gelu(tanh)".into(),
             Op::Unary(u) => u.onnx_name().into(),
             Op::Binary(b) => b.onnx_name().into(),
             Op::MatMul(m) => {
@@ -328,8 +328,8 @@ pub(crate) fn activation_name(a: Activation) -> &'static str {
         Activation::LeakyRelu(_) => "LeakyRelu",
         Activation::Sigmoid => "Sigmoid",
         Activation::Tanh => "Tanh",
-        Activation::GeluErf => "Gelu",
-        Activation::GeluTanh => "Gelu(tanh)",
+        Activation::GeluErf | Activation::GeluErfWritten => "Gelu",
+        Activation::GeluTanh | Activation::GeluTanhWritten => "Gelu(tanh)",
         Activation::Clip(..) => "Clip",
     }
 }

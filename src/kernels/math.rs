@@ -151,6 +151,17 @@ pub fn gelu_tanh(x: f32) -> f32 {
     x / (1.0 + exp(-2.0 * u))
 }
 
+/// `y` (a GELU of `x`), or `+inf` where `x·2` overflows: a GELU written as
+/// `(x·(1 + erf(…)))·0.5` doubles `x` before halving it (a branch-free select).
+#[inline(always)]
+pub fn overflow_doubled(x: f32, y: f32) -> f32 {
+    if x > f32::MAX / 2.0 {
+        f32::INFINITY
+    } else {
+        y
+    }
+}
+
 /// High-accuracy f64 references for tests (series + continued fraction).
 #[cfg(test)]
 pub(crate) mod reference {

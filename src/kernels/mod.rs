@@ -48,6 +48,12 @@ pub enum UnaryOp {
     Gelu,
     /// `x/2·(1 + tanh(√(2/π)(x + 0.044715x³)))`.
     GeluTanh,
+    /// [`UnaryOp::Gelu`] fused from `(x·(1 + erf(x/√2)))·0.5` as exporters
+    /// write it: `+inf` for `x > FLT_MAX/2`, where that product overflows
+    /// before the halving (as ORT running the ops gives).
+    GeluWritten,
+    /// [`UnaryOp::GeluTanh`] fused from `(x·(1 + tanh(…)))·0.5`, see [`UnaryOp::GeluWritten`].
+    GeluTanhWritten,
 }
 
 impl UnaryOp {
@@ -66,7 +72,7 @@ impl UnaryOp {
             UnaryOp::Reciprocal => "Reciprocal",
             UnaryOp::LeakyRelu(_) => "LeakyRelu",
             UnaryOp::Clip(..) => "Clip",
-            UnaryOp::Gelu | UnaryOp::GeluTanh => "Gelu",
+            UnaryOp::Gelu | UnaryOp::GeluTanh | UnaryOp::GeluWritten | UnaryOp::GeluTanhWritten => "Gelu",
         }
     }
 }

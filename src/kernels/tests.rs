@@ -54,10 +54,13 @@ fn unary_ref(op: UnaryOp, x: f32) -> f64 {
         UnaryOp::Clip(lo, hi) => x.max(lo as f64).min(hi as f64),
         UnaryOp::Gelu => math::reference::gelu(x),
         UnaryOp::GeluTanh => math::reference::gelu_tanh(x),
+        UnaryOp::GeluWritten | UnaryOp::GeluTanhWritten if x > f32::MAX as f64 / 2.0 => f64::INFINITY,
+        UnaryOp::GeluWritten => math::reference::gelu(x),
+        UnaryOp::GeluTanhWritten => math::reference::gelu_tanh(x),
     }
 }
 
-const UNARY: [UnaryOp; 14] = [
+const UNARY: [UnaryOp; 16] = [
     UnaryOp::Relu,
     UnaryOp::Sigmoid,
     UnaryOp::Tanh,
@@ -72,6 +75,8 @@ const UNARY: [UnaryOp; 14] = [
     UnaryOp::Clip(-1.5, 2.0),
     UnaryOp::Gelu,
     UnaryOp::GeluTanh,
+    UnaryOp::GeluWritten,
+    UnaryOp::GeluTanhWritten,
 ];
 const BINARY: [BinaryOp; 5] = [
     BinaryOp::Add,
@@ -459,6 +464,8 @@ fn gemm_epilogue_activations_match_the_unary_kernels_at_the_limits() {
         (Activation::Tanh, UnaryOp::Tanh),
         (Activation::GeluErf, UnaryOp::Gelu),
         (Activation::GeluTanh, UnaryOp::GeluTanh),
+        (Activation::GeluErfWritten, UnaryOp::GeluWritten),
+        (Activation::GeluTanhWritten, UnaryOp::GeluTanhWritten),
         (Activation::Clip(-1.0, 1.0), UnaryOp::Clip(-1.0, 1.0)),
     ];
     for isa in isas() {
