@@ -273,7 +273,11 @@ fn gelu_tanh(v: &View<'_>, ti: usize, _: &mut Graph) -> Option<Rewrite> {
     let (fin, extra, doubles) = half_x_tail(v, ai, x)?;
     remove.extend([si, ui, ti, ai]);
     remove.extend(extra);
-    let op = if doubles { UnaryOp::GeluTanhWritten } else { UnaryOp::GeluTanh };
+    let op = if doubles {
+        UnaryOp::GeluTanhWritten
+    } else {
+        UnaryOp::GeluTanh
+    };
     finish(v, x, fin, Op::Unary(op), remove)
 }
 
