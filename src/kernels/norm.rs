@@ -179,12 +179,12 @@ pub(super) fn softmax(len: usize, inner: usize, shift: bool, src: &[f32], dst: &
 /// Rows shorter than this get ORT's short-row statistics (see [`row_stats`]).
 const LN_SHORT_ROW: usize = 8;
 
-/// Mean and variance of one row as ORT 1.31's CPU EP computes them for
-/// `LayerNormalization` (measured against it, see `python/tests/test_nonfinite.py`):
-/// rows of 8 or more take the mean from an f64 sum (so a row of 1e38 has mean
-/// 1e38, not inf) and the variance as the f32 mean of squared deviations; shorter
-/// rows use Welford's running update in f32. Both overflow to NaN/0 exactly where
-/// ORT's do. `dev` receives `x - mean`.
+/// The variance of one row as ORT 1.31's CPU EP computes it for
+/// `LayerNormalization` (measured against it, see `python/tests/test_nonfinite.py`);
+/// `dev` receives `x - mean`. Rows of 8 or more take the mean from an f64 sum
+/// (so a row of 1e38 has mean 1e38, not inf) and the variance as the f32 mean of
+/// squared deviations; shorter rows use Welford's running update in f32. Both
+/// overflow (to NaN, or to an infinite variance and outputs of 0) where ORT's do.
 #[inline(always)]
 fn row_stats(s: &[f32], dev: &mut [f32]) -> f32 {
     let n = s.len() as f32;
