@@ -14,8 +14,9 @@ kiln must take every node (``session.disable_cpu_ep_fallback=1``) and run it
 (its counters), and the outputs must agree **NaN-aware**: the same NaN
 positions, the same infinities with the same sign, integers and bools exactly,
 finite values within ``rtol=1e-5`` / ``atol=1e-6`` (kiln's exp/erf/tanh
-approximations differ from MLAS's by a few ulp). The sign of a zero is not
-compared (both EPs' approximations round tiny results either way).
+approximations differ from MLAS's by a few ulp). The sign of a zero is compared
+for the exactly rounded ops (``EXACT_OPS``: Neg, Abs, Relu, Sqrt, Add, Div, Where, …),
+not for approximations, which round tiny results to either zero.
 
 Deliberate difference (README "Numerics"): ``ReduceMax`` is NaN when the
 reduced values contain a NaN. ORT 1.31.1's result there depends on the NaN's
@@ -97,6 +98,8 @@ class Case:
     atol: float = ATOL
     #: kiln runs nothing (every output is empty): only the claim is checked
     empty: bool = False
+    #: exact IEEE ops: the sign of a zero must match too
+    signed_zero: bool = False
     notes: List[str] = field(default_factory=list)
 
 
@@ -118,12 +121,17 @@ def unary_cases() -> List[Case]:
         unary_case("Clip", x, 13, [const("lo", F32(0.0))], ["lo"]),
     ]
     cases[-2].name, cases[-1].name = "Clip_-1_1", "Clip_min0"
+    for c in cases:
+        c.signed_zero = c.name.split("_")[0] in EXACT_OPS
     # 2-D, a shape whose rows are not a multiple of any vector width
     x2 = np.resize(special_vector(5), (7, 37)).astype(F32)
     cases.append(unary_case("Erf", x2))
     cases[-1].name = "Erf_7x37"
     return cases
 
+
+#: ops whose results are exactly rounded IEEE operations (or selections), so zeros keep their sign
+EXACT_OPS = {"Abs", "Neg", "Relu", "LeakyRelu", "Sqrt", "Reciprocal", "Clip", "Add", "Sub", "Mul", "Div", "Where"}
 
 PAIR = np.array([INF, -INF, NAN, 0.0, -0.0, 1.0, -1.0, 2.0, 0.5, -0.5, 3.0, -3.0, 1e38, -1e38, 3.4e38,
                  1e-40, -2.0, 1.5, 1e20], dtype=F32)
@@ -148,8 +156,10 @@ def binary_cases() -> List[Case]:
     # Where selects special values untouched
     cond = (np.arange(len(x)) % 3 == 0)
     nodes = [oh.make_node("Where", ["c", "x", "y"], ["z"])]
-    cases.append(Case("Where", model(nodes, [vi("c", x.shape, TP.BOOL), vi("x", x.shape), vi("y", x.shape)],
-                                     [vi("z", x.shape)]), {"c": cond, "x": x, "y": x[::-1].copy()}))
+    for c in cases:
+        c.signed_zero = c.name.split("_")[0] in EXACT_OPS
+    cases.append(Case("Where", signed_zero=True, model=model(nodes, [vi("c", x.shape, TP.BOOL), vi("x", x.shape), vi("y", x.shape)],
+                                     [vi("z", x.shape)]), feeds={"c": cond, "x": x, "y": x[::-1].copy()}))
     return cases
 
 
@@ -446,8 +456,9 @@ IDS = [f"{c.name}-{'raw' if lvl == RAW else 'ort-opt'}" for c, lvl in PARAMS]
 # comparing
 # --------------------------------------------------------------------------
 def assert_same(what: str, want: np.ndarray, got: np.ndarray, feeds: Dict[str, np.ndarray],
-                rtol: float = RTOL, atol: float = ATOL) -> None:
-    """NaN-aware equality: same NaNs, same signed infinities, finite values close."""
+                rtol: float = RTOL, atol: float = ATOL, signed_zero: bool = False) -> None:
+    """NaN-aware equality: same NaNs, same signed infinities, finite values close
+    (and, with ``signed_zero``, zeros of the same sign)."""
     assert got.shape == want.shape and got.dtype == want.dtype, \
         f"{what}: {got.shape}/{got.dtype}, CPU EP {want.shape}/{want.dtype}"
     if want.dtype.kind != "f":
@@ -460,6 +471,9 @@ def assert_same(what: str, want: np.ndarray, got: np.ndarray, feeds: Dict[str, n
             fin = np.isfinite(w) & np.isfinite(g)
             close = np.ones_like(nan_ok)
             close[fin] = np.abs(g[fin] - w[fin]) <= atol + rtol * np.abs(w[fin])
+            if signed_zero:
+                zeros = (w == 0) & (g == 0)
+                close[zeros] &= np.signbit(w[zeros]) == np.signbit(g[zeros])
         bad = np.flatnonzero(~(nan_ok & inf_ok & close))
     if bad.size:
         inputs = {k: v.ravel() for k, v in feeds.items() if v.size == want.size}
@@ -504,7 +518,7 @@ def test_matches_cpu_ep(case: Case, level, target, kiln_dev):
         assert run.run_delta("compute_calls") >= 1, "kiln computed nothing"
     for name, w, g in zip(run.output_names, want, run.outputs):
         assert_same(f"{case.name} ({target}, {IDS[PARAMS.index((case, level))]}) output {name}", w, g, case.feeds,
-                    case.rtol, case.atol)
+                    case.rtol, case.atol, case.signed_zero)
 
 
 FUSED = [c for c in CASES if c.fused]
