@@ -27,7 +27,6 @@ behaviour so the README's statement stays true.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
