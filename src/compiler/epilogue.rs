@@ -132,6 +132,8 @@ fn activation(op: &Op) -> Option<Activation> {
         Op::Unary(UnaryOp::Tanh) => Activation::Tanh,
         Op::Unary(UnaryOp::Gelu) => Activation::GeluErf,
         Op::Unary(UnaryOp::GeluTanh) => Activation::GeluTanh,
+        Op::Unary(UnaryOp::GeluWritten) => Activation::GeluErfWritten,
+        Op::Unary(UnaryOp::GeluTanhWritten) => Activation::GeluTanhWritten,
         Op::Unary(UnaryOp::Clip(lo, hi)) => Activation::Clip(*lo, *hi),
         _ => return None,
     })

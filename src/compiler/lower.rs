@@ -174,18 +174,24 @@ impl Lowering<'_> {
                 }
             }
             Op::MatMul(attrs) => self.matmul(attrs, ins, dst)?,
-            Op::Softmax { axis } => {
+            Op::Softmax { axis, unshifted } => {
                 let s = self.shape(ins[0]);
                 Step::Softmax {
                     len: s[*axis],
                     inner: s[axis + 1..].iter().product(),
+                    unshifted: *unshifted,
                     src: self.buf(ins[0])?,
                     dst,
                 }
             }
-            Op::LayerNorm { axis, epsilon } => Step::LayerNorm {
+            Op::LayerNorm {
+                axis,
+                epsilon,
+                decomposed,
+            } => Step::LayerNorm {
                 len: self.shape(ins[0])[*axis..].iter().product(),
                 epsilon: *epsilon,
+                decomposed: *decomposed,
                 src: self.buf(ins[0])?,
                 scale: self.buf(ins[1])?,
                 bias: ins.get(2).map(|&b| self.buf(b)).transpose()?,

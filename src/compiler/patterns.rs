@@ -165,7 +165,9 @@ fn replaced(at: &Node, op: Op, inputs: Vec<ValueId>) -> Node {
 }
 
 /// The `·0.5·x` tail after `a = 1 + f(..)`: returns (final node, extra nodes).
-fn half_x_tail(v: &View<'_>, a: usize, x: ValueId) -> Option<(usize, Vec<usize>)> {
+/// The halving tail after `a = 1 + f`: its last node, the nodes it adds, and
+/// whether it doubles first (`(x · a) · 0.5`, which overflows for x > FLT_MAX/2).
+fn half_x_tail(v: &View<'_>, a: usize, x: ValueId) -> Option<(usize, Vec<usize>, bool)> {
     let av = v.g.nodes[a].outputs[0];
     let mi = v.sole_use(av)?;
     let m = &v.g.nodes[mi];
@@ -175,17 +177,17 @@ fn half_x_tail(v: &View<'_>, a: usize, x: ValueId) -> Option<(usize, Vec<usize>)
         // (x · a) · 0.5
         let hi = v.sole_use(mv)?;
         v.with_scalar(&v.g.nodes[hi], BinaryOp::Mul, 0.5).filter(|&o| o == mv)?;
-        return Some((hi, vec![mi]));
+        return Some((hi, vec![mi], true));
     }
     if v.scalar_is(other, 0.5) {
         // x · (a · 0.5)
         let hi = v.sole_use(mv)?;
         v.other(&v.g.nodes[hi], BinaryOp::Mul, mv).filter(|&o| o == x)?;
-        return Some((hi, vec![mi]));
+        return Some((hi, vec![mi], false));
     }
     // (x · 0.5) · a
     let (pi, p) = v.producer(other)?;
-    (v.sole_use(other)? == mi && v.with_scalar(p, BinaryOp::Mul, 0.5)? == x).then_some((mi, vec![pi]))
+    (v.sole_use(other)? == mi && v.with_scalar(p, BinaryOp::Mul, 0.5)? == x).then_some((mi, vec![pi], false))
 }
 
 /// `1 + f` where `f` is the output of node `fi`: the Add node.
@@ -223,10 +225,11 @@ fn gelu_erf(v: &View<'_>, ei: usize, _: &mut Graph) -> Option<Rewrite> {
         return None;
     }
     let ai = plus_one(v, ei)?;
-    let (fin, extra) = half_x_tail(v, ai, x)?;
+    let (fin, extra, doubles) = half_x_tail(v, ai, x)?;
     let mut remove = vec![di, ei, ai];
     remove.extend(extra);
-    finish(v, x, fin, Op::Unary(UnaryOp::Gelu), remove)
+    let op = if doubles { UnaryOp::GeluWritten } else { UnaryOp::Gelu };
+    finish(v, x, fin, Op::Unary(op), remove)
 }
 
 fn gelu_tanh(v: &View<'_>, ti: usize, _: &mut Graph) -> Option<Rewrite> {
@@ -267,10 +270,15 @@ fn gelu_tanh(v: &View<'_>, ti: usize, _: &mut Graph) -> Option<Rewrite> {
     }
     let (x, mut remove) = found?;
     let ai = plus_one(v, ti)?;
-    let (fin, extra) = half_x_tail(v, ai, x)?;
+    let (fin, extra, doubles) = half_x_tail(v, ai, x)?;
     remove.extend([si, ui, ti, ai]);
     remove.extend(extra);
-    finish(v, x, fin, Op::Unary(UnaryOp::GeluTanh), remove)
+    let op = if doubles {
+        UnaryOp::GeluTanhWritten
+    } else {
+        UnaryOp::GeluTanh
+    };
+    finish(v, x, fin, Op::Unary(op), remove)
 }
 
 /// `ReduceMean(x, axes, keepdims=1)` node feeding only `user`.
@@ -381,6 +389,7 @@ fn layer_norm(v: &View<'_>, ni: usize, g: &mut Graph) -> Option<Rewrite> {
             Op::LayerNorm {
                 axis,
                 epsilon: eps as f32,
+                decomposed: true,
             },
             inputs,
         ),
@@ -414,6 +423,7 @@ fn softmax(v: &View<'_>, yi: usize, _: &mut Graph) -> Option<Rewrite> {
     let z = en.inputs[0];
     let mut remove = vec![si, ei];
     let mut x = z;
+    let mut unshifted = true;
     if let Some((zi, zn)) = v.producer(z) {
         if zn.op == Op::Binary(BinaryOp::Sub) && v.sole_use(z) == Some(ei) {
             let (a, mx) = (zn.inputs[0], zn.inputs[1]);
@@ -423,10 +433,11 @@ fn softmax(v: &View<'_>, yi: usize, _: &mut Graph) -> Option<Rewrite> {
                     && v.sole_use(mx) == Some(zi);
                 if is_max {
                     x = a;
+                    unshifted = false;
                     remove.extend([zi, mi]);
                 }
             }
         }
     }
-    finish(v, x, yi, Op::Softmax { axis }, remove)
+    finish(v, x, yi, Op::Softmax { axis, unshifted }, remove)
 }

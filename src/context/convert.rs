@@ -114,15 +114,23 @@ fn step_info(step: &Step) -> proto::StepInfo {
                 dst: Some(buf(m.dst)),
             })
         }
-        Step::Softmax { len, inner, src, dst } => K::Softmax(proto::SoftmaxStep {
+        Step::Softmax {
+            len,
+            inner,
+            unshifted,
+            src,
+            dst,
+        } => K::Softmax(proto::SoftmaxStep {
             len: *len as u64,
             inner: *inner as u64,
             src: Some(buf(*src)),
             dst: Some(buf(*dst)),
+            unshifted: *unshifted,
         }),
         Step::LayerNorm {
             len,
             epsilon,
+            decomposed,
             src,
             scale,
             bias,
@@ -134,6 +142,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
             scale: Some(buf(*scale)),
             bias: bias.map(buf),
             dst: Some(buf(*dst)),
+            decomposed: *decomposed,
         }),
         Step::Reduce {
             kind,
@@ -221,6 +230,8 @@ fn activation_info(a: Activation) -> proto::ActivationInfo {
         Activation::Tanh => (K::Tanh, 0.0, 0.0),
         Activation::GeluErf => (K::GeluErf, 0.0, 0.0),
         Activation::GeluTanh => (K::GeluTanh, 0.0, 0.0),
+        Activation::GeluErfWritten => (K::GeluErfWritten, 0.0, 0.0),
+        Activation::GeluTanhWritten => (K::GeluTanhWritten, 0.0, 0.0),
         Activation::Clip(lo, hi) => (K::Clip, lo, hi),
     };
     proto::ActivationInfo {
@@ -276,6 +287,8 @@ fn unary_kind(op: UnaryOp) -> proto::UnaryOpKind {
         UnaryOp::Clip(..) => K::Clip,
         UnaryOp::Gelu => K::Gelu,
         UnaryOp::GeluTanh => K::GeluTanh,
+        UnaryOp::GeluWritten => K::GeluWritten,
+        UnaryOp::GeluTanhWritten => K::GeluTanhWritten,
     }
 }
 
@@ -386,12 +399,14 @@ fn step(s: &proto::StepInfo) -> Result<Step> {
         K::Softmax(s) => Step::Softmax {
             len: usize_of(s.len, "length")?,
             inner: usize_of(s.inner, "inner size")?,
+            unshifted: s.unshifted,
             src: buf_ref(&s.src)?,
             dst: buf_ref(&s.dst)?,
         },
         K::LayerNorm(l) => Step::LayerNorm {
             len: usize_of(l.len, "length")?,
             epsilon: l.epsilon,
+            decomposed: l.decomposed,
             src: buf_ref(&l.src)?,
             scale: buf_ref(&l.scale)?,
             bias: l.bias.as_ref().map(|b| buf_ref(&Some(b.clone()))).transpose()?,
@@ -506,6 +521,8 @@ fn activation(a: &proto::ActivationInfo) -> Result<Activation> {
         Ok(K::Tanh) => Activation::Tanh,
         Ok(K::GeluErf) => Activation::GeluErf,
         Ok(K::GeluTanh) => Activation::GeluTanh,
+        Ok(K::GeluErfWritten) => Activation::GeluErfWritten,
+        Ok(K::GeluTanhWritten) => Activation::GeluTanhWritten,
         Ok(K::Clip) => Activation::Clip(a.a, a.b),
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown activation code {}", a.kind),
     })
@@ -529,6 +546,8 @@ fn unary_op(u: &proto::UnaryStep) -> Result<UnaryOp> {
         Ok(K::Clip) => UnaryOp::Clip(u.lo, u.hi),
         Ok(K::Gelu) => UnaryOp::Gelu,
         Ok(K::GeluTanh) => UnaryOp::GeluTanh,
+        Ok(K::GeluWritten) => UnaryOp::GeluWritten,
+        Ok(K::GeluTanhWritten) => UnaryOp::GeluTanhWritten,
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown unary op code {code}"),
     })
 }

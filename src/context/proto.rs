@@ -239,6 +239,10 @@ pub struct SoftmaxStep {
     pub src: Option<BufInfo>,
     #[prost(message, optional, tag = "4")]
     pub dst: Option<BufInfo>,
+    /// `exp(x) / Σ exp(x)` without the max subtraction (absent in binaries
+    /// written before it existed: those always subtracted it).
+    #[prost(bool, tag = "5")]
+    pub unshifted: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -256,6 +260,9 @@ pub struct LayerNormStep {
     pub bias: Option<BufInfo>,
     #[prost(message, optional, tag = "6")]
     pub dst: Option<BufInfo>,
+    /// Statistics of the decomposed ops it was fused from (see `ir::Op::LayerNorm`).
+    #[prost(bool, tag = "7")]
+    pub decomposed: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -366,6 +373,8 @@ pub enum UnaryOpKind {
     Clip = 12,
     Gelu = 13,
     GeluTanh = 14,
+    GeluWritten = 15,
+    GeluTanhWritten = 16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
@@ -400,6 +409,8 @@ pub enum ActivationKind {
     GeluErf = 6,
     GeluTanh = 7,
     Clip = 8,
+    GeluErfWritten = 9,
+    GeluTanhWritten = 10,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]

@@ -156,7 +156,7 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
             }
             TensorType::f32(&s)
         }
-        Op::Softmax { axis } => {
+        Op::Softmax { axis, .. } => {
             expect_dtype("the input", x()?, &[DType::F32])?;
             if *axis >= x()?.shape.len() {
                 return Err(format!("axis {axis} is out of range for {}", shape(&x()?.shape)));

@@ -445,11 +445,10 @@ impl<'a> Importer<'a> {
                 self.emit(n, Op::Binary(b), &[x, y], Some(out0), None)?;
             }
             "Clip" => {
+                // An absent bound is ±FLT_MAX (Clip-6's defaults, which ORT also
+                // uses for Clip-11+), not ±inf: Clip(inf) with no max is FLT_MAX.
                 let (lo, hi) = if opset < 11 {
-                    (
-                        attr_float(n, "min", f32::NEG_INFINITY)?,
-                        attr_float(n, "max", f32::INFINITY)?,
-                    )
+                    (attr_float(n, "min", f32::MIN)?, attr_float(n, "max", f32::MAX)?)
                 } else {
                     let lo = self.const_input(n, 1, "Clip min")?;
                     let hi = self.const_input(n, 2, "Clip max")?;
@@ -462,7 +461,7 @@ impl<'a> Importer<'a> {
                                 .ok_or_else(|| "Clip min/max is not a scalar".to_string()),
                         }
                     };
-                    (scalar(lo, f32::NEG_INFINITY)?, scalar(hi, f32::INFINITY)?)
+                    (scalar(lo, f32::MIN)?, scalar(hi, f32::MAX)?)
                 };
                 let x = self.input(n, 0)?;
                 self.emit(n, Op::Unary(UnaryOp::Clip(lo, hi)), &[x], Some(out0), None)?;
@@ -476,12 +475,16 @@ impl<'a> Importer<'a> {
                 let default = if opset < 13 { 1 } else { -1 };
                 let axis = norm_axis(attr_int(n, "axis", default)?, rank, "Softmax axis")?;
                 if opset >= 13 || axis == rank - 1 {
-                    self.emit(n, Op::Softmax { axis }, &[x], Some(out0), None)?;
+                    self.emit(n, Op::Softmax { axis, unshifted: false }, &[x], Some(out0), None)?;
                 } else {
                     // Opsets < 13: softmax of the 2-D flattening at `axis`.
                     let flat = [shape[..axis].iter().product(), shape[axis..].iter().product()];
                     let f = self.emit(n, Op::Reshape, &[x], None, Some(&flat))?;
-                    let s = self.emit(n, Op::Softmax { axis: 1 }, &[f], None, None)?;
+                    let sm = Op::Softmax {
+                        axis: 1,
+                        unshifted: false,
+                    };
+                    let s = self.emit(n, sm, &[f], None, None)?;
                     self.emit(n, Op::Reshape, &[s], Some(out0), Some(&shape))?;
                 }
             }
@@ -507,7 +510,12 @@ impl<'a> Importer<'a> {
                 if ins.len() < 2 {
                     return Err("LayerNormalization needs a scale".into());
                 }
-                self.emit(n, Op::LayerNorm { axis, epsilon }, &ins, Some(out0), None)?;
+                let ln = Op::LayerNorm {
+                    axis,
+                    epsilon,
+                    decomposed: false,
+                };
+                self.emit(n, ln, &ins, Some(out0), None)?;
             }
             _ if is_reduce(op).is_some() => self.reduce(n, is_reduce(op).unwrap_or(ReduceKind::Sum), out0)?,
             "Reshape" => {

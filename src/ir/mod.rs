@@ -220,14 +220,21 @@ pub enum Op {
     /// Broadcasting; f32, or int64/int32 for Add/Sub/Mul/Div.
     Binary(BinaryOp),
     MatMul(MatMulAttrs),
-    /// Normalises along one axis (f32).
+    /// Normalises along one axis (f32). `unshifted`: `exp(x) / Σ exp(x)`
+    /// without subtracting the maximum, as a decomposed softmax written that
+    /// way computes it (it overflows to NaN above 88.7, like ORT does).
     Softmax {
         axis: usize,
+        unshifted: bool,
     },
     /// Normalises over dims `axis..`; inputs x, scale, optional bias.
+    /// `decomposed`: fused from `ReduceMean → Sub → Pow → …`, so computed with
+    /// those ops' f32 statistics rather than the `LayerNormalization` op's
+    /// (they differ only where the f32 sums overflow, e.g. rows of 1e38).
     LayerNorm {
         axis: usize,
         epsilon: f32,
+        decomposed: bool,
     },
     /// `axes` sorted and unique.
     Reduce {
@@ -271,7 +278,7 @@ impl Op {
     /// Short name for summaries, e.g. `MatMul+Bias+Gelu`.
     pub fn name(&self) -> String {
         match self {
-            Op::Unary(UnaryOp::GeluTanh) => "Gelu(tanh)".into(),
+            Op::Unary(UnaryOp::GeluTanh | UnaryOp::GeluTanhWritten) => "Gelu(tanh)".into(),
             Op::Unary(u) => u.onnx_name().into(),
             Op::Binary(b) => b.onnx_name().into(),
             Op::MatMul(m) => {
@@ -321,8 +328,8 @@ pub(crate) fn activation_name(a: Activation) -> &'static str {
         Activation::LeakyRelu(_) => "LeakyRelu",
         Activation::Sigmoid => "Sigmoid",
         Activation::Tanh => "Tanh",
-        Activation::GeluErf => "Gelu",
-        Activation::GeluTanh => "Gelu(tanh)",
+        Activation::GeluErf | Activation::GeluErfWritten => "Gelu",
+        Activation::GeluTanh | Activation::GeluTanhWritten => "Gelu(tanh)",
         Activation::Clip(..) => "Clip",
     }
 }

@@ -39,6 +39,8 @@ pub(super) fn unary(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
         }),
         UnaryOp::Gelu => map(src, dst, math::gelu),
         UnaryOp::GeluTanh => map(src, dst, math::gelu_tanh),
+        UnaryOp::GeluWritten => map(src, dst, |x| math::overflow_doubled(x, math::gelu(x))),
+        UnaryOp::GeluTanhWritten => map(src, dst, |x| math::overflow_doubled(x, math::gelu_tanh(x))),
     }
 }
 

@@ -16,7 +16,10 @@
 //! | GELU (tanh) | `x · sigmoid(2u)`, `u = √(2/π)(x + 0.044715x³)` (= `x/2·(1+tanh u)` without cancellation) | ≤ 3 ulp for x > -2; below, rounding grows like |x|³·ulp (the exponent's size) on values under 1e-3 |
 //!
 //! NaN propagates through all of them; `exp` overflows to `inf` above 88.72
-//! and underflows to 0 below -103.97.
+//! and underflows to 0 below -103.97. At ±inf they give the limits ORT's
+//! CPU EP gives: `erf(±inf) = ±1`, `erfc(inf) = 0`, `tanh(±inf) = ±1`,
+//! `sigmoid(±inf) = 1 / 0`, `gelu(inf) = inf` and `gelu(-inf) = NaN` for both
+//! GELUs (`-inf · 0`, as in ORT's `x/2 · (1 + erf(x/√2))`).
 
 #![allow(clippy::excessive_precision)] // coefficients as published (Cephes, Numerical Recipes)
 
@@ -77,9 +80,15 @@ pub fn tanh(x: f32) -> f32 {
     }
 }
 
+/// Where `erfc` has underflowed to 0 in f32 (erfc(10.5) ≈ 7e-50).
+const ERFC_ZERO_AT: f32 = 10.5;
+
 /// `erfc(x)` for `x >= 0` (Numerical Recipes `erfcc`).
 #[inline(always)]
 fn erfc_pos(z: f32) -> f32 {
+    // Clamped (a branch-free select that keeps NaN) so that `z = inf` gives
+    // exactly 0 instead of `inf - inf` = NaN in the split of z² below.
+    let z = if z > ERFC_ZERO_AT { ERFC_ZERO_AT } else { z };
     let t = 1.0 / (1.0 + 0.5 * z);
     let poly = -1.265_512_2
         + t * (1.000_023_7
@@ -140,6 +149,17 @@ pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     let u = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
     x / (1.0 + exp(-2.0 * u))
+}
+
+/// `y` (a GELU of `x`), or `+inf` where `x·2` overflows: a GELU written as
+/// `(x·(1 + erf(…)))·0.5` doubles `x` before halving it (a branch-free select).
+#[inline(always)]
+pub fn overflow_doubled(x: f32, y: f32) -> f32 {
+    if x > f32::MAX / 2.0 {
+        f32::INFINITY
+    } else {
+        y
+    }
 }
 
 /// High-accuracy f64 references for tests (series + continued fraction).

@@ -19,7 +19,7 @@ mod norm;
 pub mod parallel;
 
 pub use layout::{Layout, Strided};
-pub use movement::{CopyPlan, Where3};
+pub use movement::{cast_f32_i32, cast_f32_i64, CopyPlan, Where3};
 
 use std::ops::Range;
 use std::sync::Mutex;
@@ -48,6 +48,12 @@ pub enum UnaryOp {
     Gelu,
     /// `x/2·(1 + tanh(√(2/π)(x + 0.044715x³)))`.
     GeluTanh,
+    /// [`UnaryOp::Gelu`] fused from `(x·(1 + erf(x/√2)))·0.5` as exporters
+    /// write it: `+inf` for `x > FLT_MAX/2`, where that product overflows
+    /// before the halving (as ORT running the ops gives).
+    GeluWritten,
+    /// [`UnaryOp::GeluTanh`] fused from `(x·(1 + tanh(…)))·0.5`, see [`UnaryOp::GeluWritten`].
+    GeluTanhWritten,
 }
 
 impl UnaryOp {
@@ -66,7 +72,7 @@ impl UnaryOp {
             UnaryOp::Reciprocal => "Reciprocal",
             UnaryOp::LeakyRelu(_) => "LeakyRelu",
             UnaryOp::Clip(..) => "Clip",
-            UnaryOp::Gelu | UnaryOp::GeluTanh => "Gelu",
+            UnaryOp::Gelu | UnaryOp::GeluTanh | UnaryOp::GeluWritten | UnaryOp::GeluTanhWritten => "Gelu",
         }
     }
 }
@@ -234,6 +240,7 @@ macro_rules! isa_kernels {
 
         $(
             #[allow(unsafe_code)] // calls the ISA variants, see SAFETY below
+            #[allow(clippy::too_many_arguments)]
             fn $name(isa: Isa, $($arg: $ty),*) {
                 match isa.0 {
                     // SAFETY: `Isa::new` checked that this CPU has AVX-512F/BW/VL and FMA.
@@ -271,8 +278,8 @@ isa_kernels! {
     fn binary_f32_isa(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], dst: &mut [f32]) => elementwise::binary_f32;
     fn binary_i64_isa(op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], dst: &mut [i64]) => elementwise::binary_i64;
     fn binary_i32_isa(op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], dst: &mut [i32]) => elementwise::binary_i32;
-    fn softmax_isa(len: usize, inner: usize, src: &[f32], dst: &mut [f32]) => norm::softmax;
-    fn layer_norm_isa(len: usize, epsilon: f32, src: &[f32], scale: &[f32], bias: Option<&[f32]>, dst: &mut [f32]) => norm::layer_norm;
+    fn softmax_isa(len: usize, inner: usize, shift: bool, src: &[f32], dst: &mut [f32]) => norm::softmax;
+    fn layer_norm_isa(len: usize, epsilon: f32, decomposed: bool, src: &[f32], scale: &[f32], bias: Option<&[f32]>, dst: &mut [f32]) => norm::layer_norm;
     fn reduce_isa(kind: ReduceKind, len: usize, inner: usize, src: &[f32], dst: &mut [f32]) => norm::reduce;
 }
 
@@ -392,14 +399,24 @@ fn check_layout(op: BinaryOp, layout: &Layout, a: usize, b: usize, out: usize) -
     Ok(())
 }
 
-/// Softmax along `len` of `[outer, len, inner]`.
-pub fn softmax(isa: Isa, len: usize, inner: usize, src: &[f32], dst: &mut [f32], par: &dyn Parallel) -> Result<()> {
+/// Softmax along `len` of `[outer, len, inner]`; `shift`: subtract the
+/// row's maximum first (the Softmax op) or not (`Exp → ReduceSum → Div` as
+/// written, which overflows above 88.7).
+pub fn softmax(
+    isa: Isa,
+    len: usize,
+    inner: usize,
+    shift: bool,
+    src: &[f32],
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
     let block = len.checked_mul(inner).filter(|&b| b > 0 || src.is_empty());
     match block {
         Some(b) if src.len() == dst.len() && (b == 0 || src.len().is_multiple_of(b)) => {
             if let Some(rows) = src.len().checked_div(b) {
                 par_rows(par, rows, b, dst, &|r, d| {
-                    softmax_isa(isa, len, inner, &src[r.start * b..r.end * b], d)
+                    softmax_isa(isa, len, inner, shift, &src[r.start * b..r.end * b], d)
                 });
             }
             Ok(())
@@ -412,12 +429,15 @@ pub fn softmax(isa: Isa, len: usize, inner: usize, src: &[f32], dst: &mut [f32],
     }
 }
 
-/// Layer normalisation of rows of `len` elements.
+/// Layer normalisation of rows of `len` elements; `decomposed`: with the
+/// statistics of the decomposed ops it was fused from, else those of ORT's
+/// `LayerNormalization` (see `norm::layer_norm`).
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm(
     isa: Isa,
     len: usize,
     epsilon: f32,
+    decomposed: bool,
     src: &[f32],
     scale: &[f32],
     bias: Option<&[f32]>,
@@ -437,7 +457,16 @@ pub fn layer_norm(
     }
     if let Some(rows) = src.len().checked_div(len) {
         par_rows(par, rows, len, dst, &|r, d| {
-            layer_norm_isa(isa, len, epsilon, &src[r.start * len..r.end * len], scale, bias, d)
+            layer_norm_isa(
+                isa,
+                len,
+                epsilon,
+                decomposed,
+                &src[r.start * len..r.end * len],
+                scale,
+                bias,
+                d,
+            )
         });
     }
     Ok(())

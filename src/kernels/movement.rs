@@ -271,6 +271,33 @@ pub fn where_select<T: Copy>(w: &Where3, cond: &[u8], x: &[T], y: &[T], dst: &mu
     }
 }
 
+/// `Cast` f32 -> i64 as ORT's CPU EP does it on x86-64: truncation toward
+/// zero, and `i64::MIN` (the instruction's "integer indefinite") for NaN,
+/// ±inf and values outside the i64 range, where Rust's `as` would saturate.
+pub fn cast_f32_i64(src: &[f32], dst: &mut [i64]) {
+    const LIMIT: f32 = 9_223_372_036_854_775_808.0; // 2^63
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = if (-LIMIT..LIMIT).contains(&x) {
+            x as i64
+        } else {
+            i64::MIN
+        };
+    }
+}
+
+/// `Cast` f32 -> i32, see [`cast_f32_i64`]: `i32::MIN` for NaN, ±inf and
+/// values outside the i32 range.
+pub fn cast_f32_i32(src: &[f32], dst: &mut [i32]) {
+    const LIMIT: f32 = 2_147_483_648.0; // 2^31
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = if (-LIMIT..LIMIT).contains(&x) {
+            x as i32
+        } else {
+            i32::MIN
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

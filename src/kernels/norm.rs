@@ -26,6 +26,8 @@ fn sum(x: &[f32]) -> f32 {
     combine(acc, |a, b| a + b) + tail
 }
 
+/// Maximum of `x` ignoring NaN (`maxps`-style); only for softmax, where a
+/// NaN in a row makes every output of the row NaN whatever the maximum is.
 #[inline(always)]
 fn max(x: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
@@ -40,6 +42,59 @@ fn max(x: &[f32]) -> f32 {
         m = m.max(v);
     }
     m
+}
+
+/// `max(a, b)` that returns NaN if either is NaN (IEEE `maximum`, numpy's
+/// `max`). Branch-free: compare, unordered-compare and blend.
+#[inline(always)]
+fn max_nan(a: f32, b: f32) -> f32 {
+    if a > b || a.is_nan() {
+        a
+    } else {
+        b
+    }
+}
+
+/// Maximum of `x`, NaN if any element is NaN (`-inf` for an empty slice).
+#[inline(always)]
+fn max_propagating(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for i in 0..LANES {
+            acc[i] = max_nan(acc[i], c[i]);
+        }
+    }
+    let mut m = combine(acc, max_nan);
+    for &v in chunks.remainder() {
+        m = max_nan(m, v);
+    }
+    m
+}
+
+/// Sum of `x` accumulated in f64 (exact enough that the mean of any f32 row
+/// is finite and correctly rounded in practice).
+#[inline(always)]
+fn sum_f64(x: &[f32]) -> f64 {
+    let mut acc = [0f64; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for i in 0..LANES {
+            acc[i] += c[i] as f64;
+        }
+    }
+    let mut tail = 0.0;
+    for &v in chunks.remainder() {
+        tail += v as f64;
+    }
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+        width /= 2;
+    }
+    acc[0] + tail
 }
 
 #[inline(always)]
@@ -73,15 +128,19 @@ fn combine(mut acc: [f32; LANES], f: impl Fn(f32, f32) -> f32) -> f32 {
 
 /// Softmax along `len` of `[outer, len, inner]`; `src.len() == dst.len()`,
 /// a multiple of `len * inner`.
+///
+/// `shift`: subtract the maximum first (the Softmax op; ORT's CPU EP does
+/// too). Without it this is `exp(x) / Σ exp(x)` exactly as the decomposed
+/// `Exp → ReduceSum → Div` computes it, overflow (`inf / inf` = NaN) included.
 #[inline(always)]
-pub(super) fn softmax(len: usize, inner: usize, src: &[f32], dst: &mut [f32]) {
+pub(super) fn softmax(len: usize, inner: usize, shift: bool, src: &[f32], dst: &mut [f32]) {
     let block = len * inner;
     if block == 0 {
         return;
     }
     for (s, d) in src.chunks_exact(block).zip(dst.chunks_exact_mut(block)) {
         if inner == 1 {
-            let m = max(s);
+            let m = if shift { max(s) } else { 0.0 };
             for (o, &x) in d.iter_mut().zip(s) {
                 *o = math::exp(x - m);
             }
@@ -90,10 +149,12 @@ pub(super) fn softmax(len: usize, inner: usize, src: &[f32], dst: &mut [f32]) {
                 *o *= r;
             }
         } else {
-            let mut m = vec![f32::NEG_INFINITY; inner];
-            for row in s.chunks_exact(inner) {
-                for (mm, &x) in m.iter_mut().zip(row) {
-                    *mm = mm.max(x);
+            let mut m = vec![if shift { f32::NEG_INFINITY } else { 0.0 }; inner];
+            if shift {
+                for row in s.chunks_exact(inner) {
+                    for (mm, &x) in m.iter_mut().zip(row) {
+                        *mm = mm.max(x);
+                    }
                 }
             }
             let mut total = vec![0f32; inner];
@@ -115,20 +176,68 @@ pub(super) fn softmax(len: usize, inner: usize, src: &[f32], dst: &mut [f32]) {
     }
 }
 
+/// Rows shorter than this get ORT's short-row statistics (see [`row_stats`]).
+const LN_SHORT_ROW: usize = 8;
+
+/// The variance of one row as ORT 1.31's CPU EP computes it for
+/// `LayerNormalization` (measured against it, see `python/tests/test_nonfinite.py`);
+/// `dev` receives `x - mean`. Rows of 8 or more take the mean from an f64 sum
+/// (so a row of 1e38 has mean 1e38, not inf) and the variance as the f32 mean of
+/// squared deviations; shorter rows use Welford's running update in f32. Both
+/// overflow (to NaN, or to an infinite variance and outputs of 0) where ORT's do.
+#[inline(always)]
+fn row_stats(s: &[f32], dev: &mut [f32]) -> f32 {
+    let n = s.len() as f32;
+    if s.len() < LN_SHORT_ROW {
+        let (mut mean, mut m2) = (0f32, 0f32);
+        for (k, &x) in s.iter().enumerate() {
+            let d = x - mean;
+            mean += d / (k + 1) as f32;
+            m2 += d * (x - mean);
+        }
+        for (o, &x) in dev.iter_mut().zip(s) {
+            *o = x - mean;
+        }
+        return m2 / n;
+    }
+    let mean = (sum_f64(s) / s.len() as f64) as f32;
+    for (o, &x) in dev.iter_mut().zip(s) {
+        *o = x - mean;
+    }
+    sum_squares(dev) / n
+}
+
 /// Layer normalisation of rows of `len`: `(x - mean) / sqrt(var + eps) * scale + bias`.
 /// `scale` (and `bias`) have `len` elements; `src.len() == dst.len()`, a multiple of `len`.
+///
+/// `decomposed`: the statistics the decomposed ops (`ReduceMean → Sub → Pow →
+/// ReduceMean → Add → Sqrt → Div`) compute, i.e. f32 sums divided by `len`,
+/// which overflow for rows of 1e38 where the `LayerNormalization` op does not.
 #[inline(always)]
-pub(super) fn layer_norm(len: usize, epsilon: f32, src: &[f32], scale: &[f32], bias: Option<&[f32]>, dst: &mut [f32]) {
+pub(super) fn layer_norm(
+    len: usize,
+    epsilon: f32,
+    decomposed: bool,
+    src: &[f32],
+    scale: &[f32],
+    bias: Option<&[f32]>,
+    dst: &mut [f32],
+) {
     if len == 0 {
         return;
     }
     let n = len as f32;
     for (s, d) in src.chunks_exact(len).zip(dst.chunks_exact_mut(len)) {
-        let mean = sum(s) / n;
-        for (o, &x) in d.iter_mut().zip(s) {
-            *o = x - mean;
-        }
-        let rstd = 1.0 / (sum_squares(d) / n + epsilon).sqrt();
+        let var = if decomposed {
+            let mean = sum(s) / n;
+            for (o, &x) in d.iter_mut().zip(s) {
+                *o = x - mean;
+            }
+            sum_squares(d) / n
+        } else {
+            row_stats(s, d)
+        };
+        let rstd = 1.0 / (var + epsilon).sqrt();
         match bias {
             Some(b) => {
                 for ((o, &g), &b) in d.iter_mut().zip(scale).zip(b) {
@@ -144,7 +253,9 @@ pub(super) fn layer_norm(len: usize, epsilon: f32, src: &[f32], scale: &[f32], b
     }
 }
 
-/// Reduces `[outer, len, inner]` along `len` into `[outer, inner]`.
+/// Reduces `[outer, len, inner]` along `len` into `[outer, inner]`. An empty
+/// `len` gives 0 (Sum, Mean) or `-inf` (Max); Max is NaN when the reduced
+/// values contain a NaN.
 #[inline(always)]
 pub(super) fn reduce(kind: ReduceKind, len: usize, inner: usize, src: &[f32], dst: &mut [f32]) {
     if inner == 0 {
@@ -154,7 +265,8 @@ pub(super) fn reduce(kind: ReduceKind, len: usize, inner: usize, src: &[f32], ds
     if block == 0 {
         let v = match kind {
             ReduceKind::Sum => 0.0,
-            ReduceKind::Mean => f32::NAN,
+            // What ORT's CPU EP gives (ONNX leaves the mean of nothing undefined).
+            ReduceKind::Mean => 0.0,
             ReduceKind::Max => f32::NEG_INFINITY,
         };
         dst.fill(v);
@@ -166,7 +278,7 @@ pub(super) fn reduce(kind: ReduceKind, len: usize, inner: usize, src: &[f32], ds
             d[0] = match kind {
                 ReduceKind::Sum => sum(s),
                 ReduceKind::Mean => sum(s) * scale,
-                ReduceKind::Max => max(s),
+                ReduceKind::Max => max_propagating(s),
             };
             continue;
         }
@@ -175,7 +287,7 @@ pub(super) fn reduce(kind: ReduceKind, len: usize, inner: usize, src: &[f32], ds
             match kind {
                 ReduceKind::Max => {
                     for (o, &x) in d.iter_mut().zip(row) {
-                        *o = o.max(x);
+                        *o = max_nan(*o, x);
                     }
                 }
                 _ => {

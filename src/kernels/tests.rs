@@ -54,10 +54,13 @@ fn unary_ref(op: UnaryOp, x: f32) -> f64 {
         UnaryOp::Clip(lo, hi) => x.max(lo as f64).min(hi as f64),
         UnaryOp::Gelu => math::reference::gelu(x),
         UnaryOp::GeluTanh => math::reference::gelu_tanh(x),
+        UnaryOp::GeluWritten | UnaryOp::GeluTanhWritten if x > f32::MAX as f64 / 2.0 => f64::INFINITY,
+        UnaryOp::GeluWritten => math::reference::gelu(x),
+        UnaryOp::GeluTanhWritten => math::reference::gelu_tanh(x),
     }
 }
 
-const UNARY: [UnaryOp; 14] = [
+const UNARY: [UnaryOp; 16] = [
     UnaryOp::Relu,
     UnaryOp::Sigmoid,
     UnaryOp::Tanh,
@@ -72,6 +75,8 @@ const UNARY: [UnaryOp; 14] = [
     UnaryOp::Clip(-1.5, 2.0),
     UnaryOp::Gelu,
     UnaryOp::GeluTanh,
+    UnaryOp::GeluWritten,
+    UnaryOp::GeluTanhWritten,
 ];
 const BINARY: [BinaryOp; 5] = [
     BinaryOp::Add,
@@ -213,8 +218,8 @@ fn empty_tensors_are_fine() {
     for isa in isas() {
         binary(isa, BinaryOp::Add, &layout, &[], &[1.0; 3], &mut [], &Serial).unwrap();
         unary(isa, UnaryOp::Exp, &[], &mut [], &Serial).unwrap();
-        softmax(isa, 0, 1, &[], &mut [], &Serial).unwrap();
-        layer_norm(isa, 4, 1e-5, &[], &[1.0; 4], None, &mut [], &Serial).unwrap();
+        softmax(isa, 0, 1, true, &[], &mut [], &Serial).unwrap();
+        layer_norm(isa, 4, 1e-5, false, &[], &[1.0; 4], None, &mut [], &Serial).unwrap();
     }
 }
 
@@ -233,8 +238,8 @@ fn inconsistent_buffers_are_errors() {
         &Serial,
     );
     assert_eq!(e.unwrap_err().kind, crate::error::ErrorKind::Runtime);
-    assert!(softmax(isa, 4, 1, &[1.0; 6], &mut [0.0; 6], &Serial).is_err());
-    assert!(layer_norm(isa, 3, 1e-5, &[1.0; 6], &[1.0; 2], None, &mut [0.0; 6], &Serial).is_err());
+    assert!(softmax(isa, 4, 1, true, &[1.0; 6], &mut [0.0; 6], &Serial).is_err());
+    assert!(layer_norm(isa, 3, 1e-5, false, &[1.0; 6], &[1.0; 2], None, &mut [0.0; 6], &Serial).is_err());
     assert!(reduce(isa, ReduceKind::Sum, 2, 3, 1, &[1.0; 6], &mut [0.0; 3], &Serial).is_err());
 }
 
@@ -267,7 +272,7 @@ fn softmax_matches_reference() {
         let want = softmax_ref(outer, len, inner, &x);
         for isa in isas() {
             let mut y = vec![f32::NAN; x.len()];
-            softmax(isa, len, inner, &x, &mut y, &Serial).unwrap();
+            softmax(isa, len, inner, true, &x, &mut y, &Serial).unwrap();
             for (i, (&g, &w)) in y.iter().zip(&want).enumerate() {
                 assert!((g as f64 - w).abs() <= 2e-6 * w + 1e-9, "{isa:?} [{i}] {g} vs {w}");
             }
@@ -282,9 +287,9 @@ fn layer_norm_and_reduce_match_reference() {
     let g = data(len, 2);
     let b = data(len, 3);
     for isa in isas() {
-        for bias in [None, Some(&b[..])] {
+        for (bias, decomposed) in [(None, false), (Some(&b[..]), false), (Some(&b[..]), true)] {
             let mut y = vec![0.0; x.len()];
-            layer_norm(isa, len, 1e-5, &x, &g, bias, &mut y, &Serial).unwrap();
+            layer_norm(isa, len, 1e-5, decomposed, &x, &g, bias, &mut y, &Serial).unwrap();
             for r in 0..rows {
                 let row: Vec<f64> = x[r * len..(r + 1) * len].iter().map(|&v| v as f64).collect();
                 let mean = row.iter().sum::<f64>() / len as f64;
@@ -312,6 +317,8 @@ fn layer_norm_and_reduce_match_reference() {
                         let vals = (0..len).map(|k| x[o * len * inner + k * inner + i] as f64);
                         let w = match kind {
                             ReduceKind::Sum => vals.sum::<f64>(),
+                            // ORT's mean of nothing is 0.
+                            ReduceKind::Mean if len == 0 => 0.0,
                             ReduceKind::Mean => vals.sum::<f64>() / len as f64,
                             ReduceKind::Max => vals.fold(f64::NEG_INFINITY, f64::max),
                         };
@@ -343,11 +350,287 @@ fn parallel_runs_match_serial() {
     binary(isa, BinaryOp::Mul, &l, &x[..m], &row, &mut a[..m], &Serial).unwrap();
     binary(isa, BinaryOp::Mul, &l, &x[..m], &row, &mut b[..m], &par).unwrap();
     assert_eq!(a, b);
-    softmax(isa, 7, 1, &x[..m], &mut a[..m], &Serial).unwrap();
-    softmax(isa, 7, 1, &x[..m], &mut b[..m], &par).unwrap();
+    softmax(isa, 7, 1, true, &x[..m], &mut a[..m], &Serial).unwrap();
+    softmax(isa, 7, 1, true, &x[..m], &mut b[..m], &par).unwrap();
     assert_eq!(a, b);
     let g = vec![1.0; 7];
-    layer_norm(isa, 7, 1e-5, &x[..m], &g, None, &mut a[..m], &Serial).unwrap();
-    layer_norm(isa, 7, 1e-5, &x[..m], &g, None, &mut b[..m], &par).unwrap();
+    layer_norm(isa, 7, 1e-5, false, &x[..m], &g, None, &mut a[..m], &Serial).unwrap();
+    layer_norm(isa, 7, 1e-5, false, &x[..m], &g, None, &mut b[..m], &par).unwrap();
     assert_eq!(a, b);
+}
+
+// ---------------------------------------------------------------------------
+// Non-finite and extreme inputs: what ORT's CPU EP gives (measured with ORT
+// 1.31.1; python/tests/test_nonfinite.py compares every op with it).
+// ---------------------------------------------------------------------------
+
+const INF: f32 = f32::INFINITY;
+
+/// `values` repeated into a 3·16+5-element vector, so that every value meets
+/// the vector body and the scalar tail of each target's loops.
+fn spread(values: &[f32]) -> Vec<f32> {
+    values.iter().copied().cycle().take(values.len() * 3 + 5).collect()
+}
+
+/// NaN where `want` is NaN, the same infinities, otherwise equal within `tol`.
+fn same_special(got: f32, want: f32, tol: f32) -> bool {
+    if want.is_nan() || want.is_infinite() {
+        got.is_nan() == want.is_nan() && (want.is_nan() || got == want)
+    } else {
+        got.is_finite() && (got - want).abs() <= tol * want.abs().max(1e-30) + 1e-38
+    }
+}
+
+#[test]
+#[allow(clippy::excessive_precision)] // ORT's outputs as printed
+fn unary_ops_at_the_limits() {
+    // (x, erf, gelu, gelu_tanh, tanh, sigmoid, exp)
+    let rows: &[(f32, [f32; 6])] = &[
+        (INF, [1.0, INF, INF, 1.0, 1.0, INF]),
+        (-INF, [-1.0, f32::NAN, f32::NAN, -1.0, 0.0, 0.0]),
+        (f32::NAN, [f32::NAN; 6]),
+        (3.4e38, [1.0, 3.4e38, 3.4e38, 1.0, 1.0, INF]),
+        (-3.4e38, [-1.0, 0.0, 0.0, -1.0, 0.0, 0.0]),
+        (f32::MAX, [1.0, f32::MAX, f32::MAX, 1.0, 1.0, INF]),
+        (1e38, [1.0, 1e38, 1e38, 1.0, 1.0, INF]),
+        (-1e38, [-1.0, 0.0, 0.0, -1.0, 0.0, 0.0]),
+        (11.0, [1.0, 11.0, 11.0, 1.0, 0.999_983_3, 59_874.14]),
+        (-11.0, [-1.0, 0.0, 0.0, -1.0, 1.670_142_2e-5, 1.670_170_1e-5]),
+        (1e-40, [1.128_379e-40, 5e-41, 5e-41, 1e-40, 0.5, 1.0]),
+        (0.0, [0.0, 0.0, 0.0, 0.0, 0.5, 1.0]),
+    ];
+    let ops = [
+        UnaryOp::Erf,
+        UnaryOp::Gelu,
+        UnaryOp::GeluTanh,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Exp,
+    ];
+    for isa in isas() {
+        for (j, op) in ops.into_iter().enumerate() {
+            let x = spread(&rows.iter().map(|r| r.0).collect::<Vec<_>>());
+            let mut y = vec![0.0; x.len()];
+            unary(isa, op, &x, &mut y, &Serial).unwrap();
+            for (&xi, &yi) in x.iter().zip(&y) {
+                let want = rows.iter().find(|r| r.0.to_bits() == xi.to_bits()).unwrap().1[j];
+                // gelu(-11) is ~-2e-27; sigmoid/exp(-11) are not saturated.
+                let tol = if want.abs() < 1e-20 && want != 0.0 { 1e-3 } else { 2e-6 };
+                let ok = same_special(yi, want, tol) || (want == 0.0 && yi.abs() < 1e-20);
+                assert!(ok, "{isa:?} {op:?}({xi:e}) = {yi:e}, ORT gives {want:e}");
+            }
+        }
+        // Relu / LeakyRelu / Clip keep NaN; Clip bounds ±inf.
+        let x = spread(&[f32::NAN, INF, -INF, -0.0]);
+        let mut y = vec![0.0; x.len()];
+        for op in [UnaryOp::Relu, UnaryOp::LeakyRelu(0.1), UnaryOp::Clip(-1.0, 1.0)] {
+            unary(isa, op, &x, &mut y, &Serial).unwrap();
+            for (&xi, &yi) in x.iter().zip(&y) {
+                let want = match (op, xi) {
+                    (_, v) if v.is_nan() => f32::NAN,
+                    (UnaryOp::Relu, v) => v.max(0.0),
+                    (UnaryOp::LeakyRelu(_), v) => v,
+                    (_, v) => v.clamp(-1.0, 1.0),
+                };
+                assert!(same_special(yi, want, 0.0), "{isa:?} {op:?}({xi}) = {yi}");
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_epilogue_activations_match_the_unary_kernels_at_the_limits() {
+    use gemm::{Activation, Bias, Epilogue};
+    let bias = spread(&[
+        INF,
+        -INF,
+        f32::NAN,
+        3.4e38,
+        -3.4e38,
+        1e38,
+        -1e38,
+        1e-40,
+        0.0,
+        -0.0,
+        11.0,
+        -11.0,
+    ]);
+    let (m, k, n) = (3, 2, bias.len());
+    let (a, b) = (vec![0.0f32; m * k], vec![0.0f32; k * n]);
+    let pairs = [
+        (Activation::Relu, UnaryOp::Relu),
+        (Activation::LeakyRelu(0.1), UnaryOp::LeakyRelu(0.1)),
+        (Activation::Sigmoid, UnaryOp::Sigmoid),
+        (Activation::Tanh, UnaryOp::Tanh),
+        (Activation::GeluErf, UnaryOp::Gelu),
+        (Activation::GeluTanh, UnaryOp::GeluTanh),
+        (Activation::GeluErfWritten, UnaryOp::GeluWritten),
+        (Activation::GeluTanhWritten, UnaryOp::GeluTanhWritten),
+        (Activation::Clip(-1.0, 1.0), UnaryOp::Clip(-1.0, 1.0)),
+    ];
+    for isa in isas() {
+        for (act, op) in pairs {
+            let epi = Epilogue {
+                alpha: 1.0,
+                bias: Bias::PerColumn(&bias),
+                activation: act,
+                residual: None,
+            };
+            let mut c = vec![0.0; m * n];
+            gemm::gemm(isa, m, n, k, &a, k, false, &b, n, false, &mut c, n, &epi, &Serial).unwrap();
+            let mut want = vec![0.0; n];
+            unary(isa, op, &bias, &mut want, &Serial).unwrap();
+            for row in c.chunks(n) {
+                for ((&g, &w), &x) in row.iter().zip(&want).zip(&bias) {
+                    let ok = same_special(g, w, 1e-5) || (w.abs() < 1e-30 && g.abs() < 1e-30);
+                    assert!(ok, "{isa:?} {act:?}({x:e}) = {g:e}, unary {op:?} gives {w:e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn layer_norm_statistics_are_ort_s() {
+    // (row, LayerNormalization output, decomposed output) with scale 1, no bias, eps 1e-5.
+    let nan = f32::NAN;
+    let p30 = (1u32 << 30) as f32;
+    let cases: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = vec![
+        // f64 mean for rows >= 8: a row of 1e38 has mean 1e38; the ops' f32 sum overflows.
+        (vec![1e38; 8], vec![0.0; 8], vec![nan; 8]),
+        (vec![1e38; 4], vec![0.0; 4], vec![nan; 4]),
+        // x - mean overflows in the last element only (rows >= 8) ...
+        (
+            [vec![3.4e38; 7], vec![-3.4e38]].concat(),
+            [vec![0.0; 7], vec![nan]].concat(),
+            vec![nan; 8],
+        ),
+        // ... while Welford's update (rows < 8) turns the whole row NaN.
+        (vec![3.4e38, 3.4e38, 3.4e38, -3.4e38], vec![nan; 4], vec![nan; 4]),
+        // squared deviations overflow: rstd = 0.
+        ([vec![1e20], vec![1.0; 7]].concat(), vec![0.0; 8], vec![0.0; 8]),
+        (vec![INF, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], vec![nan; 8], vec![nan; 8]),
+        // ORT's short-row statistics round like f32 Welford: these are its outputs.
+        (
+            vec![p30, p30, p30 + 128.0, p30 + 256.0],
+            vec![0.0, 0.0, 0.894_427_2, 1.788_854_4],
+            vec![0.0, 0.0, 0.894_427_2, 1.788_854_4],
+        ),
+    ];
+    for isa in isas() {
+        for (row, want_op, want_dec) in &cases {
+            let len = row.len();
+            let ones = vec![1.0; len];
+            for (decomposed, want) in [(false, want_op), (true, want_dec)] {
+                let mut y = vec![0.0; len];
+                layer_norm(isa, len, 1e-5, decomposed, row, &ones, None, &mut y, &Serial).unwrap();
+                for (k, (&g, &w)) in y.iter().zip(want.iter()).enumerate() {
+                    assert!(
+                        same_special(g, w, 2e-6) || (w == 0.0 && g.abs() < 1e-30),
+                        "{isa:?} decomposed={decomposed} {row:?}[{k}] = {g}, want {w}"
+                    );
+                }
+            }
+        }
+        // ORT's output for 1e7 + [0..7) (measured): Welford's mean and M2 in f32.
+        let row: Vec<f32> = (0..7).map(|i| 1e7 + i as f32).collect();
+        let mut y = vec![0.0; 7];
+        layer_norm(isa, 7, 1e-5, false, &row, &[1.0; 7], None, &mut y, &Serial).unwrap();
+        assert!(
+            (y[0] + 1.449_136).abs() < 1e-5 && (y[1] + 0.966_091).abs() < 1e-5,
+            "{y:?}"
+        );
+    }
+}
+
+#[test]
+fn softmax_unshifted_overflows_like_the_decomposed_ops() {
+    for isa in isas() {
+        for inner in [1, 3] {
+            let x: Vec<f32> = [100.0f32, 0.0, -1.0].iter().flat_map(|&v| vec![v; inner]).collect();
+            let mut y = vec![0.0; x.len()];
+            softmax(isa, 3, inner, false, &x, &mut y, &Serial).unwrap();
+            assert!(y[0].is_nan() && y[inner] == 0.0 && y[2 * inner] == 0.0, "{isa:?} {y:?}");
+            softmax(isa, 3, inner, true, &x, &mut y, &Serial).unwrap();
+            assert!((y[0] - 1.0).abs() < 1e-6 && y[inner] > 0.0, "{isa:?} {y:?}");
+            let x: Vec<f32> = [INF, 1.0, 2.0].iter().flat_map(|&v| vec![v; inner]).collect();
+            softmax(isa, 3, inner, true, &x, &mut y, &Serial).unwrap();
+            assert!(y.iter().all(|v| v.is_nan()), "{isa:?} softmax with +inf: {y:?}");
+        }
+    }
+}
+
+#[test]
+fn reductions_of_nothing_and_of_nan() {
+    for isa in isas() {
+        for (kind, want) in [
+            (ReduceKind::Sum, 0.0),
+            (ReduceKind::Mean, 0.0),
+            (ReduceKind::Max, f32::NEG_INFINITY),
+        ] {
+            let mut y = [f32::NAN; 6];
+            reduce(isa, kind, 3, 0, 2, &[], &mut y, &Serial).unwrap();
+            assert_eq!(y, [want; 6], "{isa:?} {kind:?} over an empty axis");
+        }
+        // ReduceMax is NaN wherever a NaN is reduced, at any position, in both layouts.
+        for len in [4, 16, 17, 40] {
+            for at in [0, 1, len / 2, len - 1] {
+                let mut x: Vec<f32> = (0..len).map(|i| i as f32).collect();
+                x[at] = f32::NAN;
+                let mut y = [0.0];
+                reduce(isa, ReduceKind::Max, 1, len, 1, &x, &mut y, &Serial).unwrap();
+                assert!(y[0].is_nan(), "{isa:?} max of {len} with NaN at {at}: {}", y[0]);
+                let cols: Vec<f32> = x.iter().flat_map(|&v| [v, 1.0]).collect();
+                let mut y = [0.0; 2];
+                reduce(isa, ReduceKind::Max, 1, len, 2, &cols, &mut y, &Serial).unwrap();
+                assert!(y[0].is_nan() && y[1] == 1.0, "{isa:?} column max: {y:?}");
+            }
+        }
+        let x = [1e38f32, 2e38, 3e38, -INF];
+        let mut y = [0.0];
+        reduce(isa, ReduceKind::Max, 1, 4, 1, &x, &mut y, &Serial).unwrap();
+        assert_eq!(y[0], 3e38);
+        reduce(isa, ReduceKind::Mean, 1, 3, 1, &x[..3], &mut y, &Serial).unwrap();
+        assert_eq!(y[0], INF, "the f32 sum overflows, as ORT's ReduceMean does");
+    }
+}
+
+#[test]
+fn casts_to_integers_give_x86_s_integer_indefinite() {
+    let x = [
+        f32::NAN,
+        INF,
+        -INF,
+        2.2e9,
+        -2.2e9,
+        2_147_483_648.0,
+        -2_147_483_648.0,
+        2.7,
+        -2.7,
+        9.3e18,
+        -0.0,
+    ];
+    let mut i32s = [0i32; 11];
+    cast_f32_i32(&x, &mut i32s);
+    let m = i32::MIN;
+    assert_eq!(i32s, [m, m, m, m, m, m, m, 2, -2, m, 0]);
+    let mut i64s = [0i64; 11];
+    cast_f32_i64(&x, &mut i64s);
+    let m = i64::MIN;
+    assert_eq!(
+        i64s,
+        [
+            m,
+            m,
+            m,
+            2_200_000_000,
+            -2_200_000_000,
+            2_147_483_648,
+            -2_147_483_648,
+            2,
+            -2,
+            m,
+            0
+        ]
+    );
 }

@@ -164,17 +164,21 @@ pub enum Step {
         dst: BufRef,
     },
     MatMul(Box<MatMulStep>),
-    /// Softmax along `len` of `[outer, len, inner]` (f32).
+    /// Softmax along `len` of `[outer, len, inner]` (f32); `unshifted`:
+    /// without subtracting the maximum (see `ir::Op::Softmax`).
     Softmax {
         len: usize,
         inner: usize,
+        unshifted: bool,
         src: BufRef,
         dst: BufRef,
     },
-    /// Layer normalisation of rows of `len` (f32).
+    /// Layer normalisation of rows of `len` (f32); `decomposed`: with the
+    /// decomposed ops' statistics (see `ir::Op::LayerNorm`).
     LayerNorm {
         len: usize,
         epsilon: f32,
+        decomposed: bool,
         src: BufRef,
         scale: BufRef,
         bias: Option<BufRef>,
@@ -642,12 +646,17 @@ impl Memory<'_, '_, '_> {
                 Ok(())
             }
             Step::MatMul(m) => matmul(isa, m, &src, packed, as_f32_mut(dst)?, par),
-            Step::Softmax { len, inner, src: s, .. } => {
-                kernels::softmax(isa, *len, *inner, src.f32(*s)?, as_f32_mut(dst)?, par)
-            }
+            Step::Softmax {
+                len,
+                inner,
+                unshifted,
+                src: s,
+                ..
+            } => kernels::softmax(isa, *len, *inner, !*unshifted, src.f32(*s)?, as_f32_mut(dst)?, par),
             Step::LayerNorm {
                 len,
                 epsilon,
+                decomposed,
                 src: s,
                 scale,
                 bias,
@@ -658,6 +667,7 @@ impl Memory<'_, '_, '_> {
                     isa,
                     *len,
                     *epsilon,
+                    *decomposed,
                     src.f32(*s)?,
                     src.f32(*scale)?,
                     bias,
@@ -891,11 +901,8 @@ fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) -> Result<()> {
             }
         }
         (DType::F32, DType::F32) => dst.copy_from_slice(src),
-        (DType::F32, DType::I64) => {
-            // Truncation toward zero, saturating (NaN -> 0).
-            let s = cast_ref::<f32>(src)?;
-            s.iter().zip(typed_mut::<i64>(dst)?).for_each(|(&x, d)| *d = x as i64);
-        }
+        (DType::F32, DType::I64) => kernels::cast_f32_i64(cast_ref(src)?, typed_mut(dst)?),
+        (DType::F32, DType::I32) => kernels::cast_f32_i32(cast_ref(src)?, typed_mut(dst)?),
         _ => {
             let v = read(from, src)?;
             match to {

@@ -174,6 +174,7 @@ fn inconsistent_lengths_and_layouts() {
     p.steps[1] = Step::Softmax {
         len: 3,
         inner: 1,
+        unshifted: false,
         src: BufRef::Scratch { offset: 0, len: 16 },
         dst: BufRef::Output(0),
     };

@@ -6,6 +6,7 @@
 //! both GELUs within ~4e-7 relative (plus a few 1e-38 absolute near underflow).
 
 use super::Activation;
+use crate::kernels::math::overflow_doubled;
 
 /// How the polynomials below evaluate `a * b + c`: [`Plain`] (a multiply and
 /// an add, for targets without FMA) or [`Fused`] (one FMA; only inside code
@@ -173,6 +174,12 @@ pub(super) fn activate_with<F: MulAdd>(act: Activation, row: &mut [f32]) {
         Activation::Tanh => row.iter_mut().for_each(|v| *v = tanh_with::<F>(*v)),
         Activation::GeluErf => row.iter_mut().for_each(|v| *v = gelu_erf_with::<F>(*v)),
         Activation::GeluTanh => row.iter_mut().for_each(|v| *v = gelu_tanh_with::<F>(*v)),
+        Activation::GeluErfWritten => row
+            .iter_mut()
+            .for_each(|v| *v = overflow_doubled(*v, gelu_erf_with::<F>(*v))),
+        Activation::GeluTanhWritten => row
+            .iter_mut()
+            .for_each(|v| *v = overflow_doubled(*v, gelu_tanh_with::<F>(*v))),
         Activation::Clip(lo, hi) => row.iter_mut().for_each(|v| {
             let x = if *v < lo { lo } else { *v };
             *v = if x > hi { hi } else { x };

@@ -228,6 +228,11 @@ pub enum Activation {
     GeluErf,
     /// `x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))`.
     GeluTanh,
+    /// [`Activation::GeluErf`] fused from `(x * (1 + erf(x / sqrt 2))) * 0.5`:
+    /// `+inf` for `x > FLT_MAX/2`, where that product overflows.
+    GeluErfWritten,
+    /// [`Activation::GeluTanh`] fused from `(x * (1 + tanh(..))) * 0.5`, likewise.
+    GeluTanhWritten,
     /// `min(max(x, lo), hi)` (NaN stays NaN).
     Clip(f32, f32),
 }

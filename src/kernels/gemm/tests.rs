@@ -76,6 +76,15 @@ fn gelu_erf64(x: f64) -> f64 {
     }
 }
 
+/// `(x·(1 + f))·0.5` overflows in f32 where `2x` does.
+fn doubled(x: f64, y: f64) -> f64 {
+    if x > f32::MAX as f64 / 2.0 {
+        f64::INFINITY
+    } else {
+        y
+    }
+}
+
 fn act64(act: Activation, x: f64) -> f64 {
     match act {
         Activation::None => x,
@@ -90,6 +99,8 @@ fn act64(act: Activation, x: f64) -> f64 {
         Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         Activation::Tanh => x.tanh(),
         Activation::GeluErf => gelu_erf64(x),
+        Activation::GeluErfWritten => doubled(x, gelu_erf64(x)),
+        Activation::GeluTanhWritten => doubled(x, act64(Activation::GeluTanh, x)),
         // x/2 (1 + tanh u) = x sigmoid(2u), which does not cancel for very negative x.
         Activation::GeluTanh => {
             x / (1.0 + (-2.0 * (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).exp())
@@ -343,6 +354,8 @@ fn epilogues_match_reference() {
         Activation::Tanh,
         Activation::GeluErf,
         Activation::GeluTanh,
+        Activation::GeluErfWritten,
+        Activation::GeluTanhWritten,
         Activation::Clip(-0.5, 0.75),
     ];
     for isa in isas() {
