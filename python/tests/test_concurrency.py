@@ -243,12 +243,6 @@ def test_sharing_group_sessions_created_run_and_dropped_from_threads(kiln_dev, s
     assert mappings(shared_group["binary"]) == 0, "the binary stays mapped after every session is gone"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kiln bug: src/ep/share.rs `loaded()` (look-up) and `publish()` (after mapping) take the "
-    "workspace lock separately, so sharing sessions created at the same moment each miss the "
-    "workspace, each map the binary, and the last publish wins: the README's 'the shared weights "
-    "exist once in memory' does not hold for concurrent first loads (measured: 2-4 mappings of a "
-    "64 MiB binary in ~60% of the rounds)"))
 def test_concurrent_first_loads_of_a_shared_binary_map_it_once(kiln_dev, model_dir):
     """ROUNDS times: THREADS sharing sessions created at once on one compiled model whose
     binary nobody has mapped yet; while they all live, the binary must be mapped once.

@@ -215,23 +215,24 @@ impl LoadedBinaries {
         let share = share && storage == ContextStorage::Map;
         // Taken before mapping: the workspace is keyed by the file's identity.
         let id = share.then(|| super::share::identity(path)).flatten();
-        let binary = match id.as_ref().and_then(super::share::loaded) {
-            Some(b) => {
-                stats::context_file_shared();
-                b
-            }
-            None => {
-                let bytes = match storage {
-                    ContextStorage::Map => map_file(path)?,
-                    ContextStorage::Copy => copy_file(path)?,
-                };
-                let b = parse(bytes).map_err(|e| e.context(format!("'{}'", path.display())))?;
-                stats::context_file_opened();
-                if let Some(id) = id {
-                    super::share::publish(id, &b);
+        let open = || -> Result<Arc<ContextBinary>> {
+            let bytes = match storage {
+                ContextStorage::Map => map_file(path)?,
+                ContextStorage::Copy => copy_file(path)?,
+            };
+            let b = parse(bytes).map_err(|e| e.context(format!("'{}'", path.display())))?;
+            stats::context_file_opened();
+            Ok(b)
+        };
+        let binary = match id {
+            Some(id) => {
+                let (b, shared) = super::share::load_shared(id, open)?;
+                if shared {
+                    stats::context_file_shared();
                 }
                 b
             }
+            None => open()?,
         };
         self.files.insert(path.to_path_buf(), binary.clone());
         self.all.push(binary.clone());

@@ -188,16 +188,35 @@ pub fn identity(path: &Path) -> Option<FileIdentity> {
     })
 }
 
+/// Serialises first loads of shared binaries: without it, sessions created
+/// at the same moment would each miss the workspace and map the file again.
+static LOADING: Mutex<()> = parking_lot::const_mutex(());
+
+/// The binary with identity `id` from the workspace, or `open`ed and offered
+/// to later sessions. Returns it and whether it came from the workspace.
+pub fn load_shared(
+    id: FileIdentity,
+    open: impl FnOnce() -> Result<Arc<ContextBinary>>,
+) -> Result<(Arc<ContextBinary>, bool)> {
+    let _one_at_a_time = LOADING.lock();
+    if let Some(b) = loaded(&id) {
+        return Ok((b, true));
+    }
+    let b = open()?;
+    publish(id, &b);
+    Ok((b, false))
+}
+
 /// A binary another session of this process already mapped, if it is still
 /// alive and the file is still the one it mapped.
-pub fn loaded(id: &FileIdentity) -> Option<Arc<ContextBinary>> {
+fn loaded(id: &FileIdentity) -> Option<Arc<ContextBinary>> {
     WORKSPACE.lock().loaded.get(id).and_then(Weak::upgrade)
 }
 
 /// Offers a freshly mapped binary to later sharing sessions. `id` must be
 /// taken before mapping; a binary whose contents are not the ones `id` saw
 /// (the file was replaced in between) is not offered.
-pub fn publish(id: FileIdentity, binary: &Arc<ContextBinary>) {
+fn publish(id: FileIdentity, binary: &Arc<ContextBinary>) {
     if binary.checksum() != id.checksum {
         return;
     }
