@@ -42,7 +42,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import onnxruntime_ep_kiln as kiln  # noqa: E402
 from latency import cpu_options, kiln_options  # noqa: E402  (the same session settings)
-from machine import describe  # noqa: E402
+from machine import describe, publish  # noqa: E402
 
 # (name, M, N, K): bench/gemm.rs's square and model shapes.
 CASES = [
@@ -139,11 +139,7 @@ def main() -> int:
     for name, m, n, k, g_cpu, g_kiln in rows:
         lines.append(f"| {name} | {m} | {n} | {k} | {g_cpu:.1f} | {100 * g_cpu / peak:.0f}% | {g_kiln:.1f} | "
                      f"{100 * g_kiln / peak:.0f}% | **{g_kiln / g_cpu:.2f}** |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text)
+    publish(lines, args.out)
     return 0
 
 

@@ -42,3 +42,12 @@ def describe() -> str:
     return (f"{model}; {os.cpu_count()} logical CPUs ({usable} usable){_memory()}; {isa}; "
             f"{platform.system()} {platform.release()}; Python {platform.python_version()}; "
             f"onnxruntime {ort.__version__}; kiln {kiln.__version__}")
+
+
+def publish(lines: list, out: str) -> None:
+    """Prints a results table and writes it to `out` (its folder created)."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        f.write(text)

@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 import onnxruntime as ort  # noqa: E402
 
 import onnxruntime_ep_kiln as kiln  # noqa: E402
-from machine import describe as describe_machine  # noqa: E402
+from machine import describe as describe_machine, publish  # noqa: E402
 from session_creation import build_model, compile_ctx, kiln_options  # noqa: E402
 
 CHILD = r"""
@@ -123,11 +123,7 @@ def main() -> int:
     for case, m in rows:
         lines.append(f"| {case} | {m['private'] / mib:.1f} | {m['pss'] / mib:.1f} | {m['rss'] / mib:.1f} "
                      f"| {m['private'] / const_bytes:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(text)
+    publish(lines, args.out)
     return 0
 
 
