@@ -23,6 +23,8 @@ mod reader;
 mod writer;
 
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod tests;
 
 pub use compat::{check_compatibility, compatibility_info, Compatibility};

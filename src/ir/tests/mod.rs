@@ -2,6 +2,7 @@
 //! import → compile → run) against the naive interpreter in `reference`.
 
 pub(crate) mod reference;
+mod props;
 
 use std::collections::{BTreeMap, HashMap};
 
