@@ -1,8 +1,8 @@
 //! IR types, import/check_support, and end-to-end tests (ONNX description →
 //! import → compile → run) against the naive interpreter in `reference`.
 
-pub(crate) mod reference;
 mod props;
+pub(crate) mod reference;
 
 use std::collections::{BTreeMap, HashMap};
 

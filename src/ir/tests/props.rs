@@ -24,8 +24,13 @@ fn shape(max_rank: usize) -> impl Strategy<Value = Vec<usize>> {
 /// Two shapes that broadcast: `b` takes a suffix of `a`'s dims, each kept or
 /// set to 1, and either may be the longer one.
 fn broadcastable() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
-    (shape(4), prop::collection::vec(any::<bool>(), 4), 0usize..=4, any::<bool>()).prop_map(
-        |(a, ones, drop, swap)| {
+    (
+        shape(4),
+        prop::collection::vec(any::<bool>(), 4),
+        0usize..=4,
+        any::<bool>(),
+    )
+        .prop_map(|(a, ones, drop, swap)| {
             let skip = drop.min(a.len());
             let b: Vec<usize> = a[skip..]
                 .iter()
@@ -37,8 +42,7 @@ fn broadcastable() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
             } else {
                 (a, b)
             }
-        },
-    )
+        })
 }
 
 fn dims(s: &[usize]) -> Vec<i64> {
