@@ -20,6 +20,9 @@ mkdir -p logs
 status=0
 for t in "${TARGETS[@]}"; do
     mkdir -p "corpus-new/$t" "regressions/$t" "artifacts/$t"
+    # Build first, so FUZZ_SECONDS is time spent fuzzing.
+    cargo fuzz build --sanitizer "$SANITIZER" -O "$t" >"logs/$t.build.log" 2>&1 ||
+        { echo "fuzz: cannot build $t, see fuzz/logs/$t.build.log"; status=1; continue; }
     end=$((SECONDS + SECONDS_PER_TARGET))
     while [ $SECONDS -lt $end ]; do
         left=$((end - SECONDS))
