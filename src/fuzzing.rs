@@ -191,7 +191,7 @@ pub fn ep_context_attrs(data: &[u8]) -> bool {
 fn empty_folder() -> &'static std::path::Path {
     static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("kiln-fuzz-empty-{}", std::process::id()));
+        let dir = std::env::temp_dir().join("kiln-fuzz-empty-folder");
         std::fs::create_dir_all(&dir).expect("create an empty folder for the fuzz target");
         dir
     })
@@ -432,5 +432,61 @@ impl Reader<'_> {
             6 => AttrValue::Tensor(self.tensor()),
             k => AttrValue::Unsupported(format!("kind {k}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(embed: Option<i64>, main: Option<i64>, part: Option<&str>, cache: Option<&str>) -> RawContextAttrs {
+        RawContextAttrs {
+            embed_mode: embed,
+            main_context: main,
+            partition_name: part.map(|s| s.as_bytes().to_vec()),
+            ep_cache_context: cache.map(|s| s.as_bytes().to_vec()),
+        }
+    }
+
+    /// The pure attribute reading the fuzzer drives gives what
+    /// `ContextNode::read` and the loader gave before it was factored out.
+    #[test]
+    fn context_attrs_defaults_and_refusals() {
+        let a = ContextAttrs::from_raw(attrs(None, None, Some("p"), Some("ignored"))).unwrap();
+        assert_eq!((a.embed_mode, a.main_context, a.cache_context.as_deref()), (1, 1, None));
+        assert_eq!(a.binary_source(), Ok(BinarySource::Embedded));
+        assert_eq!(a.origin(), "embedded payload in ep_cache_context");
+
+        let (a, why) = ContextAttrs::from_raw(attrs(Some(0), None, None, Some("m_kiln.bin"))).unwrap_err();
+        assert_eq!(why, "it has no partition_name attribute");
+        assert_eq!(a.origin(), "file 'm_kiln.bin'");
+
+        let file = ContextAttrs::from_raw(attrs(Some(0), Some(1), Some("p"), Some("m_kiln.bin"))).unwrap();
+        assert_eq!(file.binary_source(), Ok(BinarySource::File("m_kiln.bin")));
+        let bad_mode = ContextAttrs::from_raw(attrs(Some(2), None, Some("p"), None)).unwrap();
+        assert_eq!(bad_mode.binary_source().unwrap_err(), "embed_mode 2 is not 0 or 1");
+        let empty = ContextAttrs::from_raw(attrs(Some(0), None, Some("p"), Some(""))).unwrap();
+        assert_eq!(
+            empty.binary_source().unwrap_err(),
+            "ep_cache_context is empty or absent"
+        );
+        let binary = ContextAttrs::from_raw(attrs(Some(0), None, Some("p"), Some("KILN\u{1}"))).unwrap();
+        assert!(binary.binary_source().unwrap_err().contains("expects a file name"));
+        assert_eq!(binary.origin(), "ep_cache_context of 5 bytes that is not a file name");
+        let shared = ContextAttrs::from_raw(attrs(Some(0), Some(0), Some("p"), None)).unwrap();
+        assert_eq!(shared.origin(), "main_context=0, no file of its own");
+    }
+
+    #[test]
+    fn attribute_bytes_decode_as_documented() {
+        let mut data = vec![0b1111u8];
+        data.extend(0i64.to_le_bytes());
+        data.extend(1i64.to_le_bytes());
+        data.extend([2, b'g', b'1']);
+        data.extend(b"m_kiln.bin");
+        let (raw, payload) = decode_attrs(&data);
+        assert_eq!(raw, attrs(Some(0), Some(1), Some("g1"), Some("m_kiln.bin")));
+        assert_eq!(payload.as_deref(), Some(&b"m_kiln.bin"[..]));
+        assert_eq!(decode_attrs(&[]).0, RawContextAttrs::default());
     }
 }
