@@ -29,7 +29,9 @@ for t in "${TARGETS[@]}"; do
         log="logs/$t.$(date +%s).log"
         echo "fuzz: $t for ${left}s (sanitizer $SANITIZER), log fuzz/$log"
         # New inputs go to corpus-new/ (not committed); corpus/ is the seed set.
-        cargo fuzz run --sanitizer "$SANITIZER" -O "$t" "corpus-new/$t" "corpus/$t" -- \
+        # The binary is run directly: `cargo fuzz run` rebuilds in debug mode
+        # after a crash just to print the input.
+        "target/x86_64-unknown-linux-gnu/release/$t" "corpus-new/$t" "corpus/$t" \
             -max_total_time="$left" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
             -artifact_prefix="artifacts/$t/" >"$log" 2>&1
         rc=$?

@@ -194,17 +194,18 @@ impl Lowering<'_> {
             Op::Reduce { kind, axes, .. } => {
                 let s = self.shape(ins[0]);
                 // Size-1 dims do not matter; the rest must be one contiguous run.
-                let real: Vec<usize> = axes.iter().copied().filter(|&a| s[a] != 1).collect();
-                let (lo, hi) = match (real.first(), real.last()) {
-                    (Some(&lo), Some(&hi)) => (lo, hi),
-                    _ => (axes.first().copied().unwrap_or(0), axes.first().copied().unwrap_or(0)),
-                };
-                if (lo..=hi).any(|d| s[d] != 1 && !axes.contains(&d)) {
-                    return Err(internal("reduce axes are not contiguous"));
-                }
                 let (outer, len, inner) = if axes.is_empty() {
+                    // Also a scalar's (rank 0): there is no dim to index.
                     (s.iter().product(), 1, 1)
                 } else {
+                    let real: Vec<usize> = axes.iter().copied().filter(|&a| s[a] != 1).collect();
+                    let (lo, hi) = match (real.first(), real.last()) {
+                        (Some(&lo), Some(&hi)) => (lo, hi),
+                        _ => (axes[0], axes[0]),
+                    };
+                    if (lo..=hi).any(|d| s[d] != 1 && !axes.contains(&d)) {
+                        return Err(internal("reduce axes are not contiguous"));
+                    }
                     (
                         s[..lo].iter().product(),
                         s[lo..=hi].iter().product(),

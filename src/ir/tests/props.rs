@@ -270,3 +270,17 @@ proptest! {
         prop_assert_eq!(got, s);
     }
 }
+
+/// Found by the node_import fuzzer (fuzz/regressions/node_import/
+/// reduce-of-a-scalar-without-axes): lowering a reduction of a rank-0 input
+/// without axes indexed dim 0 of an empty shape and panicked. Reducing a
+/// scalar over all (no) dims gives the scalar.
+#[test]
+fn reductions_of_a_scalar_are_the_scalar() {
+    for op in ["ReduceSum", "ReduceMean", "ReduceMax"] {
+        for keepdims in [0, 1] {
+            let d = unary_graph(13, op, &[], &[], vec![("keepdims", AttrValue::Int(keepdims))]);
+            assert_eq!(inferred_matches_reference(&d), Vec::<usize>::new(), "{op}");
+        }
+    }
+}
