@@ -242,6 +242,14 @@ pub fn node_import(data: &[u8]) -> bool {
         }
     };
     ir.validate().expect("an imported graph validates");
+    // Compiling costs memory in proportion to the tensors' sizes (e.g. one
+    // batch-table entry per MatMul batch): a graph with tensors of billions of
+    // elements needs gigabytes to compile. That is the model's size, not a
+    // reader bug, so such graphs are imported but not compiled.
+    let huge = |v: &crate::ir::Value| v.ty.checked_numel().is_none_or(|n| n > COMPILE_LIMIT_ELEMS);
+    if ir.values.iter().any(huge) {
+        return true;
+    }
     let program = match crate::compiler::compile(&ir, Target::Generic) {
         Ok(p) => p,
         Err(e) => {
@@ -259,6 +267,9 @@ pub fn node_import(data: &[u8]) -> bool {
     run_on_zeros(&program);
     true
 }
+
+/// Graphs with a larger tensor are imported but not compiled (see [`node_import`]).
+const COMPILE_LIMIT_ELEMS: usize = 1 << 24;
 
 /// Most values a decoded graph has; most elements of a decoded constant.
 const MAX_VALUES: usize = 16;
