@@ -334,6 +334,10 @@ impl Lowering<'_> {
         // [batch.., m, k] x [k, n]: the batches are just more rows of A.
         let (rows, batches) = if b_single && !attrs.trans_a && a_batch.iter().product::<usize>() == nb {
             (m * nb, vec![[0, 0]])
+        } else if m == 0 || n == 0 {
+            // An empty product: no batch has work. A table of the batches would
+            // cost 16 bytes each, and empty tensors can have billions of them.
+            (m, Vec::new())
         } else {
             let a_st = broadcast_strides(a_batch, &d.batch);
             let b_st = broadcast_strides(b_batch, &d.batch);

@@ -284,3 +284,25 @@ fn reductions_of_a_scalar_are_the_scalar() {
         }
     }
 }
+
+/// Found by the node_import fuzzer (fuzz/regressions/node_import/slow-unit-1):
+/// a MatMul of empty tensors with batch dims [120, 112, 45, 49] made lowering
+/// build a 16-byte entry for each of its 30 million batches (with larger dims,
+/// gigabytes: an allocation failure aborts the host process). An empty
+/// product now has no batches, and still matches the reference.
+#[test]
+fn empty_batched_matmul_has_no_batch_table() {
+    let mut d = D::new(17);
+    let a = d.input("a", 1, &[1, 1, 0]);
+    // Fewer batches than the fuzzer's, so the reference interpreter stays quick.
+    let b = d.input("b", 1, &[20, 20, 20, 20, 0, 0]);
+    let y = d.node("MatMul", &[&a, &b], vec![]);
+    d.output(&y);
+    assert_eq!(inferred_matches_reference(&d), vec![20, 20, 20, 20, 1, 0]);
+    let p = crate::compiler::compile(&import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap();
+    for step in p.steps() {
+        if let crate::plan::Step::MatMul(m) = step {
+            assert!(m.batches.is_empty(), "{} batches", m.batches.len());
+        }
+    }
+}
