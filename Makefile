@@ -1,6 +1,9 @@
 # kiln — build, test and demo from a fresh clone.
 #   make demo   register kiln in ONNX Runtime and run the bundled model
 #   make test   every test: Rust unit + FFI + C harness + Python, plus fmt/clippy
+#               (also replays every fuzz corpus and regression input)
+#   make fuzz   libFuzzer over kiln's readers, FUZZ_SECONDS per target (default 60)
+#   make test-asan  the C harness and Rust FFI tests under valgrind
 # Everything kiln needs is installed here: a local .venv from PyPI and, if
 # bindgen cannot find libclang, Debian's libclang-dev.
 
@@ -16,7 +19,7 @@ LIB := target/release/libkiln_ep.so
 KILN_ORT_LIBRARY ?= $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1))
 export KILN_ORT_LIBRARY
 
-.PHONY: all build deps venv demo test test-rust test-python lint header models bench clean
+.PHONY: all build deps venv demo test test-rust test-python lint header models bench clean fuzz fuzz-corpus test-asan
 
 all: build
 
@@ -68,6 +71,23 @@ bench: build venv
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/latency.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/gemm_ort.py
 	$(CARGO) bench --bench gemm
+
+# Fuzzing (docs/reliability.md): each target for FUZZ_SECONDS, one at a time;
+# crash inputs land in fuzz/regressions/<target>/, which `make test` replays.
+# Stable toolchain with RUSTC_BOOTSTRAP=1; FUZZ_SANITIZER=address or none.
+FUZZ_SECONDS ?= 60
+FUZZ_SANITIZER ?= none
+fuzz: deps
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SANITIZER=$(FUZZ_SANITIZER) fuzz/run.sh $(FUZZ_TARGETS)
+
+# Regenerate the seed corpus from the repository's models, compiled by kiln.
+fuzz-corpus: build venv
+	PYTHONPATH=python:python/tests KILN_EP_LIBRARY=$(LIB) $(VPY) fuzz/make_corpus.py
+
+# The C harness and Rust FFI tests under valgrind: fails on invalid accesses
+# and definite leaks in kiln frames (docs/reliability.md, "Sanitizers").
+test-asan: build venv
+	valgrind/test-asan.sh $(ASAN_TESTS)
 
 models: venv
 	$(VPY) models/make_models.py

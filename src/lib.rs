@@ -15,6 +15,8 @@ pub mod context;
 pub mod ep;
 #[allow(unsafe_code)]
 pub mod ffi;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ir;
 pub mod kernels;
 pub mod plan;

@@ -200,17 +200,18 @@ impl Lowering<'_> {
             Op::Reduce { kind, axes, .. } => {
                 let s = self.shape(ins[0]);
                 // Size-1 dims do not matter; the rest must be one contiguous run.
-                let real: Vec<usize> = axes.iter().copied().filter(|&a| s[a] != 1).collect();
-                let (lo, hi) = match (real.first(), real.last()) {
-                    (Some(&lo), Some(&hi)) => (lo, hi),
-                    _ => (axes.first().copied().unwrap_or(0), axes.first().copied().unwrap_or(0)),
-                };
-                if (lo..=hi).any(|d| s[d] != 1 && !axes.contains(&d)) {
-                    return Err(internal("reduce axes are not contiguous"));
-                }
                 let (outer, len, inner) = if axes.is_empty() {
+                    // Also a scalar's (rank 0): there is no dim to index.
                     (s.iter().product(), 1, 1)
                 } else {
+                    let real: Vec<usize> = axes.iter().copied().filter(|&a| s[a] != 1).collect();
+                    let (lo, hi) = match (real.first(), real.last()) {
+                        (Some(&lo), Some(&hi)) => (lo, hi),
+                        _ => (axes[0], axes[0]),
+                    };
+                    if (lo..=hi).any(|d| s[d] != 1 && !axes.contains(&d)) {
+                        return Err(internal("reduce axes are not contiguous"));
+                    }
                     (
                         s[..lo].iter().product(),
                         s[lo..=hi].iter().product(),
@@ -339,6 +340,10 @@ impl Lowering<'_> {
         // [batch.., m, k] x [k, n]: the batches are just more rows of A.
         let (rows, batches) = if b_single && !attrs.trans_a && a_batch.iter().product::<usize>() == nb {
             (m * nb, vec![[0, 0]])
+        } else if m == 0 || n == 0 {
+            // An empty product: no batch has work. A table of the batches would
+            // cost 16 bytes each, and empty tensors can have billions of them.
+            (m, Vec::new())
         } else {
             let a_st = broadcast_strides(a_batch, &d.batch);
             let b_st = broadcast_strides(b_batch, &d.batch);

@@ -52,6 +52,25 @@ pub(crate) fn checksum<'a>(metadata: &[u8], data: impl IntoIterator<Item = &'a [
     h.digest128()
 }
 
+/// Rewrites the checksum field of `file` so that it matches the sections its
+/// header names, when those lie inside the file; `false` (untouched) if not.
+/// For fuzzing and tests: lets mutated bytes reach the parser behind the checksum.
+pub(crate) fn recompute_checksum(file: &mut [u8]) -> bool {
+    if file.len() < HEADER_LEN {
+        return false;
+    }
+    let (metadata_len, data_offset, data_len) = (u64_at(file, 24), u64_at(file, 32), u64_at(file, 40));
+    let fits = |start: u64, len: u64| start.checked_add(len).is_some_and(|end| end <= file.len() as u64);
+    if !fits(HEADER_LEN as u64, metadata_len) || !fits(data_offset, data_len) {
+        return false;
+    }
+    let metadata = &file[HEADER_LEN..HEADER_LEN + metadata_len as usize];
+    let data = &file[data_offset as usize..(data_offset + data_len) as usize];
+    let sum = checksum(metadata, [data]);
+    file[48..64].copy_from_slice(&sum.to_le_bytes());
+    true
+}
+
 impl Header {
     /// The header of a file with these sections, laid out as format 1 says.
     pub fn for_sections(metadata_len: u64, data_len: u64, checksum: u128) -> Result<Header> {

@@ -25,6 +25,8 @@ mod reader;
 mod writer;
 
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod tests;
 
 pub use compat::{check_compatibility, compatibility_info, Compatibility};
@@ -34,6 +36,14 @@ pub use reader::ContextBinary;
 pub use writer::ContextBuilder;
 
 use crate::plan::Program;
+
+/// Fixes the checksum of a (possibly mutated) context binary in place so the
+/// parser behind it is reached; `false` if the header's sections do not fit
+/// the bytes. For fuzzing and property tests only.
+#[doc(hidden)]
+pub fn recompute_checksum(file: &mut [u8]) -> bool {
+    header::recompute_checksum(file)
+}
 
 /// First 8 bytes of every kiln context binary.
 pub const MAGIC: [u8; 8] = *b"KILNCTX\0";

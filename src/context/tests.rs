@@ -126,7 +126,7 @@ fn run(p: &Program, seed: usize) -> Vec<Vec<f32>> {
     outs
 }
 
-fn assert_same_program(got: &Program, want: &Program) {
+pub(super) fn assert_same_program(got: &Program, want: &Program) {
     assert_eq!(got.target(), want.target());
     assert_eq!(got.inputs(), want.inputs());
     assert_eq!(got.outputs(), want.outputs());

@@ -66,21 +66,14 @@ fn wrong_type(node: &Node<'_>, attr: &str, want: &str) -> Result<Error> {
     )))
 }
 
-fn int_attr(node: &Node<'_>, name: &str, default: i64, allowed: &[i64]) -> Result<i64> {
+fn int_attr(node: &Node<'_>, name: &str) -> Result<Option<i64>> {
     let Some(attr) = node.attribute(name)? else {
-        return Ok(default);
+        return Ok(None);
     };
-    let Some(value) = attr.int()? else {
-        return Err(wrong_type(node, name, "an INT")?);
-    };
-    if !allowed.contains(&value) {
-        return Err(Error::invalid_graph(format!(
-            "kiln EPContext node '{}': {name} {value} is not {}",
-            node.name()?,
-            allowed.iter().map(i64::to_string).collect::<Vec<_>>().join(" or ")
-        )));
+    match attr.int()? {
+        Some(value) => Ok(Some(value)),
+        None => Err(wrong_type(node, name, "an INT")?),
     }
-    Ok(value)
 }
 
 fn bytes_attr(node: &Node<'_>, name: &str) -> Result<Option<Vec<u8>>> {
@@ -100,38 +93,28 @@ pub fn source_of(node: &Node<'_>) -> Result<Option<String>> {
 
 impl<'a> ContextNode<'a> {
     pub fn read(node: Node<'a>) -> Result<ContextNode<'a>> {
-        let embed_mode = int_attr(&node, "embed_mode", 1, &[0, 1])?;
+        let embed_mode = int_attr(&node, "embed_mode")?;
         // An embedded payload is read later, straight into aligned memory.
-        let cache_context = match embed_mode {
+        let ep_cache_context = match embed_mode.unwrap_or(1) {
             1 => None,
             _ => bytes_attr(&node, "ep_cache_context")?,
         };
-        let partition_name = bytes_attr(&node, "partition_name")?.unwrap_or_default();
-        let cn = ContextNode {
+        let raw = RawContextAttrs {
             embed_mode,
-            main_context: int_attr(&node, "main_context", 1, &[0, 1])?,
-            cache_context,
-            partition_name: String::from_utf8_lossy(&partition_name).into_owned(),
-            name: node.name()?,
-            node,
+            main_context: int_attr(&node, "main_context")?,
+            ep_cache_context,
+            partition_name: bytes_attr(&node, "partition_name")?,
         };
-        if cn.partition_name.is_empty() {
-            return Err(cn.fail("it has no partition_name attribute"));
-        }
-        Ok(cn)
-    }
-
-    /// Where the node's compiled graph comes from, for messages.
-    fn origin(&self) -> String {
-        match (self.main_context, self.embed_mode, self.cache_context.as_deref()) {
-            (0, _, _) => "main_context=0, no file of its own".into(),
-            (_, 1, _) => "embedded payload in ep_cache_context".into(),
-            (_, _, Some(b)) => match as_file_name(b) {
-                Some(name) => format!("file '{name}'"),
-                None => format!("ep_cache_context of {} bytes that is not a file name", b.len()),
-            },
-            (_, _, None) => "no ep_cache_context".into(),
-        }
+        let name = node.name()?;
+        let attrs = ContextAttrs::from_raw(raw).map_err(|(attrs, cause)| fail_node(&name, &attrs, cause))?;
+        Ok(ContextNode {
+            embed_mode: attrs.embed_mode,
+            main_context: attrs.main_context,
+            cache_context: attrs.cache_context,
+            partition_name: attrs.partition_name,
+            name,
+            node,
+        })
     }
 
     /// An `ORT_INVALID_GRAPH` naming the node, where its graph comes from, and `cause`.
@@ -139,9 +122,104 @@ impl<'a> ContextNode<'a> {
         Error::invalid_graph(format!(
             "kiln EPContext node '{}' ({}): {cause}",
             self.name,
-            self.origin()
+            origin(self.main_context, self.embed_mode, self.cache_context.as_deref())
         ))
     }
+}
+
+/// An EPContext node's attributes as ORT holds them (`None` = absent), without
+/// the node: the ORT-free part of [`ContextNode::read`], fuzzed by
+/// `crate::fuzzing`. `ep_cache_context` is only read when `embed_mode` is not 1.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RawContextAttrs {
+    pub embed_mode: Option<i64>,
+    pub main_context: Option<i64>,
+    pub ep_cache_context: Option<Vec<u8>>,
+    pub partition_name: Option<Vec<u8>>,
+}
+
+/// The attributes of a kiln EPContext node, defaults applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContextAttrs {
+    pub embed_mode: i64,
+    pub main_context: i64,
+    /// `ep_cache_context` when `embed_mode != 1` (an embedded payload is read later).
+    pub cache_context: Option<Vec<u8>>,
+    pub partition_name: String,
+}
+
+/// Where a primary node's context binary is, decided from its attributes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BinarySource<'a> {
+    /// The bytes of `ep_cache_context` (embed_mode=1).
+    Embedded,
+    /// A file name relative to the model's folder (embed_mode=0).
+    File(&'a str),
+}
+
+impl ContextAttrs {
+    /// Applies the defaults; on error also returns what was read, for the message.
+    pub fn from_raw(raw: RawContextAttrs) -> std::result::Result<ContextAttrs, (ContextAttrs, String)> {
+        let embed_mode = raw.embed_mode.unwrap_or(1);
+        let attrs = ContextAttrs {
+            embed_mode,
+            main_context: raw.main_context.unwrap_or(1),
+            cache_context: if embed_mode == 1 { None } else { raw.ep_cache_context },
+            partition_name: raw
+                .partition_name
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default(),
+        };
+        for (name, value) in [("embed_mode", attrs.embed_mode), ("main_context", attrs.main_context)] {
+            if value != 0 && value != 1 {
+                return Err((attrs, format!("{name} {value} is not 0 or 1")));
+            }
+        }
+        if attrs.partition_name.is_empty() {
+            return Err((attrs, "it has no partition_name attribute".into()));
+        }
+        Ok(attrs)
+    }
+
+    /// Where the binary of a node with `main_context != 0` is.
+    pub fn binary_source(&self) -> std::result::Result<BinarySource<'_>, String> {
+        binary_source(self.embed_mode, self.cache_context.as_deref())
+    }
+
+    /// Where the node's compiled graph comes from, for messages.
+    pub fn origin(&self) -> String {
+        origin(self.main_context, self.embed_mode, self.cache_context.as_deref())
+    }
+}
+
+fn binary_source(embed_mode: i64, cache_context: Option<&[u8]>) -> std::result::Result<BinarySource<'_>, String> {
+    match embed_mode {
+        1 => return Ok(BinarySource::Embedded),
+        0 => {}
+        _ => return Err(format!("embed_mode {embed_mode} is not 0 or 1")),
+    }
+    let payload = cache_context
+        .filter(|p| !p.is_empty())
+        .ok_or("ep_cache_context is empty or absent")?;
+    let rel = as_file_name(payload)
+        .ok_or("embed_mode=0 expects a file name relative to the model; was the node written with embed_mode=1?")?;
+    Ok(BinarySource::File(rel))
+}
+
+fn origin(main_context: i64, embed_mode: i64, cache_context: Option<&[u8]>) -> String {
+    match (main_context, embed_mode, cache_context) {
+        (0, _, _) => "main_context=0, no file of its own".into(),
+        (_, 1, _) => "embedded payload in ep_cache_context".into(),
+        (_, _, Some(b)) => match as_file_name(b) {
+            Some(name) => format!("file '{name}'"),
+            None => format!("ep_cache_context of {} bytes that is not a file name", b.len()),
+        },
+        (_, _, None) => "no ep_cache_context".into(),
+    }
+}
+
+fn fail_node(name: &str, attrs: &ContextAttrs, cause: impl std::fmt::Display) -> Error {
+    Error::invalid_graph(format!("kiln EPContext node '{name}' ({}): {cause}", attrs.origin()))
 }
 
 /// The folder `ep_cache_context` paths are relative to: the model's folder,
@@ -307,28 +385,23 @@ fn open_binary(
     cn: &ContextNode<'_>,
     loaded: &mut LoadedBinaries,
 ) -> Result<Arc<ContextBinary>> {
-    if cn.embed_mode == 1 {
-        // Read straight into aligned memory: the weights are used in place.
-        let payload = cn
-            .node
-            .attribute("ep_cache_context")?
-            .map(|a| {
-                a.aligned_bytes()?
-                    .ok_or_else(|| cn.fail("attribute 'ep_cache_context' must be a STRING, it has another type"))
-            })
-            .transpose()?
-            .filter(|p| !p.is_empty())
-            .ok_or_else(|| cn.fail("ep_cache_context is empty or absent"))?;
-        return loaded.embedded(payload).map_err(|e| cn.fail(e));
-    }
-    let payload = cn
-        .cache_context
-        .as_deref()
-        .filter(|p| !p.is_empty())
-        .ok_or_else(|| cn.fail("ep_cache_context is empty or absent"))?;
-    let rel = as_file_name(payload).ok_or_else(|| {
-        cn.fail("embed_mode=0 expects a file name relative to the model; was the node written with embed_mode=1?")
-    })?;
+    let rel = match binary_source(cn.embed_mode, cn.cache_context.as_deref()).map_err(|cause| cn.fail(cause))? {
+        BinarySource::File(rel) => rel,
+        BinarySource::Embedded => {
+            // Read straight into aligned memory: the weights are used in place.
+            let payload = cn
+                .node
+                .attribute("ep_cache_context")?
+                .map(|a| {
+                    a.aligned_bytes()?
+                        .ok_or_else(|| cn.fail("attribute 'ep_cache_context' must be a STRING, it has another type"))
+                })
+                .transpose()?
+                .filter(|p| !p.is_empty())
+                .ok_or_else(|| cn.fail("ep_cache_context is empty or absent"))?;
+            return loaded.embedded(payload).map_err(|e| cn.fail(e));
+        }
+    };
     let base = base.ok_or_else(|| {
         cn.fail(
             "the file is relative to the model's folder, but the model was loaded from bytes; \

@@ -1,6 +1,7 @@
 //! IR types, import/check_support, and end-to-end tests (ONNX description →
 //! import → compile → run) against the naive interpreter in `reference`.
 
+mod props;
 pub(crate) mod reference;
 
 use std::collections::{BTreeMap, HashMap};

@@ -1,0 +1,5 @@
+#![no_main]
+// The body is kiln_ep::fuzzing::ep_context_attrs, which the replay test also runs.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    kiln_ep::fuzzing::ep_context_attrs(data);
+});
