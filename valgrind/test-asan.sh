@@ -5,11 +5,11 @@
 # definite leak whose stack has a kiln frame (valgrind/check_logs.py);
 # ORT/glibc noise is suppressed (valgrind/kiln.supp) or ignored.
 #
-#   valgrind/test-asan.sh [cargo test name...]   default: c_harness ffi ffi_context ffi_share ffi_env_config
+#   valgrind/test-asan.sh [cargo test name...]   default: c_harness ffi ffi_context ffi_share ffi_env_config ffi_lifetime
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TESTS=("$@")
-[ ${#TESTS[@]} -eq 0 ] && TESTS=(c_harness ffi ffi_context ffi_share ffi_env_config)
+[ ${#TESTS[@]} -eq 0 ] && TESTS=(c_harness ffi ffi_context ffi_share ffi_env_config ffi_lifetime)
 LOGS=target/valgrind
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
