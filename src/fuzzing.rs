@@ -1,5 +1,5 @@
 //! Fuzz target bodies, shared by the libFuzzer crate in `fuzz/` and by the
-//! replay test (`tests/fuzz_replay.rs`) that `make test` runs over every
+//! replay test (`fuzz/replay.rs`) that `make test` runs over every
 //! corpus and regression file, so the two cannot drift. Each target takes
 //! arbitrary bytes and must return without panicking: bad input is a clean
 //! [`Error`]. Not part of kiln's API.
