@@ -230,14 +230,7 @@ pub fn node_import(data: &[u8]) -> bool {
     let ir = match crate::ir::import(&graph, &constants) {
         Ok(g) => g,
         Err(e) => {
-            assert_clean(
-                &e,
-                &[
-                    ErrorKind::InvalidGraph,
-                    ErrorKind::NotImplemented,
-                    ErrorKind::InvalidArgument,
-                ],
-            );
+            assert_clean(&e, IMPORT_REFUSALS);
             return false;
         }
     };
@@ -253,20 +246,20 @@ pub fn node_import(data: &[u8]) -> bool {
     let program = match crate::compiler::compile(&ir, Target::Generic) {
         Ok(p) => p,
         Err(e) => {
-            assert_clean(
-                &e,
-                &[
-                    ErrorKind::InvalidGraph,
-                    ErrorKind::NotImplemented,
-                    ErrorKind::InvalidArgument,
-                ],
-            );
+            assert_clean(&e, IMPORT_REFUSALS);
             return false;
         }
     };
     run_on_zeros(&program);
     true
 }
+
+/// How importing or compiling a graph may refuse it cleanly.
+const IMPORT_REFUSALS: &[ErrorKind] = &[
+    ErrorKind::InvalidGraph,
+    ErrorKind::NotImplemented,
+    ErrorKind::InvalidArgument,
+];
 
 /// Graphs with a larger tensor are imported but not compiled (see [`node_import`]).
 const COMPILE_LIMIT_ELEMS: usize = 1 << 24;

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import onnxruntime as ort
+from onnx import helper
 from onnxruntime.capi import onnxruntime_pybind11_state as C
 
 import onnxruntime_ep_kiln as kiln
@@ -617,3 +618,12 @@ def unique_weight_bytes(models: Sequence[Dict[str, object]]) -> int:
         for v in m["weights"].values():
             seen[(v.shape, v.tobytes())] = v.nbytes
     return sum(seen.values())
+
+
+def set_attr(node, name, value):
+    """Replace (or add) attribute ``name``; ``value=None`` removes it."""
+    keep = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(keep)
+    if value is not None:
+        node.attribute.append(helper.make_attribute(name, value))

@@ -119,17 +119,8 @@ class Work:
         return {str(d): tu.files_in(d) for d in (self.root, self.inner)}
 
 
-def set_attr(node, name, value):
-    """Replace (or add) attribute ``name``; ``value=None`` removes it."""
-    keep = [a for a in node.attribute if a.name != name]
-    del node.attribute[:]
-    node.attribute.extend(keep)
-    if value is not None:
-        node.attribute.append(helper.make_attribute(name, value))
-
-
 def attr(name, value, which=0):
-    return lambda w: w.edit_node(lambda n, m: set_attr(n, name, value), which)
+    return lambda w: w.edit_node(lambda n, m: tu.set_attr(n, name, value), which)
 
 
 def main_index(w: Work) -> int:
@@ -163,7 +154,7 @@ def damage_bin(fn):
 
 def damage_payload(fn):
     return lambda w: w.edit_node(
-        lambda n, m: set_attr(n, "ep_cache_context", fn(tu.attrs_of(n)["ep_cache_context"])))
+        lambda n, m: tu.set_attr(n, "ep_cache_context", fn(tu.attrs_of(n)["ep_cache_context"])))
 
 
 def flip(offset_fn, bit=0x10):
@@ -348,13 +339,13 @@ def control_attr_rows() -> List[Row]:
     def secondary_not_in_binary(w):
         m = w.model()
         node = [n for n in tu.ep_context_nodes(m) if tu.attrs_of(n)["main_context"] == 0][0]
-        set_attr(node, "partition_name", b"no_such_graph")
+        tu.set_attr(node, "partition_name", b"no_such_graph")
         w.save(m)
 
     def main_to_secondary(w):
         def fn(n, m):
-            set_attr(n, "main_context", 0)
-            set_attr(n, "ep_cache_context", None)
+            tu.set_attr(n, "main_context", 0)
+            tu.set_attr(n, "ep_cache_context", None)
         w.edit_node(fn, main_index(w))
 
     return [

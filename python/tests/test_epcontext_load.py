@@ -24,15 +24,6 @@ import kiln_testutil as tu
 KILN = kiln.EP_NAME
 
 
-def set_attr(node, name, value):
-    """Replace (or add) attribute ``name``; ``value=None`` removes it."""
-    keep = [a for a in node.attribute if a.name != name]
-    del node.attribute[:]
-    node.attribute.extend(keep)
-    if value is not None:
-        node.attribute.append(helper.make_attribute(name, value))
-
-
 @pytest.fixture
 def amr_ctx(models, kiln_virtual, tmp_path):
     """add_mul_relu compiled with embed 0 in a fresh folder: (ctx path, bin path, original)."""
@@ -70,7 +61,7 @@ def check_runs(ctx, original, dev, config=None) -> tu.KilnRun:
 def _point_at(ctx, rel):
     m = tu.load_model_proto(ctx)
     node = tu.ep_context_nodes(m)[0]
-    set_attr(node, "ep_cache_context", rel.encode())
+    tu.set_attr(node, "ep_cache_context", rel.encode())
     onnx.save(m, str(ctx))
     return node.name
 
@@ -108,7 +99,7 @@ def test_binary_in_subfolder(amr_ctx, kiln_virtual):
 def test_source_spellings_are_claimed(amr_ctx, kiln_virtual, source):
     ctx, _, original = amr_ctx
     m = tu.load_model_proto(ctx)
-    set_attr(tu.ep_context_nodes(m)[0], "source", source.encode())
+    tu.set_attr(tu.ep_context_nodes(m)[0], "source", source.encode())
     onnx.save(m, str(ctx))
     run = check_runs(ctx, original, kiln_virtual["host"])
     assert run.created_delta("context_graphs_loaded") == 1
@@ -174,8 +165,8 @@ def test_binary_read_once_per_session(split_ctx, kiln_virtual):
     # make every node a primary pointing at the same binary
     m = tu.load_model_proto(ctx)
     for n in tu.ep_context_nodes(m):
-        set_attr(n, "main_context", 1)
-        set_attr(n, "ep_cache_context", b"split_kiln.bin")
+        tu.set_attr(n, "main_context", 1)
+        tu.set_attr(n, "ep_cache_context", b"split_kiln.bin")
     onnx.save(m, str(ctx))
     for _ in range(2):  # and again in a second session: opened again, once
         run = check_runs(ctx, original, kiln_virtual["host"])
