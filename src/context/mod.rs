@@ -30,6 +30,8 @@ mod props;
 mod tests;
 
 pub use compat::{check_compatibility, compatibility_info, Compatibility};
+#[cfg(test)]
+pub use models::model_naming;
 pub use models::{binary_stamp, names_binary, stamped_checksum, OnnxModelError};
 pub use peek::{peek, peek_checksum, Peek};
 pub use reader::ContextBinary;

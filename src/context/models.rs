@@ -91,6 +91,31 @@ pub fn names_binary(
     }))
 }
 
+/// For tests elsewhere: an ONNX model whose one EPContext node, from
+/// `source`, names the file `bin_name` (embed mode 0).
+#[cfg(test)]
+pub fn model_naming(source: &str, bin_name: &str) -> Vec<u8> {
+    let attr = |name: &str, i: i64, s: &str| AttributeProto {
+        name: name.into(),
+        i,
+        s: s.as_bytes().to_vec(),
+    };
+    ModelProto {
+        graph: Some(GraphProto {
+            node: vec![NodeProto {
+                op_type: "EPContext".into(),
+                domain: "com.microsoft".into(),
+                attribute: vec![
+                    attr("source", 0, source),
+                    attr("embed_mode", 0, ""),
+                    attr("ep_cache_context", 0, bin_name),
+                ],
+            }],
+        }),
+    }
+    .encode_to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

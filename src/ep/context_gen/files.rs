@@ -551,54 +551,7 @@ mod tests {
 
     /// An ONNX model with one kiln EPContext node naming `bin` (embed mode 0).
     fn model_naming(bin: &str) -> Vec<u8> {
-        use prost::Message;
-        #[derive(Clone, PartialEq, Message)]
-        struct M {
-            #[prost(message, optional, tag = "7")]
-            graph: Option<G>,
-        }
-        #[derive(Clone, PartialEq, Message)]
-        struct G {
-            #[prost(message, repeated, tag = "1")]
-            node: Vec<N>,
-        }
-        #[derive(Clone, PartialEq, Message)]
-        struct N {
-            #[prost(string, tag = "4")]
-            op_type: String,
-            #[prost(message, repeated, tag = "5")]
-            attribute: Vec<A>,
-            #[prost(string, tag = "7")]
-            domain: String,
-        }
-        #[derive(Clone, PartialEq, Message)]
-        struct A {
-            #[prost(string, tag = "1")]
-            name: String,
-            #[prost(int64, tag = "3")]
-            i: i64,
-            #[prost(bytes = "vec", tag = "4")]
-            s: Vec<u8>,
-        }
-        let a = |name: &str, i: i64, s: &str| A {
-            name: name.into(),
-            i,
-            s: s.as_bytes().to_vec(),
-        };
-        M {
-            graph: Some(G {
-                node: vec![N {
-                    op_type: "EPContext".into(),
-                    domain: "com.microsoft".into(),
-                    attribute: vec![
-                        a("source", 0, "KilnExecutionProvider"),
-                        a("embed_mode", 0, ""),
-                        a("ep_cache_context", 0, bin),
-                    ],
-                }],
-            }),
-        }
-        .encode_to_vec()
+        crate::context::model_naming("KilnExecutionProvider", bin)
     }
 
     fn names(folder: &Path) -> Vec<String> {
