@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -627,3 +628,14 @@ def set_attr(node, name, value):
     node.attribute.extend(keep)
     if value is not None:
         node.attribute.append(helper.make_attribute(name, value))
+
+
+def compile_copy(model: str, device, folder) -> Tuple[str, str]:
+    """Copies `model` into `folder` and compiles it there (embed mode 0):
+    (path of the copy, path of its ``_ctx.onnx``)."""
+    stem = os.path.splitext(os.path.basename(model))[0]
+    src = os.path.join(str(folder), f"{stem}.onnx")
+    shutil.copy(model, src)
+    ctx = os.path.join(str(folder), f"{stem}_ctx.onnx")
+    compile_model(src, device, embed=False, output=ctx)
+    return src, ctx

@@ -63,12 +63,9 @@ def snapshot() -> dict:
 @pytest.fixture(scope="module")
 def demo_ctx(models, kiln_dev, tmp_path_factory):
     folder = tmp_path_factory.mktemp("leaks")
-    src = folder / "demo.onnx"
-    shutil.copy(models["demo"], src)
-    ctx = folder / "demo_ctx.onnx"
-    tu.compile_model(str(src), kiln_dev, embed=False, output=str(ctx))
+    _, ctx = tu.compile_copy(models["demo"], kiln_dev, folder)
     assert tu.files_in(folder) == ["demo.onnx", "demo_ctx.onnx", "demo_kiln.bin"]
-    return str(ctx)
+    return ctx
 
 
 def session_loop(path, dev, feeds, stats_key, config=None):

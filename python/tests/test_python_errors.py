@@ -165,11 +165,8 @@ def test_bad_session_entry_read_by_kiln_falls_back_too(models, kiln_dev, capfd):
 @pytest.fixture(scope="module")
 def compiled(models, kiln_dev, tmp_path_factory):
     folder = tmp_path_factory.mktemp("errors")
-    src = folder / "demo.onnx"
-    shutil.copy(models["demo"], src)
-    ctx = folder / "demo_ctx.onnx"
-    tu.compile_model(str(src), kiln_dev, embed=False, output=str(ctx))
-    return folder, str(src), str(ctx)
+    src, ctx = tu.compile_copy(models["demo"], kiln_dev, folder)
+    return folder, src, ctx
 
 
 @pytest.mark.parametrize("fallback", [1, 0])
