@@ -256,7 +256,7 @@ struct OrtApi {
   OrtStatus* (*GetTensorElementType)(const OrtTensorTypeAndShapeInfo* info, ONNXTensorElementDataType* out); /* 60 */
   OrtStatus* (*GetDimensionsCount)(const OrtTensorTypeAndShapeInfo* info, size_t* out); /* 61 */
   OrtStatus* (*GetDimensions)(const OrtTensorTypeAndShapeInfo* info, int64_t* dim_values, size_t dim_values_length); /* 62 */
-  void* reserved_63_63[1];
+  OrtStatus* (*GetSymbolicDimensions)(const OrtTensorTypeAndShapeInfo* info, const char* dim_params[], size_t dim_params_length); /* 63 */
   OrtStatus* (*GetTensorShapeElementCount)(const OrtTensorTypeAndShapeInfo* info, size_t* out); /* 64 */
   OrtStatus* (*GetTensorTypeAndShape)(const OrtValue* value, OrtTensorTypeAndShapeInfo** out); /* 65 */
   void* reserved_66_68[3];
@@ -391,6 +391,7 @@ KILN_ASSERT_SLOT(OrtApi, GetOnnxTypeFromTypeInfo, 56);
 KILN_ASSERT_SLOT(OrtApi, GetTensorElementType, 60);
 KILN_ASSERT_SLOT(OrtApi, GetDimensionsCount, 61);
 KILN_ASSERT_SLOT(OrtApi, GetDimensions, 62);
+KILN_ASSERT_SLOT(OrtApi, GetSymbolicDimensions, 63);
 KILN_ASSERT_SLOT(OrtApi, GetTensorShapeElementCount, 64);
 KILN_ASSERT_SLOT(OrtApi, GetTensorTypeAndShape, 65);
 KILN_ASSERT_SLOT(OrtApi, CreateCpuMemoryInfo, 69);

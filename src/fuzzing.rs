@@ -318,10 +318,7 @@ pub fn decode_graph(data: &[u8]) -> (GraphDesc, HashMap<String, TensorValue>) {
             let name = format!("v{}", names.len());
             let desc = match r.u8() & 1 {
                 1 => r.value_desc(),
-                _ => ValueDesc {
-                    elem_type: 0,
-                    dims: None,
-                },
+                _ => ValueDesc::default(),
             };
             g.values.insert(name.clone(), desc);
             outputs.push(name.clone());
@@ -404,7 +401,11 @@ impl Reader<'_> {
         let elem_type = self.u8() as i32;
         let rank = self.u8();
         let dims = (rank != 255).then(|| self.dims(rank));
-        ValueDesc { elem_type, dims }
+        ValueDesc {
+            elem_type,
+            dims,
+            dim_params: Vec::new(),
+        }
     }
 
     fn tensor(&mut self) -> TensorValue {

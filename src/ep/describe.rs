@@ -60,11 +60,9 @@ fn value_desc(v: &ValueInfo<'_>) -> Result<ValueDesc> {
         Some(info) => ValueDesc {
             elem_type: info.elem_type,
             dims: Some(info.dims),
+            dim_params: info.dim_params,
         },
-        None => ValueDesc {
-            elem_type: 0,
-            dims: None,
-        },
+        None => ValueDesc::default(),
     })
 }
 

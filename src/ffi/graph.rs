@@ -23,6 +23,8 @@ pub struct ValueInfo<'a>(*const sys::OrtValueInfo, PhantomData<&'a ()>);
 pub struct TensorInfo {
     pub elem_type: i32,
     pub dims: Vec<i64>,
+    /// The ONNX `dim_param` of each dim ("" when it has none).
+    pub dim_params: Vec<String>,
 }
 
 /// ORT's "ask the count, then fill an array of that size" pattern.
@@ -460,9 +462,14 @@ pub unsafe fn read_tensor_info(info: *const sys::OrtTensorTypeAndShapeInfo) -> R
         check(ort!(api.ort, GetDimensionsCount(info, &mut rank)))?;
         let mut dims = vec![0i64; rank];
         check(ort!(api.ort, GetDimensions(info, dims.as_mut_ptr(), rank)))?;
+        // ORT fills one borrowed C string per dim ("" for none); copied at once.
+        let mut params: Vec<*const c_char> = vec![std::ptr::null(); rank];
+        check(ort!(api.ort, GetSymbolicDimensions(info, params.as_mut_ptr(), rank)))?;
+        let dim_params = params.iter().map(|&p| cstr_to_string(p)).collect();
         Ok(TensorInfo {
             elem_type: elem as i32,
             dims,
+            dim_params,
         })
     }
 }

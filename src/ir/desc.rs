@@ -29,10 +29,13 @@ pub struct TensorValue {
 
 /// A value's type as ORT inferred it: ONNX element type (0 = unknown or not
 /// a tensor) and dims (`None` = unknown rank; -1 = symbolic/unknown dim).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Default)]
 pub struct ValueDesc {
     pub elem_type: i32,
     pub dims: Option<Vec<i64>>,
+    /// The ONNX `dim_param` of each dim ("" when it has none, or empty when
+    /// ORT named none): dims with the same name are the same symbol.
+    pub dim_params: Vec<String>,
 }
 
 impl ValueDesc {
@@ -40,7 +43,22 @@ impl ValueDesc {
         ValueDesc {
             elem_type,
             dims: Some(dims.to_vec()),
+            dim_params: Vec::new(),
         }
+    }
+
+    /// Like [`ValueDesc::new`], with the dims' names (`""` for unnamed).
+    pub fn named(elem_type: i32, dims: &[i64], dim_params: &[&str]) -> ValueDesc {
+        ValueDesc {
+            elem_type,
+            dims: Some(dims.to_vec()),
+            dim_params: dim_params.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// The name of dim `i`, if ORT gave it one.
+    pub fn dim_param(&self, i: usize) -> Option<&str> {
+        self.dim_params.get(i).map(String::as_str).filter(|s| !s.is_empty())
     }
 }
 
