@@ -17,6 +17,7 @@ mod alias;
 mod dce;
 mod epilogue;
 mod fold;
+pub mod generic;
 pub use fold::eval_op;
 mod lower;
 mod memplan;
