@@ -40,6 +40,9 @@ pub struct KilnStats {
     /// releases while sessions still hold its EPs is freed with the last EP.
     pub factories_created: u64,
     pub factories_freed: u64,
+    /// Programs built for a shape-generic partition at the first run with a
+    /// new input shape signature (later runs at that shape reuse them).
+    pub shapes_specialized: u64,
 }
 
 static EPS_CREATED: AtomicU64 = AtomicU64::new(0);
@@ -58,6 +61,7 @@ static CONCURRENCY_QUERIES: AtomicU64 = AtomicU64::new(0);
 static DEVICE_QUERIES: AtomicU64 = AtomicU64::new(0);
 static FACTORIES_CREATED: AtomicU64 = AtomicU64::new(0);
 static FACTORIES_FREED: AtomicU64 = AtomicU64::new(0);
+static SHAPES_SPECIALIZED: AtomicU64 = AtomicU64::new(0);
 
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
@@ -85,6 +89,10 @@ pub fn factory_created() {
 
 pub fn factory_freed() {
     bump(&FACTORIES_FREED);
+}
+
+pub fn shape_specialized() {
+    bump(&SHAPES_SPECIALIZED);
 }
 
 pub fn ep_created() {
@@ -139,5 +147,6 @@ pub fn snapshot() -> KilnStats {
         device_queries: DEVICE_QUERIES.load(Ordering::Relaxed),
         factories_created: FACTORIES_CREATED.load(Ordering::Relaxed),
         factories_freed: FACTORIES_FREED.load(Ordering::Relaxed),
+        shapes_specialized: SHAPES_SPECIALIZED.load(Ordering::Relaxed),
     }
 }

@@ -272,6 +272,7 @@ class KilnStats(ctypes.Structure):
         ("device_queries", ctypes.c_uint64),
         ("factories_created", ctypes.c_uint64),
         ("factories_freed", ctypes.c_uint64),
+        ("shapes_specialized", ctypes.c_uint64),
     ]
 
 
@@ -301,7 +302,8 @@ def stats(library_path: Optional[str] = None) -> Dict[str, int]:
     ``context_files_shared``, ``context_bytes_written``,
     ``context_bytes_deduplicated``, ``parallel_for_calls``, ``eps_released``,
     ``sessions_initialized``, ``concurrency_queries``, ``device_queries``,
-    ``factories_created``, ``factories_freed``. Counts since the library was loaded into
+    ``factories_created``, ``factories_freed``, ``shapes_specialized`` (programs built at a
+    first run with a new input shape). Counts since the library was loaded into
     this process.
     Reads the library registered most recently through :func:`register` (or
     ``library_path``, or :func:`get_library_path`); the dynamic loader hands

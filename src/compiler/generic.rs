@@ -7,8 +7,13 @@
 //! it for each new input shape signature at run time (see `ep::compile`),
 //! reusing the packed weights.
 
-use crate::ir::{DType, GraphDesc};
-use crate::plan::Weight;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::ir::{AttrValue, ConstantSource, DType, GraphDesc, TensorValue, ValueDesc};
+use crate::kernels::gemm::PackedB;
+use crate::plan::{Program, Weight};
 use crate::target::Target;
 
 /// A constant initializer the partition reads, by its ONNX name.
@@ -42,4 +47,393 @@ pub struct GenericGraph {
     pub constants: Vec<NamedConstant>,
     pub packed: Vec<PackedConstant>,
     pub target: Target,
+}
+
+/// GEMM weights packed ahead of lowering, found again by the identity of
+/// the constant they pack (its bytes' address and length, which every
+/// specialisation of one partition shares) and the product's layout.
+#[derive(Default)]
+pub struct PackedWeights {
+    by_source: HashMap<(usize, usize, bool, usize, usize), Weight>,
+}
+
+impl PackedWeights {
+    pub fn insert(&mut self, source: &Weight, trans_b: bool, k: usize, n: usize, packed: Weight) {
+        self.by_source.insert(key(source, trans_b, k, n), packed);
+    }
+
+    /// The packed form of `source` for a `[k, n]` product, if packed before.
+    pub fn get(&self, source: &Weight, trans_b: bool, k: usize, n: usize) -> Option<Weight> {
+        self.by_source.get(&key(source, trans_b, k, n)).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_source.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_source.is_empty()
+    }
+}
+
+fn key(w: &Weight, trans_b: bool, k: usize, n: usize) -> (usize, usize, bool, usize, usize) {
+    (w.as_bytes().as_ptr() as usize, w.byte_len(), trans_b, k, n)
+}
+
+impl GenericGraph {
+    /// Keeps `desc` (a partition kiln's check accepted) with the constants
+    /// its nodes read, copied out of `consts`, and packs its constant GEMM
+    /// weights for `target` once.
+    pub fn build(desc: GraphDesc, consts: &dyn ConstantSource, target: Target) -> Result<GenericGraph> {
+        let mut constants: Vec<NamedConstant> = Vec::new();
+        let mut seen = HashSet::new();
+        let names = desc.nodes.iter().flat_map(|n| n.inputs.iter()).chain(&desc.outputs);
+        for name in names {
+            if name.is_empty() || !consts.is_constant(name) || !seen.insert(name.clone()) {
+                continue;
+            }
+            let t = consts
+                .constant(name)?
+                .ok_or_else(|| Error::invalid_graph(format!("constant '{name}' is missing")))?;
+            let Some(dtype) = DType::from_onnx(t.elem_type) else {
+                // Not a type kiln computes with: the import will say so if it is read.
+                continue;
+            };
+            constants.push(NamedConstant {
+                name: name.clone(),
+                dtype,
+                shape: t.shape,
+                data: Weight::from_bytes(&t.bytes),
+            });
+        }
+        let packed = pack_gemm_weights(&desc, &constants, target);
+        Ok(GenericGraph {
+            desc,
+            constants,
+            packed,
+            target,
+        })
+    }
+
+    /// Names of the partition's inputs with their declared dims, e.g.
+    /// `input_ids [batch_size,sequence_length]`, for messages.
+    pub fn input_label(&self, i: usize) -> String {
+        let name = &self.desc.inputs[i];
+        match self.desc.values.get(name) {
+            Some(v) => format!("'{name}' {}", dims_label(v)),
+            None => format!("'{name}'"),
+        }
+    }
+}
+
+/// `[batch,3,?,640]`: dim names, known sizes, `?` for unnamed unknowns.
+pub fn dims_label(v: &ValueDesc) -> String {
+    let Some(dims) = &v.dims else {
+        return "(unknown rank)".into();
+    };
+    let parts: Vec<String> = dims
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| match v.dim_param(i) {
+            Some(p) => p.to_string(),
+            None if d >= 0 => d.to_string(),
+            None => "?".into(),
+        })
+        .collect();
+    format!("[{}]", parts.join(","))
+}
+
+/// Packs the constant B operands of `MatMul` and `Gemm` (2-D, f32): the
+/// weights of every transformer and MLP layer.
+fn pack_gemm_weights(desc: &GraphDesc, constants: &[NamedConstant], target: Target) -> Vec<PackedConstant> {
+    let by_name: HashMap<&str, &NamedConstant> = constants.iter().map(|c| (c.name.as_str(), c)).collect();
+    let mut out: Vec<PackedConstant> = Vec::new();
+    for node in &desc.nodes {
+        let trans_b = match (node.domain.as_str(), node.op_type.as_str()) {
+            ("" | "ai.onnx", "MatMul") => false,
+            ("" | "ai.onnx", "Gemm") => matches!(node.attrs.get("transB"), Some(AttrValue::Int(t)) if *t != 0),
+            _ => continue,
+        };
+        let Some(c) = node.inputs.get(1).and_then(|b| by_name.get(b.as_str())) else {
+            continue;
+        };
+        if c.dtype != DType::F32 || c.shape.len() != 2 || c.data.byte_len() != c.shape[0] * c.shape[1] * 4 {
+            continue;
+        }
+        if out.iter().any(|p| p.source == c.name && p.trans_b == trans_b) {
+            continue;
+        }
+        let (k, n) = if trans_b { (c.shape[1], c.shape[0]) } else { (c.shape[0], c.shape[1]) };
+        let Ok(pb) = PackedB::try_pack(target, c.data.as_slice(), k, n, trans_b) else {
+            continue;
+        };
+        out.push(PackedConstant {
+            source: c.name.clone(),
+            trans_b,
+            k,
+            n,
+            data: pb.data().clone(),
+        });
+    }
+    out
+}
+
+/// How many programs (input shape signatures) a partition keeps by default.
+pub const DEFAULT_SHAPE_CACHE: usize = 8;
+
+/// Builds and caches the concrete programs of one [`GenericGraph`].
+pub struct Specializer {
+    generic: GenericGraph,
+    index: HashMap<String, usize>,
+    packs: PackedWeights,
+    cache: Mutex<Lru>,
+}
+
+/// The most recently used programs, by input dims (newest last).
+struct Lru {
+    capacity: usize,
+    entries: Vec<(Vec<Vec<i64>>, Arc<Program>)>,
+}
+
+impl Lru {
+    fn get(&mut self, dims: &[Vec<i64>]) -> Option<Arc<Program>> {
+        let i = self.entries.iter().position(|(d, _)| d == dims)?;
+        let entry = self.entries.remove(i);
+        let p = entry.1.clone();
+        self.entries.push(entry);
+        Some(p)
+    }
+
+    fn put(&mut self, dims: Vec<Vec<i64>>, p: Arc<Program>) {
+        if self.entries.iter().any(|(d, _)| *d == dims) {
+            return;
+        }
+        if self.entries.len() >= self.capacity.max(1) {
+            self.entries.remove(0);
+        }
+        self.entries.push((dims, p));
+    }
+}
+
+impl Specializer {
+    /// `capacity`: how many input shape signatures keep their program.
+    pub fn new(generic: GenericGraph, capacity: usize) -> Result<Specializer> {
+        let index = generic
+            .constants
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.name.clone(), i))
+            .collect();
+        let mut packs = PackedWeights::default();
+        let by_name: HashMap<&str, &NamedConstant> =
+            generic.constants.iter().map(|c| (c.name.as_str(), c)).collect();
+        for p in &generic.packed {
+            let c = by_name.get(p.source.as_str()).ok_or_else(|| {
+                Error::invalid_graph(format!("packed weight of '{}' names no constant", p.source))
+            })?;
+            packs.insert(&c.data, p.trans_b, p.k, p.n, p.data.clone());
+        }
+        Ok(Specializer {
+            generic,
+            index,
+            packs,
+            cache: Mutex::new(Lru {
+                capacity,
+                entries: Vec::new(),
+            }),
+        })
+    }
+
+    pub fn generic(&self) -> &GenericGraph {
+        &self.generic
+    }
+
+    /// The program for inputs of these dims (the partition's input order),
+    /// built on first use and cached.
+    pub fn program_for(&self, dims: &[Vec<i64>]) -> Result<(Arc<Program>, bool)> {
+        if let Some(p) = self.lock().get(dims) {
+            return Ok((p, false));
+        }
+        // Built outside the lock: other shapes keep running meanwhile.
+        let p = Arc::new(self.specialize(dims)?);
+        self.lock().put(dims.to_vec(), p.clone());
+        Ok((p, true))
+    }
+
+    /// Programs currently cached.
+    pub fn cached(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {
+        // A panic while holding the lock leaves a consistent cache.
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Compiles the partition for concrete input dims.
+    pub fn specialize(&self, dims: &[Vec<i64>]) -> Result<Program> {
+        let g = &self.generic;
+        if dims.len() != g.desc.inputs.len() {
+            return Err(Error::invalid_argument(format!(
+                "the partition has {} inputs, {} were given",
+                g.desc.inputs.len(),
+                dims.len()
+            )));
+        }
+        let mut desc = g.desc.clone();
+        for (i, (name, d)) in g.desc.inputs.iter().zip(dims).enumerate() {
+            let declared = g.desc.values.get(name).cloned().unwrap_or_default();
+            if !fits(&declared, d) {
+                return Err(Error::invalid_argument(format!(
+                    "input {} cannot be {d:?}: the model declares {}",
+                    g.input_label(i),
+                    dims_label(&declared)
+                )));
+            }
+            let v = desc.values.entry(name.clone()).or_default();
+            v.dims = Some(d.clone());
+        }
+        let source = Source { g, index: &self.index };
+        let ir = crate::ir::import(&desc, &source)?;
+        super::compile_with_packs(&ir, g.target, &self.packs)
+    }
+}
+
+/// Whether concrete `dims` fit a declared type (rank, and its known dims).
+fn fits(declared: &ValueDesc, dims: &[i64]) -> bool {
+    match &declared.dims {
+        None => true,
+        Some(d) => d.len() == dims.len() && d.iter().zip(dims).all(|(&a, &b)| b >= 0 && (a < 0 || a == b)),
+    }
+}
+
+/// The generic graph's constants as the importer reads them.
+struct Source<'a> {
+    g: &'a GenericGraph,
+    index: &'a HashMap<String, usize>,
+}
+
+impl Source<'_> {
+    fn get(&self, name: &str) -> Option<&NamedConstant> {
+        self.index.get(name).map(|&i| &self.g.constants[i])
+    }
+}
+
+impl ConstantSource for Source<'_> {
+    fn is_constant(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    fn constant(&self, name: &str) -> Result<Option<TensorValue>> {
+        Ok(self.get(name).map(|c| TensorValue {
+            elem_type: c.dtype.onnx_code(),
+            shape: c.shape.clone(),
+            bytes: c.data.as_bytes().to_vec(),
+        }))
+    }
+
+    fn weight(&self, name: &str) -> Option<Weight> {
+        self.get(name).map(|c| c.data.clone())
+    }
+}
+
+/// What Compile produces for a partition: one program when every shape is
+/// static, or a shape-generic graph specialised at run time.
+pub enum Executable {
+    Fixed(Program),
+    Generic(Specializer),
+}
+
+impl Executable {
+    pub fn input_names(&self) -> Vec<String> {
+        match self {
+            Executable::Fixed(p) => p.inputs().iter().map(|s| s.name.clone()).collect(),
+            Executable::Generic(s) => s.generic.desc.inputs.clone(),
+        }
+    }
+
+    pub fn output_names(&self) -> Vec<String> {
+        match self {
+            Executable::Fixed(p) => p.outputs().iter().map(|s| s.name.clone()).collect(),
+            Executable::Generic(s) => s.generic.desc.outputs.clone(),
+        }
+    }
+
+    pub fn target(&self) -> Target {
+        match self {
+            Executable::Fixed(p) => p.target(),
+            Executable::Generic(s) => s.generic.target,
+        }
+    }
+
+    /// One line for logs and EPContext notes.
+    pub fn summary(&self) -> String {
+        match self {
+            Executable::Fixed(p) => format!(
+                "{}; {} steps; {} weight bytes; {} scratch bytes",
+                p.op_summary(),
+                p.num_steps(),
+                p.constant_bytes(),
+                p.arena_bytes()
+            ),
+            Executable::Generic(s) => s.generic.summary(),
+        }
+    }
+
+    /// Scratch bytes when known before run time.
+    pub fn arena_bytes(&self) -> Option<usize> {
+        match self {
+            Executable::Fixed(p) => Some(p.arena_bytes()),
+            Executable::Generic(_) => None,
+        }
+    }
+
+    pub fn constant_bytes(&self) -> usize {
+        match self {
+            Executable::Fixed(p) => p.constant_bytes(),
+            Executable::Generic(s) => s.generic.constant_bytes(),
+        }
+    }
+}
+
+impl GenericGraph {
+    /// Weight bytes held: constants plus their packed forms.
+    pub fn constant_bytes(&self) -> usize {
+        let c: usize = self.constants.iter().map(|c| c.data.byte_len()).sum();
+        c + self.packed.iter().map(|p| p.data.byte_len()).sum::<usize>()
+    }
+
+    /// e.g. `shape-generic over batch_size, sequence_length; 212 nodes; 24 packed weights; 87 MB`.
+    pub fn summary(&self) -> String {
+        let mut symbols: Vec<String> = Vec::new();
+        for name in &self.desc.inputs {
+            if let Some(v) = self.desc.values.get(name) {
+                for (i, &d) in v.dims.iter().flatten().enumerate() {
+                    let s = v.dim_param(i).map(str::to_string).unwrap_or_else(|| "?".into());
+                    if d < 0 && !symbols.contains(&s) {
+                        symbols.push(s);
+                    }
+                }
+            }
+        }
+        format!(
+            "shape-generic over {}; {} nodes; {} constants; {} packed weights; {} weight bytes",
+            if symbols.is_empty() { "no dims".to_string() } else { symbols.join(", ") },
+            self.desc.nodes.len(),
+            self.constants.len(),
+            self.packed.len(),
+            self.constant_bytes()
+        )
+    }
+
+    /// Whether every partition input has a static shape (then one program
+    /// serves every run).
+    pub fn is_static(desc: &GraphDesc) -> bool {
+        desc.inputs.iter().all(|name| {
+            desc.values
+                .get(name)
+                .and_then(|v| v.dims.as_ref())
+                .is_some_and(|d| d.iter().all(|&x| x >= 0))
+        })
+    }
 }

@@ -15,6 +15,7 @@ use crate::ir::{matmul_dims, BiasKind, DType, Graph, MatMulAttrs, Node, Op, Valu
 use crate::kernels::gemm::PackedB;
 use crate::kernels::movement::broadcast_strides;
 use crate::kernels::{CopyPlan, Layout, Where3};
+use super::generic::PackedWeights;
 use crate::plan::{BufRef, Constant, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, Step, TensorSpec};
 use crate::target::Target;
 
@@ -30,7 +31,7 @@ enum Home {
 }
 
 /// Builds the program for a validated, optimised graph.
-pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded) -> Result<Program> {
+pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded, packs: Option<&PackedWeights>) -> Result<Program> {
     let mut homes = vec![None; graph.values.len()];
     let copies = assign_io_homes(graph, &folded.rep, &mut homes);
     let temps = assign_temps(graph, folded, &mut homes);
@@ -44,6 +45,7 @@ pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded) -> Result<Pr
         offsets: &arena.offsets,
         constant_index: vec![None; graph.constants.len()],
         packed_index: HashMap::new(),
+        packs,
         constants: Vec::new(),
         steps: Vec::new(),
     };
@@ -127,6 +129,8 @@ struct Lowering<'g> {
     constant_index: Vec<Option<usize>>,
     /// Program index of the packed form of (constant value, trans_b).
     packed_index: HashMap<(ValueId, bool), usize>,
+    /// Weights packed before lowering (once per shape-generic partition).
+    packs: Option<&'g PackedWeights>,
     constants: Vec<Constant>,
     steps: Vec<Step>,
 }
@@ -369,11 +373,14 @@ impl Lowering<'_> {
                 let index = match self.packed_index.get(&key) {
                     Some(&i) => i,
                     None => {
-                        let pb = PackedB::pack(self.target, w.as_slice(), k, n, attrs.trans_b);
+                        let data = match self.packs.and_then(|p| p.get(w, attrs.trans_b, k, n)) {
+                            Some(data) => data,
+                            None => PackedB::pack(self.target, w.as_slice(), k, n, attrs.trans_b).data().clone(),
+                        };
                         self.constants.push(Constant {
                             dtype: DType::F32,
                             shape: vec![k, n].into(),
-                            data: pb.data().clone(),
+                            data,
                             packing: Packing::GemmB { k, n },
                         });
                         self.packed_index.insert(key, self.constants.len() - 1);

@@ -18,6 +18,7 @@ mod dce;
 mod epilogue;
 mod fold;
 pub mod generic;
+pub use generic::PackedWeights;
 pub use fold::eval_op;
 mod lower;
 mod memplan;
@@ -54,11 +55,20 @@ pub fn compile(graph: &Graph, target: Target) -> Result<Program> {
 
 /// [`compile`] with a choice of optional passes.
 pub fn compile_with(graph: &Graph, target: Target, passes: Passes) -> Result<Program> {
+    compile_impl(graph, target, passes, None)
+}
+
+/// [`compile`] reusing GEMM weights packed beforehand (see [`generic`]).
+pub fn compile_with_packs(graph: &Graph, target: Target, packs: &PackedWeights) -> Result<Program> {
+    compile_impl(graph, target, Passes::default(), Some(packs))
+}
+
+fn compile_impl(graph: &Graph, target: Target, passes: Passes, packs: Option<&PackedWeights>) -> Result<Program> {
     graph.validate()?;
     let ctx = |e: crate::error::Error| e.context(format_args!("graph '{}'", graph.name));
     let g = optimise(graph, passes).map_err(ctx)?;
     let folded = alias::fold_aliases(&g);
-    lower::lower(&g, target, &folded).map_err(ctx)
+    lower::lower(&g, target, &folded, packs).map_err(ctx)
 }
 
 /// The graph after the IR passes (before lowering).

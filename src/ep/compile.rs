@@ -7,7 +7,10 @@ use super::context_gen::{self, Generated};
 use super::context_load::{self, ContextNode};
 use super::describe::{describe, Constants};
 use super::KilnEp;
+use std::sync::Arc;
+
 use crate::compiler;
+use crate::compiler::generic::{Executable, GenericGraph, Specializer};
 use crate::error::{Error, Result};
 use crate::ffi::compute::{ComputeImpl, KernelContext};
 use crate::ffi::ep::{Compiled, Partition};
@@ -33,13 +36,16 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
         .map(|p| classify(p.graph))
         .collect::<Result<Vec<_>>>()?;
     refuse_recompiling(ep, &sources)?;
-    let mut programs = load_contexts(ep, partitions, &sources)?;
+    let mut programs: Vec<Option<Executable>> = load_contexts(ep, partitions, &sources)?
+        .into_iter()
+        .map(|p| p.map(Executable::Fixed))
+        .collect();
     for (i, (p, s)) in partitions.iter().zip(&sources).enumerate() {
         if matches!(s, Source::Graph) {
             programs[i] = Some(compile_graph(ep, p.graph, p.fused_node)?);
         }
     }
-    let programs: Vec<Program> = programs
+    let programs: Vec<Executable> = programs
         .into_iter()
         .map(|p| p.expect("every partition has a program"))
         .collect();
@@ -73,7 +79,7 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
         compiled.push(Compiled {
             compute: Box::new(Runner {
                 name: p.fused_node.name()?,
-                program,
+                exe: program,
                 host: ep.host,
                 inject_panic: ep.inject == super::InjectedPanic::Compute,
                 inputs,
@@ -89,8 +95,8 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
 /// ORT orders a fused node's inputs itself: for a graph kiln compiled from
 /// that node they match the program's order, but a reloaded EPContext node's
 /// fused node may list them differently, so match by name.
-fn io_order(fused: Node<'_>, program: &Program) -> Result<(Vec<usize>, Vec<usize>)> {
-    let map = |names: Vec<String>, specs: &[crate::plan::TensorSpec], what: &str| -> Result<Vec<usize>> {
+fn io_order(fused: Node<'_>, exe: &Executable) -> Result<(Vec<usize>, Vec<usize>)> {
+    let map = |names: Vec<String>, specs: Vec<String>, what: &str| -> Result<Vec<usize>> {
         if names.len() != specs.len() {
             return Err(Error::invalid_graph(format!(
                 "the fused node has {} {what}s, its compiled graph {}",
@@ -101,12 +107,12 @@ fn io_order(fused: Node<'_>, program: &Program) -> Result<(Vec<usize>, Vec<usize
         names
             .iter()
             .enumerate()
-            .map(|(i, n)| Ok(specs.iter().position(|s| &s.name == n).unwrap_or(i)))
+            .map(|(i, n)| Ok(specs.iter().position(|s| s == n).unwrap_or(i)))
             .collect()
     };
     Ok((
-        map(value_names(fused.inputs()?)?, program.inputs(), "input")?,
-        map(value_names(fused.outputs()?)?, program.outputs(), "output")?,
+        map(value_names(fused.inputs()?)?, exe.input_names(), "input")?,
+        map(value_names(fused.outputs()?)?, exe.output_names(), "output")?,
     ))
 }
 
@@ -172,14 +178,30 @@ fn load_contexts(ep: &KilnEp, partitions: &[Partition<'_>], sources: &[Source<'_
     Ok(programs)
 }
 
-fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Program> {
+fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Executable> {
     let name = fused.name()?;
     let nodes = graph.nodes()?;
     let desc = describe(&nodes, value_names(fused.inputs()?)?, value_names(fused.outputs()?)?)?;
     let constants = Constants::of(&graph)?;
-    let ir = ir::import(&desc, &constants).map_err(|e| e.context(format!("kiln cannot compile partition '{name}'")))?;
-    let program = compiler::compile(&ir, ep.target).map_err(|e| e.context(format!("compiling '{name}'")))?;
+    let context = |e: Error| e.context(format!("kiln cannot compile partition '{name}'"));
     stats::partition_compiled(nodes.len());
+    if !GenericGraph::is_static(&desc) {
+        let generic = GenericGraph::build(desc, &constants, ep.target).map_err(context)?;
+        ep.logger.info(|| {
+            format!(
+                "compiled partition '{name}' ({} nodes) for {}: {}",
+                nodes.len(),
+                ep.target.name(),
+                generic.summary()
+            )
+        });
+        return Ok(Executable::Generic(Specializer::new(
+            generic,
+            ep.config.kiln.shape_cache.unwrap_or(compiler::generic::DEFAULT_SHAPE_CACHE),
+        )?));
+    }
+    let ir = ir::import(&desc, &constants).map_err(context)?;
+    let program = compiler::compile(&ir, ep.target).map_err(|e| e.context(format!("compiling '{name}'")))?;
     ep.logger.info(|| {
         format!(
             "compiled partition '{name}' ({} nodes) for {}: {} ({} steps, {} arena bytes, {} constant bytes)",
@@ -191,7 +213,7 @@ fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Progr
             program.constant_bytes()
         )
     });
-    Ok(program)
+    Ok(Executable::Fixed(program))
 }
 
 fn value_names(values: Vec<Option<ValueInfo<'_>>>) -> Result<Vec<String>> {
@@ -211,20 +233,20 @@ fn first_node_id(graph: Graph<'_>) -> Result<usize> {
         .try_fold(usize::MAX, |min, id| Ok(min.min(id?)))
 }
 
-fn generated<'p>(graph: Graph<'_>, fused: Node<'_>, program: &'p Program) -> Result<Generated<'p>> {
+fn generated<'p>(graph: Graph<'_>, fused: Node<'_>, exe: &'p Executable) -> Result<Generated<'p>> {
     Ok(Generated {
         first_node: first_node_id(graph)?,
         fused_name: fused.name()?,
         inputs: value_names(fused.inputs()?)?,
         outputs: value_names(fused.outputs()?)?,
-        program,
+        exe,
     })
 }
 
 /// A compiled partition, run by ORT's Compute (possibly concurrently).
 struct Runner {
     name: String,
-    program: Program,
+    exe: Executable,
     host: Target,
     inject_panic: bool,
     /// Kernel input i is program input `inputs[i]` (see `io_order`).
@@ -253,7 +275,15 @@ impl Runner {
         );
         let par = ctx.parallel();
         let raw = ctx.raw_inputs()?;
-        let specs = self.program.inputs();
+        let held;
+        let program = match &self.exe {
+            Executable::Fixed(p) => p,
+            Executable::Generic(s) => {
+                held = self.specialized(s, &raw)?;
+                &*held
+            }
+        };
+        let specs = program.inputs();
         if raw.len() != specs.len() {
             return Err(Error::invalid_argument(format!(
                 "partition '{}' expects {} inputs, ORT passed {}",
@@ -279,7 +309,7 @@ impl Runner {
             inputs[j] = Some(tensor_ref(t.elem_type, t.bytes, &spec.name)?);
         }
         let inputs: Vec<TensorRef<'_>> = inputs.into_iter().flatten().collect();
-        let out_specs = self.program.outputs();
+        let out_specs = program.outputs();
         let kernel_specs: Vec<(i32, Vec<usize>)> = self
             .outputs
             .iter()
@@ -296,9 +326,29 @@ impl Runner {
                 self.name
             )));
         }
-        self.program.run(self.host, &inputs, &mut outputs, &par)?;
+        program.run(self.host, &inputs, &mut outputs, &par)?;
         stats::compute_called();
         Ok(())
+    }
+}
+
+impl Runner {
+    /// The program for this run's input shapes: cached, or built now (the
+    /// first run at a new shape signature).
+    fn specialized(&self, s: &Specializer, raw: &[crate::ffi::compute::RawInput<'_>]) -> Result<Arc<Program>> {
+        let mut dims = vec![Vec::new(); self.inputs.len()];
+        for (t, &j) in raw.iter().zip(&self.inputs) {
+            if let Some(d) = dims.get_mut(j) {
+                *d = t.dims.clone();
+            }
+        }
+        let (program, built) = s
+            .program_for(&dims)
+            .map_err(|e| e.context(format!("partition '{}' at input shapes {dims:?}", self.name)))?;
+        if built {
+            stats::shape_specialized();
+        }
+        Ok(program)
     }
 }
 

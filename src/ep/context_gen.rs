@@ -10,6 +10,7 @@ use super::{KilnEp, EP_NAME};
 use crate::context::{self, ContextBuilder, FORMAT_VERSION};
 use crate::error::{Error, Result};
 use crate::ffi::ep::{AttrValue, EpContextNode};
+use crate::compiler::generic::Executable;
 use crate::plan::Program;
 
 /// A compiled partition on its way into an EPContext node.
@@ -20,7 +21,20 @@ pub struct Generated<'a> {
     pub fused_name: String,
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
-    pub program: &'a Program,
+    pub exe: &'a Executable,
+}
+
+impl Generated<'_> {
+    /// The compiled program (static partitions).
+    fn program(&self) -> Result<&Program> {
+        match self.exe {
+            Executable::Fixed(p) => Ok(p),
+            Executable::Generic(_) => Err(Error::not_implemented(format!(
+                "partition '{}' is shape-generic, which this kiln cannot write to a context binary yet",
+                self.fused_name
+            ))),
+        }
+    }
 }
 
 /// The EPContext nodes for one Compile call, writing the binary when
@@ -44,7 +58,7 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
     if ep.config.context.embed_mode {
         for ((node, part), name) in nodes.iter_mut().zip(parts).zip(&names) {
             let mut builder = ContextBuilder::new(ep.target);
-            builder.add_graph(name, part.program)?;
+            builder.add_graph(name, part.program()?)?;
             node.attributes.push(("embed_mode", AttrValue::Int(1)));
             node.attributes.push(("main_context", AttrValue::Int(1)));
             node.attributes
@@ -91,7 +105,7 @@ fn write_own(ep: &KilnEp, out: &Output, parts: &[Generated<'_>], names: &[String
     let mut builder = ContextBuilder::new(ep.target);
     builder.add_context_model(&out.ctx_name);
     for (part, name) in parts.iter().zip(names) {
-        builder.add_graph(name, part.program)?;
+        builder.add_graph(name, part.program()?)?;
     }
     let staged = files::stage(&out.folder, &name, &builder, &out.ctx_model, ep.config.compile_only)?;
     let checksum = staged.stats.checksum;
@@ -107,7 +121,12 @@ fn write_shared(
     parts: &[Generated<'_>],
     names: &[String],
 ) -> Result<(String, Option<u128>)> {
-    let graphs: Vec<(String, &Program)> = names.iter().cloned().zip(parts.iter().map(|p| p.program)).collect();
+    let graphs: Vec<(String, &Program)> = names
+        .iter()
+        .cloned()
+        .zip(parts.iter().map(|p| p.program()))
+        .map(|(n, p)| p.map(|p| (n, p)))
+        .collect::<Result<_>>()?;
     let mut staged = None;
     let member = super::share::Member {
         target: ep.target,
@@ -149,8 +168,8 @@ fn base_node(ep: &KilnEp, model_path: Option<&Path>, part: &Generated<'_>, parti
         ("partition_name", text(partition_name)),
         ("ep_sdk_version", text(&sdk_version())),
         ("hardware_architecture", text(ep.target.name())),
-        ("notes", text(&notes(part.program))),
-        ("max_size", AttrValue::Int(part.program.arena_bytes() as i64)),
+        ("notes", text(&part.exe.summary())),
+        ("max_size", AttrValue::Int(part.exe.arena_bytes().unwrap_or(0) as i64)),
     ];
     if let Some(file) = model_path.and_then(Path::file_name) {
         attributes.push(("onnx_model_filename", text(&file.to_string_lossy())));
@@ -166,16 +185,6 @@ fn base_node(ep: &KilnEp, model_path: Option<&Path>, part: &Generated<'_>, parti
 /// `ep_sdk_version`: kiln's version and the context format it wrote.
 pub fn sdk_version() -> String {
     format!("kiln {} (context format {FORMAT_VERSION})", env!("CARGO_PKG_VERSION"))
-}
-
-fn notes(program: &Program) -> String {
-    format!(
-        "{}; {} steps; {} weight bytes; {} scratch bytes",
-        program.op_summary(),
-        program.num_steps(),
-        program.constant_bytes(),
-        program.arena_bytes()
-    )
 }
 
 /// Where embed mode 0 writes: the output model's folder, the binary named

@@ -20,7 +20,13 @@ pub struct KilnOptions {
     pub disabled_ops: Vec<String>,
     /// How a loaded context binary is held in memory.
     pub context_storage: ContextStorage,
+    /// How many input shape signatures each shape-generic partition keeps a
+    /// program for (`None`: the default, 8).
+    pub shape_cache: Option<usize>,
 }
+
+/// The largest `shape_cache` kiln accepts.
+pub const MAX_SHAPE_CACHE: usize = 1024;
 
 /// `context_storage`: how kiln holds a `<model>_kiln.bin` it loads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,7 +71,23 @@ pub const OPTIONS: &[OptionSpec] = &[
         key: "context_storage",
         accepts: storage_names,
     },
+    OptionSpec {
+        key: "shape_cache",
+        accepts: shape_cache_values,
+    },
 ];
+
+fn shape_cache_values() -> String {
+    format!("an integer from 1 to {MAX_SHAPE_CACHE}")
+}
+
+fn parse_shape_cache(value: &str) -> Option<usize> {
+    value
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=MAX_SHAPE_CACHE).contains(n))
+}
 
 fn storage_names() -> String {
     ContextStorage::NAMES.join(", ")
@@ -104,6 +126,7 @@ impl KilnOptions {
                 "context_storage" => {
                     options.context_storage = ContextStorage::parse(value).ok_or_else(|| bad_value(name, value))?
                 }
+                "shape_cache" => options.shape_cache = Some(parse_shape_cache(value).ok_or_else(|| bad_value(name, value))?),
                 _ => return Err(unknown_option(name)),
             }
         }

@@ -82,6 +82,11 @@ pub trait ConstantSource {
     fn is_constant(&self, name: &str) -> bool;
     /// `Ok(None)` when `name` is not a constant.
     fn constant(&self, name: &str) -> Result<Option<TensorValue>>;
+    /// The constant's bytes in kiln's own storage, when the source holds
+    /// them already (a shape-generic partition): imported without a copy.
+    fn weight(&self, _name: &str) -> Option<crate::plan::Weight> {
+        None
+    }
 }
 
 /// A graph (or one partition of it).

@@ -971,6 +971,11 @@ impl<'a> Importer<'a> {
             if !used {
                 continue;
             }
+            if let Some(w) = self.lazy.get(&v).and_then(|name| self.consts.weight(name)) {
+                self.lazy.remove(&v);
+                self.g.add_constant_weight(v, w)?;
+                continue;
+            }
             if let Some(t) = self.known(v, true).map_err(Error::invalid_graph)? {
                 self.g.add_constant_tensor(v, &t)?;
             }
