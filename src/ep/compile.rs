@@ -186,6 +186,14 @@ fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Execu
     let context = |e: Error| e.context(format!("kiln cannot compile partition '{name}'"));
     stats::partition_compiled(nodes.len());
     if !GenericGraph::is_static(&desc) {
+        // The check GetCapability made, on the partition alone.
+        let verdicts = ir::check_support(&desc, &constants, &ep.config.kiln.disabled_ops);
+        if let Some((node, Err(why))) = desc.nodes.iter().zip(&verdicts).find(|(_, v)| v.is_err()) {
+            return Err(context(Error::invalid_graph(format!(
+                "node '{}' ({}): {why}",
+                node.name, node.op_type
+            ))));
+        }
         let generic = GenericGraph::build(desc, &constants, ep.target).map_err(context)?;
         ep.logger.info(|| {
             format!(

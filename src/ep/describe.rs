@@ -57,6 +57,16 @@ fn node_desc(node: &Node<'_>, ins: &[Option<ValueInfo<'_>>], outs: &[Option<Valu
 
 fn value_desc(v: &ValueInfo<'_>) -> Result<ValueDesc> {
     Ok(match v.tensor_info()? {
+        // ORT describes a tensor of unknown rank with no dims, as a scalar
+        // (OrtTensorTypeAndShapeInfo cannot tell them apart). A node's output
+        // that ORT says is a scalar may be either, so its rank is unknown:
+        // kiln infers it itself inside a partition, and never takes it for a
+        // scalar at a partition's edge.
+        Some(info) if info.dims.is_empty() && v.producer()?.is_some() => ValueDesc {
+            elem_type: info.elem_type,
+            dims: None,
+            dim_params: Vec::new(),
+        },
         Some(info) => ValueDesc {
             elem_type: info.elem_type,
             dims: Some(info.dims),

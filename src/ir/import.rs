@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use super::desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, SUPPORTED_OPS};
+use super::desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, ValueDesc, SUPPORTED_OPS};
 use super::{
     broadcast_shapes, infer, onnx_type_name, BiasKind, BinaryOp, DType, Graph, MatMulAttrs, Op, ReduceKind,
     ShapeDisplay, Tensor, TensorType, UnaryOp, ValueId,
@@ -31,7 +31,27 @@ pub fn check_support(
     constants: &dyn ConstantSource,
     disabled: &[String],
 ) -> Vec<std::result::Result<(), String>> {
+    let probes = Probe::for_graph(graph);
+    let mut verdicts = vec![Ok(()); graph.nodes.len()];
+    for probe in &probes {
+        for (v, r) in verdicts.iter_mut().zip(check_at(graph, constants, disabled, probe)) {
+            if v.is_ok() {
+                *v = r;
+            }
+        }
+    }
+    verdicts
+}
+
+/// One pass of [`check_support`] with the graph's unknown dims at `probe`'s sizes.
+fn check_at(
+    graph: &GraphDesc,
+    constants: &dyn ConstantSource,
+    disabled: &[String],
+    probe: &Probe,
+) -> Vec<std::result::Result<(), String>> {
     let mut imp = Importer::new(graph, constants, true);
+    imp.probe = Some(probe);
     graph
         .nodes
         .iter()
@@ -47,6 +67,87 @@ pub fn check_support(
             r
         })
         .collect()
+}
+
+/// Sizes given to a graph's unknown dims while kiln checks it: the same
+/// size for every dim of one `dim_param`, a different one for each other
+/// symbol and each unnamed dim. Every node is checked at two such sets of
+/// sizes (distinct primes, so no size is a product or multiple of another
+/// by accident): what imports at both is what kiln claims, and at run time
+/// the partition is compiled for the real sizes. Ranks never depend on the
+/// sizes, so a tensor of unknown rank stays unclaimed.
+pub struct Probe {
+    first: i64,
+    named: std::cell::RefCell<HashMap<String, i64>>,
+    next: std::cell::Cell<usize>,
+}
+
+const PROBE_PRIMES: [i64; 2 * PROBE_SYMBOLS] = {
+    // 17, 19, 23, ... : the first 2 * PROBE_SYMBOLS primes from 17 on.
+    let mut out = [0i64; 2 * PROBE_SYMBOLS];
+    let mut n = 17i64;
+    let mut k = 0;
+    while k < out.len() {
+        let mut d = 2;
+        let mut prime = true;
+        while d * d <= n {
+            if n % d == 0 {
+                prime = false;
+            }
+            d += 1;
+        }
+        if prime {
+            out[k] = n;
+            k += 1;
+        }
+        n += 1;
+    }
+    out
+};
+
+/// Distinct sizes per probe; symbols beyond it reuse sizes (still valid sizes).
+const PROBE_SYMBOLS: usize = 64;
+
+impl Probe {
+    /// No probe for a graph without unknown dims; else two.
+    fn for_graph(graph: &GraphDesc) -> Vec<Probe> {
+        let dynamic = graph
+            .values
+            .values()
+            .any(|v| v.dims.as_ref().is_some_and(|d| d.iter().any(|&x| x < 0)));
+        let sets: &[i64] = if dynamic { &[0, 1] } else { &[0] };
+        sets.iter()
+            .map(|&first| Probe {
+                first,
+                named: Default::default(),
+                next: Default::default(),
+            })
+            .collect()
+    }
+
+    fn fresh(&self) -> i64 {
+        let k = self.next.get();
+        self.next.set(k + 1);
+        PROBE_PRIMES[(k % PROBE_SYMBOLS) * 2 + self.first as usize]
+    }
+
+    /// The size of dim `i` of `v`, `d` if known.
+    fn size(&self, v: &ValueDesc, i: usize, d: i64) -> i64 {
+        if d >= 0 {
+            return d;
+        }
+        match v.dim_param(i) {
+            Some(name) => {
+                if let Some(&s) = self.named.borrow().get(name) {
+                    return s;
+                }
+                let s = self.fresh();
+                self.named.borrow_mut().insert(name.to_string(), s);
+                s
+            }
+            None => self.fresh(),
+        }
+    }
 }
 
 /// Builds the IR of one partition: `graph.inputs`/`outputs` in the fused
@@ -70,6 +171,8 @@ pub fn import(graph: &GraphDesc, constants: &dyn ConstantSource) -> Result<Graph
 
 struct Importer<'a> {
     desc: &'a GraphDesc,
+    /// Sizes for unknown dims of values the checked nodes read (check only).
+    probe: Option<&'a Probe>,
     consts: &'a dyn ConstantSource,
     check_only: bool,
     g: Graph,
@@ -156,6 +259,7 @@ impl<'a> Importer<'a> {
     fn new(desc: &'a GraphDesc, consts: &'a dyn ConstantSource, check_only: bool) -> Self {
         Importer {
             desc,
+            probe: None,
             consts,
             check_only,
             g: Graph::new("partition"),
@@ -167,6 +271,14 @@ impl<'a> Importer<'a> {
 
     /// kiln's static type for a value ORT describes, or why there is none.
     fn desc_type(&self, name: &str) -> std::result::Result<TensorType, Why> {
+        let (dtype, dims) = self.desc_dims(name)?;
+        let shape: Option<Vec<usize>> = dims.iter().map(|&x| usize::try_from(x).ok()).collect();
+        let shape = shape.ok_or_else(|| format!("'{name}' has dynamic shape {dims:?}"))?;
+        Ok(TensorType { dtype, shape })
+    }
+
+    /// ORT's element type and dims (-1 unknown) of a value.
+    fn desc_dims(&self, name: &str) -> std::result::Result<(DType, &'a [i64]), Why> {
         let d = self
             .desc
             .values
@@ -180,9 +292,46 @@ impl<'a> Importer<'a> {
             }
         })?;
         let dims = d.dims.as_ref().ok_or_else(|| format!("'{name}' has an unknown rank"))?;
-        let shape: Option<Vec<usize>> = dims.iter().map(|&x| usize::try_from(x).ok()).collect();
-        let shape = shape.ok_or_else(|| format!("'{name}' has dynamic shape {dims:?}"))?;
+        Ok((dtype, dims))
+    }
+
+    /// The type of a value the nodes read but do not produce: ORT's, with
+    /// unknown dims at the probe's sizes while checking.
+    fn input_type(&self, name: &str) -> std::result::Result<TensorType, Why> {
+        let Some(probe) = self.probe else {
+            return self.desc_type(name);
+        };
+        let (dtype, dims) = self.desc_dims(name)?;
+        let v = &self.desc.values[name];
+        let shape = dims
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| probe.size(v, i, d) as usize)
+            .collect();
         Ok(TensorType { dtype, shape })
+    }
+
+    /// Checks kiln's type for `name` against what ORT knows of it: element
+    /// type, rank and every dim ORT knows.
+    fn agrees_with_ort(&self, name: &str, ty: &TensorType) -> std::result::Result<(), Why> {
+        let Some(d) = self.desc.values.get(name) else {
+            return Ok(());
+        };
+        let said = || match &d.dims {
+            Some(dims) => format!("{} {dims:?}", onnx_type_name(d.elem_type)),
+            None => onnx_type_name(d.elem_type).to_string(),
+        };
+        if d.elem_type != 0 && d.elem_type != ty.dtype.onnx_code() {
+            return Err(format!("kiln infers {ty} for '{name}' but ORT says {}", said()));
+        }
+        if let Some(dims) = &d.dims {
+            let same = dims.len() == ty.shape.len()
+                && dims.iter().zip(&ty.shape).all(|(&o, &k)| o < 0 || o as usize == k);
+            if !same {
+                return Err(format!("kiln infers {ty} for '{name}' but ORT says {}", said()));
+            }
+        }
+        Ok(())
     }
 
     /// The IR value for ONNX value `name`.
@@ -196,7 +345,7 @@ impl<'a> Importer<'a> {
                 "'{name}' is neither a partition input, a constant nor produced before"
             ));
         }
-        let ty = match self.desc_type(name) {
+        let ty = match self.input_type(name) {
             Ok(ty) => ty,
             // A constant without type information: read it to learn its type.
             Err(_) if constant => {
@@ -313,19 +462,7 @@ impl<'a> Importer<'a> {
         }
         let id = match out {
             Some(name) => {
-                if let Ok(said) = self.desc_type(name) {
-                    if said != ty {
-                        return Err(format!("kiln infers {ty} for '{name}' but ORT says {said}"));
-                    }
-                } else if let Some(d) = self.desc.values.get(name) {
-                    // ORT's element type, when known, must agree.
-                    if d.elem_type != 0 && d.elem_type != ty.dtype.onnx_code() {
-                        return Err(format!(
-                            "kiln infers {ty} for '{name}' but ORT says {}",
-                            onnx_type_name(d.elem_type)
-                        ));
-                    }
-                }
+                self.agrees_with_ort(name, &ty)?;
                 if self.ids.contains_key(name) {
                     return Err(format!("value '{name}' is produced twice"));
                 }
@@ -676,6 +813,9 @@ impl<'a> Importer<'a> {
                 let c = self.constant("constant_of_shape", Tensor::filled(&ty, v));
                 self.bind(n, out0, c)?;
             }
+            "Equal" | "Greater" | "Less" | "GreaterOrEqual" | "LessOrEqual" | "And" | "Or" | "Xor" | "Not" => {
+                self.fold_logic(n, out0)?
+            }
             "Where" => {
                 let c = self.input(n, 0)?;
                 let x = self.input(n, 1)?;
@@ -703,6 +843,48 @@ impl<'a> Importer<'a> {
             other => return Err(format!("kiln does not implement {other}")),
         }
         Ok(())
+    }
+
+    /// Comparisons and logic on values known while importing (shape
+    /// arithmetic such as `Where(Equal(shape, -1), 1, shape)`): evaluated
+    /// here. kiln has no run-time kernel for them yet.
+    fn fold_logic(&mut self, n: &NodeDesc, out: &str) -> std::result::Result<(), Why> {
+        let arity = if n.op_type == "Not" { 1 } else { 2 };
+        let mut known = Vec::with_capacity(arity);
+        for k in 0..arity {
+            let id = self.input(n, k)?;
+            let t = self.known(id, false)?.ok_or_else(|| {
+                format!("{} of run-time values is not supported (only of constants and shapes)", n.op_type)
+            })?;
+            known.push(t);
+        }
+        let logic = matches!(n.op_type.as_str(), "And" | "Or" | "Xor" | "Not");
+        if logic && known.iter().any(|t| t.dtype() != DType::Bool) {
+            return Err(format!("{} of non-bool inputs", n.op_type));
+        }
+        if !logic && known[0].dtype() != known[1].dtype() {
+            return Err(format!("{} of {} and {}", n.op_type, known[0].dtype(), known[1].dtype()));
+        }
+        let t = if n.op_type == "Not" {
+            let v = known[0].as_f64s().iter().map(|&x| u8::from(x == 0.0)).collect();
+            Tensor::bool(&known[0].shape, v)
+        } else {
+            let f = |a: f64, b: f64| -> bool {
+                match n.op_type.as_str() {
+                    "Equal" => a == b,
+                    "Greater" => a > b,
+                    "Less" => a < b,
+                    "GreaterOrEqual" => a >= b,
+                    "LessOrEqual" => a <= b,
+                    "And" => a != 0.0 && b != 0.0,
+                    "Or" => a != 0.0 || b != 0.0,
+                    _ => (a != 0.0) != (b != 0.0),
+                }
+            };
+            broadcast_map(&known[0], &known[1], f)?
+        };
+        let c = self.constant("logic", t);
+        self.bind(n, out, c)
     }
 
     fn matmul(&mut self, n: &NodeDesc, out: &str) -> std::result::Result<(), Why> {
@@ -982,6 +1164,43 @@ impl<'a> Importer<'a> {
         }
         Ok(self.g)
     }
+}
+
+/// `f(a[i], b[j])` over the broadcast of two small host tensors, as bool.
+fn broadcast_map(a: &Tensor, b: &Tensor, f: impl Fn(f64, f64) -> bool) -> std::result::Result<Tensor, Why> {
+    let shape = broadcast_shapes(&a.shape, &b.shape).ok_or_else(|| {
+        format!(
+            "input shapes {} and {} do not broadcast",
+            ShapeDisplay(&a.shape),
+            ShapeDisplay(&b.shape)
+        )
+    })?;
+    let n: usize = shape.iter().product();
+    if n > FETCH_LIMIT {
+        return Err(format!("{} elements are too many to evaluate while importing", n));
+    }
+    let (va, vb) = (a.as_f64s(), b.as_f64s());
+    let index = |s: &[usize], mut flat: usize| -> usize {
+        // Row-major index into `s`, right-aligned against `shape`, broadcasting 1s.
+        let mut at = 0;
+        let mut stride = 1;
+        for d in (0..shape.len()).rev() {
+            let i = flat % shape[d];
+            flat /= shape[d];
+            let Some(sd) = (d + s.len()).checked_sub(shape.len()) else {
+                continue;
+            };
+            if s[sd] != 1 {
+                at += i * stride;
+            }
+            stride *= s[sd];
+        }
+        at
+    };
+    let out = (0..n)
+        .map(|i| u8::from(f(va[index(&a.shape, i)], vb[index(&b.shape, i)])))
+        .collect();
+    Ok(Tensor::bool(&shape, out))
 }
 
 /// The shape a Reshape produces: 0 copies the input dim (unless

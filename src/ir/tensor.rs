@@ -35,6 +35,13 @@ impl Tensor {
         }
     }
 
+    pub fn bool(shape: &[usize], data: Vec<u8>) -> Tensor {
+        Tensor {
+            shape: shape.to_vec(),
+            data: TensorData::Bool(data),
+        }
+    }
+
     /// A tensor of `ty` with every element `value` (converted to the dtype).
     pub fn filled(ty: &TensorType, value: f64) -> Tensor {
         let n = ty.numel();
