@@ -404,7 +404,7 @@ impl Reader<'_> {
         ValueDesc {
             elem_type,
             dims,
-            dim_params: Vec::new(),
+            ..ValueDesc::default()
         }
     }
 

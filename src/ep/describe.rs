@@ -56,7 +56,7 @@ fn node_desc(node: &Node<'_>, ins: &[Option<ValueInfo<'_>>], outs: &[Option<Valu
 }
 
 fn value_desc(v: &ValueInfo<'_>) -> Result<ValueDesc> {
-    Ok(match v.tensor_info()? {
+    let mut desc = match v.tensor_info()? {
         // ORT describes a tensor of unknown rank with no dims, as a scalar
         // (OrtTensorTypeAndShapeInfo cannot tell them apart). A node's output
         // that ORT says is a scalar may be either, so its rank is unknown:
@@ -64,16 +64,18 @@ fn value_desc(v: &ValueInfo<'_>) -> Result<ValueDesc> {
         // scalar at a partition's edge.
         Some(info) if info.dims.is_empty() && v.producer()?.is_some() => ValueDesc {
             elem_type: info.elem_type,
-            dims: None,
-            dim_params: Vec::new(),
+            ..ValueDesc::default()
         },
         Some(info) => ValueDesc {
             elem_type: info.elem_type,
             dims: Some(info.dims),
             dim_params: info.dim_params,
+            outer_scope: false,
         },
         None => ValueDesc::default(),
-    })
+    };
+    desc.outer_scope = v.is_from_outer_scope()?;
+    Ok(desc)
 }
 
 fn text(bytes: Vec<u8>) -> String {
