@@ -93,3 +93,6 @@ pub fn optimise(graph: &Graph, passes: Passes) -> Result<Graph> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod generic_tests;

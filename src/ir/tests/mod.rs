@@ -6,7 +6,7 @@ pub(crate) mod reference;
 
 use std::collections::{BTreeMap, HashMap};
 
-use reference::T;
+pub(crate) use reference::T;
 
 use super::desc::*;
 use super::*;
