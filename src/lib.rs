@@ -22,3 +22,4 @@ pub mod kernels;
 pub mod plan;
 pub mod stats;
 pub mod target;
+pub mod tensor;

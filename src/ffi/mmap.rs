@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::plan::{AlignedBytes, Storage};
+use crate::tensor::{AlignedBytes, Storage};
 
 /// A mapped file, shared by every program whose weights live in it.
 pub struct MappedFile {

@@ -16,93 +16,11 @@ pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, Valu
 pub use import::{check_support, import};
 pub use tensor::{Tensor, TensorData};
 
+pub(crate) use crate::tensor::ShapeDisplay;
+pub use crate::tensor::{broadcast_shapes, onnx_type_name, DType};
+
 use crate::error::{Error, Result};
 use crate::plan::Weight;
-
-/// An element type kiln can hold. Compute is f32; the integer types and
-/// bool carry shapes, indices and masks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DType {
-    F32,
-    I64,
-    I32,
-    /// One byte per element, 0 or 1.
-    Bool,
-}
-
-impl DType {
-    pub const ALL: [DType; 4] = [DType::F32, DType::I64, DType::I32, DType::Bool];
-
-    pub fn from_onnx(code: i32) -> Option<DType> {
-        match code {
-            1 => Some(DType::F32),
-            7 => Some(DType::I64),
-            6 => Some(DType::I32),
-            9 => Some(DType::Bool),
-            _ => None,
-        }
-    }
-
-    pub fn onnx_code(self) -> i32 {
-        match self {
-            DType::F32 => 1,
-            DType::I64 => 7,
-            DType::I32 => 6,
-            DType::Bool => 9,
-        }
-    }
-
-    /// Bytes per element (also the alignment kiln gives it).
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 | DType::I32 => 4,
-            DType::I64 => 8,
-            DType::Bool => 1,
-        }
-    }
-
-    /// The ONNX spelling, e.g. "float".
-    pub fn name(self) -> &'static str {
-        onnx_type_name(self.onnx_code())
-    }
-
-    pub fn is_int(self) -> bool {
-        matches!(self, DType::I64 | DType::I32)
-    }
-}
-
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The ONNX spelling of a `TensorProto.DataType` code, for messages such as
-/// "input 1 is float16".
-pub fn onnx_type_name(code: i32) -> &'static str {
-    match code {
-        1 => "float",
-        2 => "uint8",
-        3 => "int8",
-        4 => "uint16",
-        5 => "int16",
-        6 => "int32",
-        7 => "int64",
-        8 => "string",
-        9 => "bool",
-        10 => "float16",
-        11 => "double",
-        12 => "uint32",
-        13 => "uint64",
-        14 => "complex64",
-        15 => "complex128",
-        16 => "bfloat16",
-        17..=20 => "float8",
-        21 => "uint4",
-        22 => "int4",
-        _ => "an unknown type",
-    }
-}
 
 /// A tensor's element type and static shape.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -143,22 +61,6 @@ impl TensorType {
 impl fmt::Display for TensorType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}{}", self.dtype, ShapeDisplay(&self.shape))
-    }
-}
-
-/// Formats a shape as `[2,3,4]`.
-pub(crate) struct ShapeDisplay<'a>(pub &'a [usize]);
-
-impl fmt::Display for ShapeDisplay<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[")?;
-        for (i, d) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{d}")?;
-        }
-        f.write_str("]")
     }
 }
 
@@ -338,28 +240,6 @@ impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.name())
     }
-}
-
-/// The shape of `a op b` under ONNX multidirectional (NumPy) broadcasting.
-pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
-    let rank = a.len().max(b.len());
-    let dim = |s: &[usize], i: usize| {
-        // Right-align: missing leading dims count as 1.
-        let pad = rank - s.len();
-        if i < pad {
-            1
-        } else {
-            s[i - pad]
-        }
-    };
-    (0..rank)
-        .map(|i| match (dim(a, i), dim(b, i)) {
-            (x, y) if x == y => Some(x),
-            (1, y) => Some(y),
-            (x, 1) => Some(x),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Index of a value in [`Graph::values`].

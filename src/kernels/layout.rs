@@ -5,7 +5,7 @@
 //! dims are dropped and neighbouring dims that step the same way in both
 //! inputs are merged, which turns most real cases into one of the fast paths.
 
-use crate::ir::broadcast_shapes;
+use crate::tensor::broadcast_shapes;
 
 /// The access pattern of `out = a op b`, all row-major.
 #[derive(Clone, Debug, PartialEq, Eq)]

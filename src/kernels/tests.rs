@@ -1,6 +1,6 @@
 use super::parallel::{ScopedThreads, Serial};
 use super::*;
-use crate::ir::broadcast_shapes;
+use crate::tensor::broadcast_shapes;
 
 /// Every target this machine can run.
 fn isas() -> Vec<Isa> {

@@ -10,21 +10,20 @@
 //! are bytes; each step views them as its element types.
 
 mod validate;
-mod weight;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-pub use crate::ir::DType;
 pub use crate::kernels::{TensorMut, TensorRef};
-pub use weight::{AlignedBytes, HugePageBytes, Storage, Weight, STORAGE_ALIGN};
+pub use crate::tensor::DType;
+pub use crate::tensor::{AlignedBytes, HugePageBytes, Storage, Weight, STORAGE_ALIGN};
 
 use crate::error::{Error, Result};
-use crate::ir::ShapeDisplay;
 use crate::kernels::gemm::{self, Activation, Bias, Epilogue, PackedB};
 use crate::kernels::parallel::Parallel;
 use crate::kernels::{self, movement, BinaryOp, CopyPlan, Isa, Layout, ReduceKind, UnaryOp, Where3};
 use crate::target::Target;
+use crate::tensor::ShapeDisplay;
 
 /// A graph input or output: name, ONNX element type and static shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -535,8 +534,8 @@ fn check_tensor(what: &str, spec: &TensorSpec, elem_type: i32, got: usize) -> Re
             InvalidArgument,
             "{what} '{}' is {}, got {}",
             spec.name,
-            crate::ir::onnx_type_name(spec.elem_type),
-            crate::ir::onnx_type_name(elem_type)
+            crate::tensor::onnx_type_name(spec.elem_type),
+            crate::tensor::onnx_type_name(elem_type)
         );
     }
     if spec.numel() != got {

@@ -8,7 +8,7 @@
 
 use super::{BufRef, DType, MatB, MatBias, Packing, Program, Step, TensorSpec};
 use crate::error::{Error, Result};
-use crate::ir::ShapeDisplay;
+use crate::tensor::ShapeDisplay;
 
 /// Arena slack allowed past the last scratch buffer, so that a planner may
 /// round the arena up to whole cache lines.
@@ -50,7 +50,7 @@ fn check_specs(what: &str, specs: &[TensorSpec]) -> Result<()> {
             Error::invalid_graph(format!(
                 "{what} {i} '{}' has element type {}, which kiln does not hold",
                 spec.name,
-                crate::ir::onnx_type_name(spec.elem_type)
+                crate::tensor::onnx_type_name(spec.elem_type)
             ))
         })?;
         let numel = spec.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));

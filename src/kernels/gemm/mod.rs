@@ -48,8 +48,8 @@ use self::pack::{ASrc, BSrc};
 use super::parallel::Parallel;
 use super::Isa;
 use crate::error::{Error, Result};
-use crate::plan::{AlignedBytes, HugePageBytes, Storage, Weight};
 use crate::target::Target;
+use crate::tensor::{AlignedBytes, HugePageBytes, Storage, Weight};
 
 /// Version of the [`PackedB`] layout (panel widths per target). A stored
 /// packed weight is usable only by a kiln with the same version.

@@ -16,7 +16,7 @@ use super::*;
 use super::{epilogue, pack};
 use crate::error::ErrorKind;
 use crate::kernels::parallel::{ScopedThreads, Serial};
-use crate::plan::AlignedBytes;
+use crate::tensor::AlignedBytes;
 
 /// Every target this machine can run.
 fn isas() -> Vec<Isa> {

@@ -1,5 +1,6 @@
-//! Program constants ("weights") that may live in shared storage, such as a
-//! memory-mapped context binary, so that loading a program copies nothing.
+//! Weights and the storage they live in: owned 64-byte-aligned bytes,
+//! huge-page-backed bytes, or a memory-mapped context binary (implemented in
+//! `ffi::mmap`), so that loading a program copies nothing.
 
 use std::fmt;
 use std::ops::Deref;
