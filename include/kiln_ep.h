@@ -45,6 +45,9 @@ typedef struct KilnStats {
   // releases while sessions still hold its EPs is freed with the last EP.
   uint64_t factories_created;
   uint64_t factories_freed;
+  // Programs built for a shape-generic partition at the first run with a
+  // new input shape signature (later runs at that shape reuse them).
+  uint64_t shapes_specialized;
 } KilnStats;
 
 // Entry point ORT calls after loading the library: creates kiln's one factory.
