@@ -79,14 +79,17 @@ class ModelCase:
     # of the model's semantics (opset-11 Softmax): feeds -> outputs
     numpy_reference: Optional[Callable[[Dict[str, np.ndarray]], List[np.ndarray]]] = None
 
-    def feeds(self, seed: int = 0, batch: Optional[int] = None) -> Dict[str, np.ndarray]:
-        """Inputs for one run. ``batch`` replaces a symbolic first dimension."""
+    def feeds(self, seed: int = 0, batch: Optional[int] = None, seq: Optional[int] = None) -> Dict[str, np.ndarray]:
+        """Inputs for one run. ``batch`` replaces a symbolic first dimension,
+        ``seq`` a symbolic second one."""
         rng = np.random.default_rng(seed)
         out = {}
         for spec in self.inputs:
             run_shape = list(spec.run_shape)
             if batch is not None and spec.shape and isinstance(spec.shape[0], str):
                 run_shape[0] = batch
+            if seq is not None and len(spec.shape) > 1 and isinstance(spec.shape[1], str):
+                run_shape[1] = seq
             spec = InputSpec(spec.name, spec.elem_type, spec.shape, run_shape, spec.kind)
             if spec.kind == "mask":
                 b, s = spec.run_shape
@@ -383,21 +386,25 @@ def encoder_layer(b: Builder, x: str, mask_add: Optional[str], *, batch: DimT, s
 def bert(hidden: int = 64, heads: int = 2, seq: int = 8, batch: int = 1, layers: int = 1, mask: bool = True,
          ln: str = "op", act: str = "erf", shape_ops: bool = True, dropout: bool = False,
          dynamic_batch: bool = False, inter: Optional[int] = None, seed: int = 2,
-         name: Optional[str] = None) -> ModelCase:
+         name: Optional[str] = None, dynamic_seq: bool = False) -> ModelCase:
     """A stack of BERT encoder layers over an embedded input [batch, seq, hidden]
-    (plus ``attention_mask`` int64 [batch, seq] if ``mask``)."""
+    (plus ``attention_mask`` int64 [batch, seq] if ``mask``). ``dynamic_seq``:
+    the sequence dim is the symbol ``sequence`` (reshapes then go through
+    ``Shape`` ops, as HF exports do)."""
     assert hidden % heads == 0
+    assert shape_ops or not dynamic_seq
     inter = inter or 4 * hidden
     opset = 20 if act.startswith("op") else 17
     name = name or (f"bert_h{hidden}_a{heads}_s{seq}_b{batch}_l{layers}_{'mask' if mask else 'nomask'}"
                     f"_ln{ln}_gelu{act}{'' if shape_ops else '_constshape'}{'_dropout' if dropout else ''}"
-                    f"{'_dyn' if dynamic_batch else ''}")
+                    f"{'_dyn' if dynamic_batch else ''}{'_dynseq' if dynamic_seq else ''}")
     b = Builder(name, opset, seed)
     bdim: DimT = "batch" if dynamic_batch else batch
-    x = b.input("input", TensorProto.FLOAT, [bdim, seq, hidden], [batch, seq, hidden])
+    sdim: DimT = "sequence" if dynamic_seq else seq
+    x = b.input("input", TensorProto.FLOAT, [bdim, sdim, hidden], [batch, seq, hidden])
     mask_add = None
     if mask:
-        m = b.input("attention_mask", TensorProto.INT64, [bdim, seq], [batch, seq], kind="mask")
+        m = b.input("attention_mask", TensorProto.INT64, [bdim, sdim], [batch, seq], kind="mask")
         m = b.unsqueeze(m, [1], name="extended_mask/Unsqueeze")
         m = b.unsqueeze(m, [2], name="extended_mask/Unsqueeze_1")
         m = b.op("Cast", [m], name="extended_mask/Cast", to=TensorProto.FLOAT)
@@ -407,15 +414,15 @@ def bert(hidden: int = 64, heads: int = 2, seq: int = 8, batch: int = 1, layers:
         x = encoder_layer(b, x, mask_add, batch=bdim, seq=seq, hidden=hidden, heads=heads, inter=inter, ln=ln,
                           act=act, shape_ops=shape_ops, dropout=dropout, tag=f"layer{li}")
     b.op("Identity", [x], outputs=["output"], name="output_identity")
-    model = b.model([("output", TensorProto.FLOAT, [bdim, seq, hidden])])
+    model = b.model([("output", TensorProto.FLOAT, [bdim, sdim, hidden])])
     deep = layers >= 3 or hidden >= 768
     rtol, atol = TOL_BERT_DEEP if deep else TOL_BERT
     desc = (f"BERT encoder: hidden {hidden}, {heads} heads, seq {seq}, batch {batch}"
             f"{' (dynamic)' if dynamic_batch else ''}, {layers} layer(s), {'mask' if mask else 'no mask'}, "
             f"LayerNorm {ln}, GELU {act}, {'Shape-computed' if shape_ops else 'constant'} reshapes"
             f"{', Dropout' if dropout else ''}")
-    return ModelCase(name, model, b.input_specs, static=not dynamic_batch, rtol=rtol, atol=atol, family="bert",
-                     description=desc)
+    return ModelCase(name, model, b.input_specs, static=not (dynamic_batch or dynamic_seq), rtol=rtol, atol=atol,
+                     family="bert", description=desc)
 
 
 # --------------------------------------------------------------------------
