@@ -27,7 +27,7 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
             }
         }
     }
-    let verdicts = verdicts(ep, &graph, &nodes, &is_context)?;
+    let mut verdicts = verdicts(ep, &graph, &nodes, &is_context)?;
     let mut pnodes = Vec::with_capacity(nodes.len());
     for (node, verdict) in nodes.iter().zip(&verdicts) {
         pnodes.push(PNode {
@@ -35,8 +35,8 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
             producers: producers(node, &index)?,
         });
     }
+    let parts = agreed_partitions(ep, &graph, &nodes, &mut pnodes, &mut verdicts)?;
     log_left_out(ep, &nodes, &verdicts, &is_context);
-    let parts = partition(&pnodes);
     for part in &parts {
         let members: Vec<Node<'_>> = part.iter().map(|&i| nodes[i]).collect();
         // Constants are copied into kiln's program, so ORT need not pass them.
@@ -72,6 +72,41 @@ fn verdicts(
         }
     }
     Ok(verdicts)
+}
+
+/// Partitions whose every node Compile will accept. The whole-graph check
+/// sees a value another partition produces with the type kiln infers for
+/// it; Compile sees only what ORT says of it (often less: unknown dims or
+/// rank). So each partition is checked again as Compile will see it, the
+/// nodes it refuses are left out, and the graph is partitioned again until
+/// nothing changes (each round leaves out at least one node).
+fn agreed_partitions(
+    ep: &KilnEp,
+    graph: &Graph<'_>,
+    nodes: &[Node<'_>],
+    pnodes: &mut [PNode],
+    verdicts: &mut [std::result::Result<(), String>],
+) -> Result<Vec<Vec<usize>>> {
+    let constants = Constants::of(graph)?;
+    loop {
+        let parts = partition(pnodes);
+        let mut changed = false;
+        for part in &parts {
+            let members: Vec<Node<'_>> = part.iter().map(|&i| nodes[i]).collect();
+            let desc = describe(&members, Vec::new(), Vec::new())?;
+            let again = ir::check_support(&desc, &constants, &ep.config.kiln.disabled_ops);
+            for (&i, v) in part.iter().zip(again) {
+                if let Err(why) = v {
+                    verdicts[i] = Err(format!("{why} (checked in its partition alone)"));
+                    pnodes[i].supported = false;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return Ok(parts);
+        }
+    }
 }
 
 /// One INFO line summing up what kiln left to other EPs and why; the
