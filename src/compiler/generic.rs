@@ -15,6 +15,7 @@ use crate::ir::{AttrValue, ConstantSource, DType, GraphDesc, TensorValue, ValueD
 use crate::kernels::gemm::PackedB;
 use crate::plan::{Program, Weight};
 use crate::target::Target;
+use crate::tensor::{Dim, DimsDisplay};
 
 /// A constant initializer the partition reads, by its ONNX name.
 #[derive(Clone, Debug)]
@@ -163,7 +164,11 @@ fn pack_gemm_weights(desc: &GraphDesc, constants: &[NamedConstant], target: Targ
         if out.iter().any(|p| p.source == c.name && p.trans_b == trans_b) {
             continue;
         }
-        let (k, n) = if trans_b { (c.shape[1], c.shape[0]) } else { (c.shape[0], c.shape[1]) };
+        let (k, n) = if trans_b {
+            (c.shape[1], c.shape[0])
+        } else {
+            (c.shape[0], c.shape[1])
+        };
         let Ok(pb) = PackedB::try_pack(target, c.data.as_slice(), k, n, trans_b) else {
             continue;
         };
@@ -225,12 +230,11 @@ impl Specializer {
             .map(|(i, c)| (c.name.clone(), i))
             .collect();
         let mut packs = PackedWeights::default();
-        let by_name: HashMap<&str, &NamedConstant> =
-            generic.constants.iter().map(|c| (c.name.as_str(), c)).collect();
+        let by_name: HashMap<&str, &NamedConstant> = generic.constants.iter().map(|c| (c.name.as_str(), c)).collect();
         for p in &generic.packed {
-            let c = by_name.get(p.source.as_str()).ok_or_else(|| {
-                Error::invalid_graph(format!("packed weight of '{}' names no constant", p.source))
-            })?;
+            let c = by_name
+                .get(p.source.as_str())
+                .ok_or_else(|| Error::invalid_graph(format!("packed weight of '{}' names no constant", p.source)))?;
             packs.insert(&c.data, p.trans_b, p.k, p.n, p.data.clone());
         }
         Ok(Specializer {
@@ -281,15 +285,12 @@ impl Specializer {
             )));
         }
         let mut desc = g.desc.clone();
+        let mut bound: HashMap<String, i64> = HashMap::new();
         for (i, (name, d)) in g.desc.inputs.iter().zip(dims).enumerate() {
             let declared = g.desc.values.get(name).cloned().unwrap_or_default();
-            if !fits(&declared, d) {
-                return Err(Error::invalid_argument(format!(
-                    "input {} cannot be {d:?}: the model declares {}",
-                    g.input_label(i),
-                    dims_label(&declared)
-                )));
-            }
+            bind(&declared.symbolic_dims(name), d, &mut bound).map_err(|why| {
+                Error::invalid_argument(format!("input {} cannot be {d:?}: {why}", g.input_label(i),))
+            })?;
             let v = desc.values.entry(name.clone()).or_default();
             v.dims = Some(d.clone());
         }
@@ -299,12 +300,37 @@ impl Specializer {
     }
 }
 
-/// Whether concrete `dims` fit a declared type (rank, and its known dims).
-fn fits(declared: &ValueDesc, dims: &[i64]) -> bool {
-    match &declared.dims {
-        None => true,
-        Some(d) => d.len() == dims.len() && d.iter().zip(dims).all(|(&a, &b)| b >= 0 && (a < 0 || a == b)),
+/// Binds the symbols of one input's declared dims to its run-time `dims`:
+/// ranks and known sizes must match, and a symbol (a `dim_param`) must have
+/// one size across all inputs, which kiln assumed when it checked the graph.
+fn bind(
+    declared: &Option<Vec<Dim>>,
+    dims: &[i64],
+    bound: &mut HashMap<String, i64>,
+) -> std::result::Result<(), String> {
+    let Some(declared) = declared else {
+        return Ok(());
+    };
+    if declared.len() != dims.len() {
+        return Err(format!("the model declares {}", DimsDisplay(declared)));
     }
+    for (want, &got) in declared.iter().zip(dims) {
+        if let Some(k) = want.as_known() {
+            if k != got {
+                return Err(format!("the model declares {}", DimsDisplay(declared)));
+            }
+            continue;
+        }
+        let name = want.to_string();
+        let first = *bound.entry(name.clone()).or_insert(got);
+        if first != got {
+            return Err(format!(
+                "the model declares {} and another input has {name} = {first}",
+                DimsDisplay(declared)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The generic graph's constants as the importer reads them.
@@ -418,7 +444,11 @@ impl GenericGraph {
         }
         format!(
             "shape-generic over {}; {} nodes; {} constants; {} packed weights; {} weight bytes",
-            if symbols.is_empty() { "no dims".to_string() } else { symbols.join(", ") },
+            if symbols.is_empty() {
+                "no dims".to_string()
+            } else {
+                symbols.join(", ")
+            },
             self.desc.nodes.len(),
             self.constants.len(),
             self.packed.len(),

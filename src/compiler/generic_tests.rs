@@ -15,7 +15,8 @@ use crate::target::Target;
 fn encoder_like() -> D {
     let mut d = D::new(17);
     let x = d.input("x", 1, &[-1, -1, 16]);
-    d.g.values.insert("x".into(), ValueDesc::named(1, &[-1, -1, 16], &["batch", "seq", ""]));
+    d.g.values
+        .insert("x".into(), ValueDesc::named(1, &[-1, -1, 16], &["batch", "seq", ""]));
     let w = d.f32s("w", &[16, 32], 1);
     let b = d.f32s("b", &[32], 2);
     let y = d.node("MatMul", &[&x, &w], vec![]);
@@ -36,7 +37,11 @@ fn encoder_like() -> D {
 
 fn inputs_at(batch: usize, seq: usize) -> Vec<T> {
     let n = batch * seq * 16;
-    vec![T::new(1, &[batch, seq, 16], data(n, 7).iter().map(|&v| v as f64).collect())]
+    vec![T::new(
+        1,
+        &[batch, seq, 16],
+        data(n, 7).iter().map(|&v| v as f64).collect(),
+    )]
 }
 
 fn specializer(d: &D, capacity: usize) -> Specializer {
@@ -101,4 +106,19 @@ fn a_shape_the_model_does_not_accept_is_refused_clearly() {
     assert!(e.message.contains("'x' [batch,seq,16]"), "{e}");
     let e = s.program_for(&[vec![2, 3]]).unwrap_err();
     assert!(e.message.contains("cannot be [2, 3]"), "{e}");
+}
+
+#[test]
+fn one_symbol_has_one_size_across_inputs() {
+    let mut d = D::new(17);
+    let a = d.input("a", 1, &[-1, 4]);
+    let b = d.input("b", 1, &[-1, 4]);
+    d.g.values.insert("a".into(), ValueDesc::named(1, &[-1, 4], &["n", ""]));
+    d.g.values.insert("b".into(), ValueDesc::named(1, &[-1, 4], &["n", ""]));
+    let y = d.node("Add", &[&a, &b], vec![]);
+    d.output(&y);
+    let s = specializer(&d, 2);
+    assert!(s.program_for(&[vec![3, 4], vec![3, 4]]).is_ok());
+    let e = s.program_for(&[vec![3, 4], vec![2, 4]]).unwrap_err();
+    assert!(e.message.contains("another input has n = 3"), "{e}");
 }

@@ -9,13 +9,13 @@
 use std::collections::HashMap;
 
 use super::alias::Folded;
+use super::generic::PackedWeights;
 use super::memplan::{plan_arena, Lifetime};
 use crate::error::{Error, Result};
 use crate::ir::{matmul_dims, BiasKind, DType, Graph, MatMulAttrs, Node, Op, ValueId};
 use crate::kernels::gemm::PackedB;
 use crate::kernels::movement::broadcast_strides;
 use crate::kernels::{CopyPlan, Layout, Where3};
-use super::generic::PackedWeights;
 use crate::plan::{BufRef, Constant, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, Step, TensorSpec};
 use crate::target::Target;
 
@@ -375,7 +375,9 @@ impl Lowering<'_> {
                     None => {
                         let data = match self.packs.and_then(|p| p.get(w, attrs.trans_b, k, n)) {
                             Some(data) => data,
-                            None => PackedB::pack(self.target, w.as_slice(), k, n, attrs.trans_b).data().clone(),
+                            None => PackedB::pack(self.target, w.as_slice(), k, n, attrs.trans_b)
+                                .data()
+                                .clone(),
                         };
                         self.constants.push(Constant {
                             dtype: DType::F32,

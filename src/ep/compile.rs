@@ -205,7 +205,10 @@ fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Execu
         });
         return Ok(Executable::Generic(Specializer::new(
             generic,
-            ep.config.kiln.shape_cache.unwrap_or(compiler::generic::DEFAULT_SHAPE_CACHE),
+            ep.config
+                .kiln
+                .shape_cache
+                .unwrap_or(compiler::generic::DEFAULT_SHAPE_CACHE),
         )?));
     }
     let ir = ir::import(&desc, &constants).map_err(context)?;

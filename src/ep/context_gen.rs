@@ -7,10 +7,10 @@ mod files;
 use std::path::{Path, PathBuf};
 
 use super::{KilnEp, EP_NAME};
+use crate::compiler::generic::Executable;
 use crate::context::{self, ContextBuilder, FORMAT_VERSION};
 use crate::error::{Error, Result};
 use crate::ffi::ep::{AttrValue, EpContextNode};
-use crate::compiler::generic::Executable;
 use crate::plan::Program;
 
 /// A compiled partition on its way into an EPContext node.

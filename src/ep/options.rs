@@ -126,7 +126,9 @@ impl KilnOptions {
                 "context_storage" => {
                     options.context_storage = ContextStorage::parse(value).ok_or_else(|| bad_value(name, value))?
                 }
-                "shape_cache" => options.shape_cache = Some(parse_shape_cache(value).ok_or_else(|| bad_value(name, value))?),
+                "shape_cache" => {
+                    options.shape_cache = Some(parse_shape_cache(value).ok_or_else(|| bad_value(name, value))?)
+                }
                 _ => return Err(unknown_option(name)),
             }
         }

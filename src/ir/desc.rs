@@ -61,6 +61,20 @@ impl ValueDesc {
         }
     }
 
+    /// The dims as symbolic [`Dim`](crate::tensor::Dim)s: a known size, the
+    /// dim's `dim_param`, or (unnamed) a symbol of its own, `value.i`.
+    /// `None` for an unknown rank.
+    pub fn symbolic_dims(&self, value: &str) -> Option<Vec<crate::tensor::Dim>> {
+        use crate::tensor::Dim;
+        let dims = self.dims.as_ref()?;
+        let dim = |(i, &d): (usize, &i64)| match self.dim_param(i) {
+            _ if d >= 0 => Dim::known(d),
+            Some(name) => Dim::sym(name),
+            None => Dim::sym(&format!("{value}.{i}")),
+        };
+        Some(dims.iter().enumerate().map(dim).collect())
+    }
+
     /// The name of dim `i`, if ORT gave it one.
     pub fn dim_param(&self, i: usize) -> Option<&str> {
         self.dim_params.get(i).map(String::as_str).filter(|s| !s.is_empty())

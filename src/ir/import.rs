@@ -325,8 +325,8 @@ impl<'a> Importer<'a> {
             return Err(format!("kiln infers {ty} for '{name}' but ORT says {}", said()));
         }
         if let Some(dims) = &d.dims {
-            let same = dims.len() == ty.shape.len()
-                && dims.iter().zip(&ty.shape).all(|(&o, &k)| o < 0 || o as usize == k);
+            let same =
+                dims.len() == ty.shape.len() && dims.iter().zip(&ty.shape).all(|(&o, &k)| o < 0 || o as usize == k);
             if !same {
                 return Err(format!("kiln infers {ty} for '{name}' but ORT says {}", said()));
             }
@@ -341,7 +341,9 @@ impl<'a> Importer<'a> {
         }
         let constant = self.consts.is_constant(name);
         if !constant && self.desc.values.get(name).is_some_and(|v| v.outer_scope) {
-            return Err(format!("'{name}' belongs to the enclosing graph, which ORT does not pass to kiln"));
+            return Err(format!(
+                "'{name}' belongs to the enclosing graph, which ORT does not pass to kiln"
+            ));
         }
         if !constant && !self.check_only {
             return Err(format!(
@@ -857,7 +859,10 @@ impl<'a> Importer<'a> {
         for k in 0..arity {
             let id = self.input(n, k)?;
             let t = self.known(id, false)?.ok_or_else(|| {
-                format!("{} of run-time values is not supported (only of constants and shapes)", n.op_type)
+                format!(
+                    "{} of run-time values is not supported (only of constants and shapes)",
+                    n.op_type
+                )
             })?;
             known.push(t);
         }
@@ -866,7 +871,12 @@ impl<'a> Importer<'a> {
             return Err(format!("{} of non-bool inputs", n.op_type));
         }
         if !logic && known[0].dtype() != known[1].dtype() {
-            return Err(format!("{} of {} and {}", n.op_type, known[0].dtype(), known[1].dtype()));
+            return Err(format!(
+                "{} of {} and {}",
+                n.op_type,
+                known[0].dtype(),
+                known[1].dtype()
+            ));
         }
         let t = if n.op_type == "Not" {
             let v = known[0].as_f64s().iter().map(|&x| u8::from(x == 0.0)).collect();
