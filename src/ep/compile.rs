@@ -290,7 +290,7 @@ impl Runner {
         let program = match &self.exe {
             Executable::Fixed(p) => p,
             Executable::Generic(s) => {
-                held = self.specialized(s, &raw)?;
+                held = self.specialized(s, &raw, &ctx.logger())?;
                 &*held
             }
         };
@@ -346,18 +346,33 @@ impl Runner {
 impl Runner {
     /// The program for this run's input shapes: cached, or built now (the
     /// first run at a new shape signature).
-    fn specialized(&self, s: &Specializer, raw: &[crate::ffi::compute::RawInput<'_>]) -> Result<Arc<Program>> {
+    fn specialized(
+        &self,
+        s: &Specializer,
+        raw: &[crate::ffi::compute::RawInput<'_>],
+        logger: &crate::ffi::logger::Logger,
+    ) -> Result<Arc<Program>> {
         let mut dims = vec![Vec::new(); self.inputs.len()];
         for (t, &j) in raw.iter().zip(&self.inputs) {
             if let Some(d) = dims.get_mut(j) {
                 *d = t.dims.clone();
             }
         }
+        let start = std::time::Instant::now();
         let (program, built) = s
             .program_for(&dims)
             .map_err(|e| e.context(format!("partition '{}' at input shapes {dims:?}", self.name)))?;
         if built {
             stats::shape_specialized();
+            logger.info(|| {
+                format!(
+                    "partition '{}': compiled for input shapes {dims:?} in {:.1} ms ({} steps, {} arena bytes)",
+                    self.name,
+                    start.elapsed().as_secs_f64() * 1e3,
+                    program.num_steps(),
+                    program.arena_bytes()
+                )
+            });
         }
         Ok(program)
     }
