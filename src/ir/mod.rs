@@ -6,14 +6,16 @@
 mod check;
 pub mod desc;
 mod import;
+mod ops;
 mod tensor;
 
 use std::fmt;
 
 pub use crate::kernels::gemm::Activation;
 pub use crate::kernels::{BinaryOp, ReduceKind, UnaryOp};
-pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc, NO_CONSTANTS, SUPPORTED_OPS};
+pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc, NO_CONSTANTS};
 pub use import::{check_support, import};
+pub use ops::SUPPORTED_OPS;
 pub use tensor::{Tensor, TensorData};
 
 pub(crate) use crate::tensor::ShapeDisplay;
