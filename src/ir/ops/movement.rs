@@ -176,6 +176,10 @@ fn slice_axis(dim: i64, start: i64, end: i64, step: i64) -> Result<(i64, i64), W
     if step == 0 {
         return Err("Slice step 0".into());
     }
+    if dim == 0 {
+        // Nothing to read (and no valid index to clamp a backward start to).
+        return Ok((0, 0));
+    }
     let fix = |v: i64| if v < 0 { v.saturating_add(dim) } else { v };
     let (start, end) = (fix(start), fix(end));
     let (start, end) = if step > 0 {
@@ -195,4 +199,16 @@ fn slice_axis(dim: i64, start: i64, end: i64, step: i64) -> Result<(i64, i64), W
         0
     };
     Ok((start, count))
+}
+
+#[cfg(test)]
+mod slice_tests {
+    use super::slice_axis;
+
+    #[test]
+    fn a_backward_slice_of_an_empty_axis_reads_nothing() {
+        assert_eq!(slice_axis(0, -1, i64::MIN, -1), Ok((0, 0)));
+        assert_eq!(slice_axis(0, 0, 10, 1), Ok((0, 0)));
+        assert_eq!(slice_axis(5, -1, i64::MIN, -1), Ok((4, 5)));
+    }
 }
