@@ -162,7 +162,9 @@ fn constant(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
     imp.bind(n, out, c)
 }
 
-/// Folded into a constant, so its shape must be known and small.
+/// Folded into a constant when small; a large one (its size may depend on
+/// the input shapes) is an `Expand` of its value at run time, so no input
+/// size turns a claimed node into a failing one.
 fn constant_of_shape(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
     let shape = imp
         .const_ints(n, 0, "the shape")?
@@ -175,11 +177,21 @@ fn constant_of_shape(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), 
     };
     let v = value.scalar().ok_or("ConstantOfShape value is not one element")?;
     let ty = TensorType::new(value.dtype(), &shape);
-    if ty.checked_numel().is_none_or(|n| n > FETCH_LIMIT * 16) {
-        return Err(format!("ConstantOfShape of {ty} is too large to fold"));
+    match ty.checked_numel() {
+        None => Err(format!("ConstantOfShape of {ty} is too large")),
+        Some(numel) if numel <= FETCH_LIMIT * 16 => {
+            let c = imp.constant("constant_of_shape", Tensor::filled(&ty, v));
+            imp.bind(n, out, c)
+        }
+        Some(_) => {
+            let one = imp.constant(
+                "constant_of_shape_value",
+                Tensor::filled(&TensorType::new(ty.dtype, &[]), v),
+            );
+            imp.emit(n, Op::Expand, &[one], Some(out), Some(&shape))?;
+            Ok(())
+        }
     }
-    let c = imp.constant("constant_of_shape", Tensor::filled(&ty, v));
-    imp.bind(n, out, c)
 }
 
 fn identity(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {

@@ -814,3 +814,25 @@ fn bert_layer_end_to_end() {
         assert!(summary.contains("MatMul+Bias+Gelu x1"), "{summary}");
     }
 }
+
+#[test]
+fn a_large_constant_of_shape_runs_as_an_expand() {
+    // Too large to fold into a constant: kiln expands the value at run time.
+    let mut d = D::new(17);
+    let x = d.input("x", 1, &[1100, 1000]);
+    let shape = d.i64s("shape", &[1100, 1000]);
+    let c = d.node(
+        "ConstantOfShape",
+        &[&shape],
+        vec![("value", AttrValue::Tensor(tv_f32(&[1], &[0.5])))],
+    );
+    let y = d.node("Add", &[&x, &c], vec![]);
+    d.output(&y);
+    let inputs = random_inputs(&d, 10);
+    let p = check_and_run(&d, &inputs, 0.0);
+    assert!(
+        p.constant_bytes() < 1024,
+        "the 4.4 MB constant was folded: {}",
+        p.constant_bytes()
+    );
+}
