@@ -15,11 +15,12 @@
 
 use std::collections::HashMap;
 
-use super::desc::{ConstantSource, GraphDesc, NodeDesc, ValueDesc};
+use super::desc::{ConstantSource, GraphDesc, NodeDesc};
 use super::ops;
 use super::{infer, onnx_type_name, DType, Graph, Op, Tensor, TensorType, ValueId};
 use crate::compiler::eval_op;
 use crate::error::{Error, Result};
+use crate::tensor::Dim;
 
 /// Why a node is not supported (or an import failed), for the user.
 pub(super) type Why = String;
@@ -134,22 +135,18 @@ impl Probe {
         PROBE_PRIMES[(k % PROBE_SYMBOLS) * 2 + self.first as usize]
     }
 
-    /// The size of dim `i` of `v`, `d` if known.
-    fn size(&self, v: &ValueDesc, i: usize, d: i64) -> i64 {
-        if d >= 0 {
-            return d;
-        }
-        match v.dim_param(i) {
-            Some(name) => {
-                if let Some(&s) = self.named.borrow().get(name) {
-                    return s;
-                }
-                let s = self.fresh();
-                self.named.borrow_mut().insert(name.to_string(), s);
-                s
+    /// The size of a symbolic dim at this probe: each symbol gets its own
+    /// prime on first sight.
+    fn size(&self, dim: &Dim) -> i64 {
+        let value_of = |symbol: &str| {
+            if let Some(&s) = self.named.borrow().get(symbol) {
+                return Some(s);
             }
-            None => self.fresh(),
-        }
+            let s = self.fresh();
+            self.named.borrow_mut().insert(symbol.to_string(), s);
+            Some(s)
+        };
+        dim.eval(&value_of).unwrap_or(1)
     }
 }
 
@@ -242,13 +239,9 @@ impl<'a> Importer<'a> {
         let Some(probe) = self.probe else {
             return self.desc_type(name);
         };
-        let (dtype, dims) = self.desc_dims(name)?;
-        let v = &self.desc.values[name];
-        let shape = dims
-            .iter()
-            .enumerate()
-            .map(|(i, &d)| probe.size(v, i, d) as usize)
-            .collect();
+        let (dtype, _) = self.desc_dims(name)?;
+        let dims = self.desc.values[name].symbolic_dims(name).unwrap_or_default();
+        let shape = dims.iter().map(|d| probe.size(d).max(0) as usize).collect();
         Ok(TensorType { dtype, shape })
     }
 
