@@ -286,6 +286,7 @@ def _offline(monkeypatch, cache: str) -> None:
     monkeypatch.setenv("PIP_INDEX_URL", "file:///nonexistent/kiln-test-index")
     monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no index or find-links from pip.conf
 
 
 def test_fetch_uses_a_valid_cache_and_refetches_a_damaged_one(corpus, tmp_path, monkeypatch):
