@@ -16,6 +16,10 @@ use crate::ir;
 /// group of other nodes kiln supports.
 pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result<()> {
     let nodes = graph.nodes()?;
+    if ep.config.context.enable && graph.is_subgraph()? {
+        leave_subgraph(ep, &graph, nodes.len())?;
+        return Ok(());
+    }
     let index: HashMap<_, _> = nodes.iter().enumerate().map(|(i, n)| (n.as_ptr(), i)).collect();
     let mut contexts = Vec::new();
     let mut is_context = vec![false; nodes.len()];
@@ -56,6 +60,22 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
     Ok(())
 }
 
+/// ORT (1.31) writes a compiled model from the main graph's nodes only: the
+/// EPContext node of a partition inside an `If`/`Loop`/`Scan` body would be
+/// lost (and the body's original nodes kept without the constants kiln took),
+/// so while generating EPContext kiln claims nothing inside a body. Loading the
+/// compiled model later claims (and compiles) those nodes as usual.
+fn leave_subgraph(ep: &KilnEp, graph: &Graph<'_>, nodes: usize) -> Result<()> {
+    let name = graph.name()?;
+    ep.logger.info(|| {
+        format!(
+            "GetCapability: kiln claims none of the {nodes} nodes of control-flow body '{name}' while \
+             generating EPContext (ORT writes EPContext nodes of the main graph only)"
+        )
+    });
+    Ok(())
+}
+
 /// Whether kiln can run each node (EPContext nodes never join partitions).
 fn verdicts(
     ep: &KilnEp,
@@ -64,7 +84,7 @@ fn verdicts(
     is_context: &[bool],
 ) -> Result<Vec<std::result::Result<(), String>>> {
     let desc = describe(nodes, Vec::new(), Vec::new())?;
-    let constants = Constants::of(graph)?;
+    let constants = Constants::of(graph, nodes)?;
     let mut verdicts = ir::check_support(&desc, &constants, &ep.config.kiln.disabled_ops);
     for (v, &ctx) in verdicts.iter_mut().zip(is_context) {
         if ctx {

@@ -68,14 +68,17 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
         )
     });
     let mut compiled = Vec::with_capacity(partitions.len());
-    for ((p, program), ep_context) in partitions.iter().zip(programs).zip(ep_context) {
-        let (inputs, outputs) = io_order(p.fused_node, &program)?;
+    for (((p, program), ep_context), source) in partitions.iter().zip(programs).zip(ep_context).zip(&sources) {
+        let fused_inputs = value_names(p.fused_node.inputs()?)?;
+        let inputs = input_order(&fused_inputs, &feeds(source, &program)?)?;
+        let outputs = output_order(p.fused_node, &program)?;
         compiled.push(Compiled {
             compute: Box::new(Runner {
                 name: p.fused_node.name()?,
                 program,
                 host: ep.host,
                 inject_panic: ep.inject == super::InjectedPanic::Compute,
+                kernel_inputs: fused_inputs.len(),
                 inputs,
                 outputs,
             }),
@@ -85,29 +88,53 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
     Ok(compiled)
 }
 
-/// For each kernel input (output), the program input (output) it is.
-/// ORT orders a fused node's inputs itself: for a graph kiln compiled from
-/// that node they match the program's order, but a reloaded EPContext node's
-/// fused node may list them differently, so match by name.
-fn io_order(fused: Node<'_>, program: &Program) -> Result<(Vec<usize>, Vec<usize>)> {
-    let map = |names: Vec<String>, specs: &[crate::plan::TensorSpec], what: &str| -> Result<Vec<usize>> {
-        if names.len() != specs.len() {
-            return Err(Error::invalid_graph(format!(
-                "the fused node has {} {what}s, its compiled graph {}",
-                names.len(),
-                specs.len()
-            )));
-        }
-        names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| Ok(specs.iter().position(|s| &s.name == n).unwrap_or(i)))
-            .collect()
-    };
-    Ok((
-        map(value_names(fused.inputs()?)?, program.inputs(), "input")?,
-        map(value_names(fused.outputs()?)?, program.outputs(), "output")?,
-    ))
+/// The value feeding each program input: for a loaded EPContext node, its
+/// own inputs (`context_load::check_io` matched them to the program by
+/// position); for a compiled graph, the program's inputs themselves.
+fn feeds(source: &Source<'_>, program: &Program) -> Result<Vec<String>> {
+    match source {
+        Source::Context(cn) => value_names(cn.node.inputs()?),
+        Source::Graph => Ok(program.inputs().iter().map(|s| s.name.clone()).collect()),
+    }
+}
+
+/// For each program input, the kernel input (fused-node input) feeding it.
+/// Several program inputs may share one kernel input: ORT's common
+/// subexpression elimination can merge two values an EPContext node reads
+/// into one, and the fused node lists each value once.
+fn input_order(fused_inputs: &[String], feeds: &[String]) -> Result<Vec<usize>> {
+    feeds
+        .iter()
+        .map(|name| {
+            fused_inputs.iter().position(|n| n == name).ok_or_else(|| {
+                Error::invalid_graph(format!(
+                    "the fused node has no input '{name}' (its inputs: {}), which its compiled graph reads",
+                    fused_inputs.join(", ")
+                ))
+            })
+        })
+        .collect()
+}
+
+/// For each kernel output, the program output it is. ORT orders a fused
+/// node's outputs itself: for a graph kiln compiled from that node they match
+/// the program's order, but a reloaded EPContext node's fused node may list
+/// them differently, so match by name.
+fn output_order(fused: Node<'_>, program: &Program) -> Result<Vec<usize>> {
+    let names = value_names(fused.outputs()?)?;
+    let specs = program.outputs();
+    if names.len() != specs.len() {
+        return Err(Error::invalid_graph(format!(
+            "the fused node has {} outputs, its compiled graph {}",
+            names.len(),
+            specs.len()
+        )));
+    }
+    Ok(names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| specs.iter().position(|s| &s.name == n).unwrap_or(i))
+        .collect())
 }
 
 fn classify<'a>(graph: Graph<'a>) -> Result<Source<'a>> {
@@ -176,7 +203,7 @@ fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Progr
     let name = fused.name()?;
     let nodes = graph.nodes()?;
     let desc = describe(&nodes, value_names(fused.inputs()?)?, value_names(fused.outputs()?)?)?;
-    let constants = Constants::of(&graph)?;
+    let constants = Constants::of(&graph, &nodes)?;
     let ir = ir::import(&desc, &constants).map_err(|e| e.context(format!("kiln cannot compile partition '{name}'")))?;
     let program = compiler::compile(&ir, ep.target).map_err(|e| e.context(format!("compiling '{name}'")))?;
     stats::partition_compiled(nodes.len());
@@ -227,9 +254,11 @@ struct Runner {
     program: Program,
     host: Target,
     inject_panic: bool,
-    /// Kernel input i is program input `inputs[i]` (see `io_order`).
+    /// How many inputs ORT passes (the fused node's).
+    kernel_inputs: usize,
+    /// Program input j reads kernel input `inputs[j]` (see `input_order`).
     inputs: Vec<usize>,
-    /// Kernel output i is program output `outputs[i]`.
+    /// Kernel output i is program output `outputs[i]` (see `output_order`).
     outputs: Vec<usize>,
 }
 
@@ -254,17 +283,17 @@ impl Runner {
         let par = ctx.parallel();
         let raw = ctx.raw_inputs()?;
         let specs = self.program.inputs();
-        if raw.len() != specs.len() {
+        if raw.len() != self.kernel_inputs {
             return Err(Error::invalid_argument(format!(
                 "partition '{}' expects {} inputs, ORT passed {}",
                 self.name,
-                specs.len(),
+                self.kernel_inputs,
                 raw.len()
             )));
         }
-        let mut inputs: Vec<Option<TensorRef<'_>>> = (0..specs.len()).map(|_| None).collect();
-        for (t, &j) in raw.iter().zip(&self.inputs) {
-            let spec = &specs[j];
+        let mut inputs = Vec::with_capacity(specs.len());
+        for (spec, &k) in specs.iter().zip(&self.inputs) {
+            let t = &raw[k];
             let dims: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
             if t.dims != dims || t.elem_type != spec.elem_type {
                 return Err(Error::invalid_argument(format!(
@@ -276,9 +305,8 @@ impl Runner {
                     dims
                 )));
             }
-            inputs[j] = Some(tensor_ref(t.elem_type, t.bytes, &spec.name)?);
+            inputs.push(tensor_ref(t.elem_type, t.bytes, &spec.name)?);
         }
-        let inputs: Vec<TensorRef<'_>> = inputs.into_iter().flatten().collect();
         let out_specs = self.program.outputs();
         let kernel_specs: Vec<(i32, Vec<usize>)> = self
             .outputs
@@ -290,9 +318,9 @@ impl Runner {
             outputs[j] = Some(tensor_mut(out_specs[j].elem_type, bytes, &out_specs[j].name)?);
         }
         let mut outputs: Vec<TensorMut<'_>> = outputs.into_iter().flatten().collect();
-        if inputs.len() != specs.len() || outputs.len() != out_specs.len() {
+        if outputs.len() != out_specs.len() {
             return Err(Error::invalid_graph(format!(
-                "partition '{}': inputs or outputs map twice",
+                "partition '{}': outputs map twice",
                 self.name
             )));
         }

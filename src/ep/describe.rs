@@ -59,7 +59,8 @@ fn value_desc(v: &ValueInfo<'_>) -> Result<ValueDesc> {
     Ok(match v.tensor_info()? {
         Some(info) => ValueDesc {
             elem_type: info.elem_type,
-            dims: Some(info.dims),
+            // An unknown rank is not a scalar: the importer refuses it.
+            dims: info.has_shape.then_some(info.dims),
             dim_params: info.dim_params,
         },
         None => ValueDesc::default(),
@@ -106,11 +107,22 @@ pub struct Constants<'a> {
 }
 
 impl<'a> Constants<'a> {
-    pub fn of(graph: &Graph<'a>) -> Result<Constants<'a>> {
+    /// The graph's own constant initializers, and those of an outer scope
+    /// that `nodes` read (inside an `If`/`Loop`/`Scan` body): ORT drops both
+    /// from a fused node's inputs, so Compile must find them here too.
+    pub fn of(graph: &Graph<'a>, nodes: &[Node<'a>]) -> Result<Constants<'a>> {
         let mut initializers = HashMap::new();
         for init in graph.initializers()? {
             if init.is_constant_initializer()? {
                 initializers.insert(init.name()?, init);
+            }
+        }
+        for node in nodes {
+            for v in node.inputs()?.into_iter().flatten() {
+                let name = v.name()?;
+                if !initializers.contains_key(&name) && v.is_constant_initializer()? {
+                    initializers.insert(name, v);
+                }
             }
         }
         Ok(Constants { initializers })

@@ -25,6 +25,9 @@ pub struct TensorInfo {
     pub dims: Vec<i64>,
     /// The ONNX `dim_param` of each dim ("" when it has none).
     pub dim_params: Vec<String>,
+    /// False when ORT knows no shape at all (unknown rank): `dims` is then
+    /// empty, exactly as for a scalar, and must not be taken for one.
+    pub has_shape: bool,
 }
 
 /// ORT's "ask the count, then fill an array of that size" pattern.
@@ -80,6 +83,16 @@ impl<'a> Graph<'a> {
         let api = Api::get();
         let path = get_str(|out| unsafe { ort!(api.ort, Graph_GetModelPath(self.0, out)) })?;
         Ok((!path.is_empty()).then(|| std::path::PathBuf::from(path)))
+    }
+
+    /// Whether this graph is the body of a control-flow node (`If`, `Loop`,
+    /// `Scan`) rather than the model's main graph.
+    pub fn is_subgraph(&self) -> Result<bool> {
+        let api = Api::get();
+        let mut parent = std::ptr::null();
+        // SAFETY: live graph, valid out-pointer; the node is only compared with null.
+        unsafe { check(ort!(api.ort, Graph_GetParentNode(self.0, &mut parent)))? };
+        Ok(!parent.is_null())
     }
 
     pub fn initializers(&self) -> Result<Vec<ValueInfo<'a>>> {
@@ -466,10 +479,13 @@ pub unsafe fn read_tensor_info(info: *const sys::OrtTensorTypeAndShapeInfo) -> R
         let mut params: Vec<*const c_char> = vec![std::ptr::null(); rank];
         check(ort!(api.ort, GetSymbolicDimensions(info, params.as_mut_ptr(), rank)))?;
         let dim_params = params.iter().map(|&p| cstr_to_string(p)).collect();
+        // Slot 390 (ORT 1.24+); an ORT without it gets the old reading.
+        let has_shape = api.ort.TensorTypeAndShape_HasShape.is_none_or(|f| f(info));
         Ok(TensorInfo {
             elem_type: elem as i32,
             dims,
             dim_params,
+            has_shape,
         })
     }
 }
