@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::error::Result;
-use crate::ffi::graph::{AttrRead, Graph, Node, TensorBytes, ValueInfo};
+use crate::ffi::graph::{AttrRead, Graph, Node, ValueInfo};
+use crate::ffi::tensor::TensorBytes;
 use crate::ir::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc};
 
 /// Describes `nodes` (topological) and every value they touch. `inputs` and
