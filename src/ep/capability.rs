@@ -5,8 +5,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::describe::{describe, Constants};
+use super::epcontext::{self, schema};
 use super::partition::{partition, PNode};
-use super::{context_load, KilnEp};
+use super::KilnEp;
 use crate::error::Result;
 use crate::ffi::ep::SupportInfo;
 use crate::ffi::graph::{Graph, Node};
@@ -24,7 +25,7 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
     let mut contexts = Vec::new();
     let mut is_context = vec![false; nodes.len()];
     for (i, node) in nodes.iter().enumerate() {
-        if context_load::is_ep_context(node)? {
+        if epcontext::is_ep_context(node)? {
             is_context[i] = true;
             if claim_context(ep, node)? {
                 contexts.push(*node);
@@ -118,8 +119,8 @@ fn log_left_out(ep: &KilnEp, nodes: &[Node<'_>], verdicts: &[std::result::Result
 /// kiln claims an EPContext node only when its `source` names kiln; other
 /// EPs' nodes are left alone (ORT itself does not check `source`).
 fn claim_context(ep: &KilnEp, node: &Node<'_>) -> Result<bool> {
-    let source = context_load::source_of(node)?;
-    let mine = source.as_deref().is_some_and(context_load::is_kiln_source);
+    let source = epcontext::source_of(node)?;
+    let mine = source.as_deref().is_some_and(schema::is_kiln_source);
     if !mine {
         ep.logger.verbose(|| {
             format!(

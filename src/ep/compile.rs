@@ -1,11 +1,11 @@
 //! Compile: turn the partitions ORT hands over into kiln programs — by
 //! compiling ORT's subgraph, or by loading kiln's EPContext nodes — and wrap
 //! them for ORT's Compute. With `ep.context_enable=1` it also produces the
-//! EPContext nodes (see `context_gen`).
+//! EPContext nodes (see `epcontext::writer`).
 
-use super::context_gen::{self, Generated};
-use super::context_load::{self, ContextNode};
 use super::describe::{describe, Constants};
+use super::epcontext::reader::{self as context_load, ContextNode};
+use super::epcontext::writer::{self as context_gen, Generated};
 use super::KilnEp;
 use crate::compiler;
 use crate::error::{Error, Result};
@@ -89,7 +89,7 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
 }
 
 /// The value feeding each program input: for a loaded EPContext node, its
-/// own inputs (`context_load::check_io` matched them to the program by
+/// own inputs (`epcontext::reader::check_io` matched them to the program by
 /// position); for a compiled graph, the program's inputs themselves.
 fn feeds(source: &Source<'_>, program: &Program) -> Result<Vec<String>> {
     match source {

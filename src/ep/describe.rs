@@ -39,8 +39,8 @@ fn names(values: &[Option<ValueInfo<'_>>]) -> Result<Vec<String>> {
 fn node_desc(node: &Node<'_>, ins: &[Option<ValueInfo<'_>>], outs: &[Option<ValueInfo<'_>>]) -> Result<NodeDesc> {
     let mut attrs = BTreeMap::new();
     // An EPContext node's attributes may hold a whole compiled model: never
-    // copy them here (kiln reads the few it needs in context_load).
-    if !super::context_load::is_ep_context(node)? {
+    // copy them here (kiln reads the few it needs in `epcontext::reader`).
+    if !super::epcontext::is_ep_context(node)? {
         for a in node.attributes()? {
             attrs.insert(a.name()?, attr_value(a.value()?));
         }

@@ -58,7 +58,7 @@ pub fn byte_len(elem_type: i32, dims: &[i64]) -> Result<usize> {
 }
 
 /// Element type and shape of a tensor value ORT passes or allocates.
-pub fn value_info(value: *const sys::OrtValue) -> Result<TensorInfo> {
+pub(super) fn value_info(value: *const sys::OrtValue) -> Result<TensorInfo> {
     let api = Api::get();
     let mut shape = std::ptr::null_mut();
     // SAFETY: `value` is a live OrtValue of this Compute call; the shape info

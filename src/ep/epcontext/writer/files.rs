@@ -23,7 +23,8 @@ use std::sync::Arc;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::super::context_load::is_kiln_source;
+use super::super::models::names_binary;
+use super::super::schema::is_kiln_source;
 use crate::context::{self, ContextBuilder, WriteStats};
 use crate::error::{Error, Result};
 use crate::ffi::logger::Logger;
@@ -73,7 +74,7 @@ pub fn model_names(model: &Path, bin_name: &str, checksum: Option<u128>) -> bool
     regular
         && map_file(model)
             .ok()
-            .and_then(|bytes| context::names_binary(bytes.bytes(), is_kiln_source, bin_name, checksum).ok())
+            .and_then(|bytes| names_binary(bytes.bytes(), is_kiln_source, bin_name, checksum).ok())
             .unwrap_or(false)
 }
 
@@ -551,7 +552,7 @@ mod tests {
 
     /// An ONNX model with one kiln EPContext node naming `bin` (embed mode 0).
     fn model_naming(bin: &str) -> Vec<u8> {
-        crate::context::model_naming("KilnExecutionProvider", bin)
+        crate::ep::epcontext::models::model_naming(crate::ep::epcontext::schema::KILN_SOURCE, bin)
     }
 
     fn names(folder: &Path) -> Vec<String> {

@@ -6,8 +6,13 @@ mod files;
 
 use std::path::{Path, PathBuf};
 
-use super::{KilnEp, EP_NAME};
-use crate::context::{self, ContextBuilder, FORMAT_VERSION};
+use super::models::binary_stamp;
+use super::schema::{
+    EMBED_MODE, EP_CACHE_CONTEXT, EP_CONTEXT_DOMAIN, EP_CONTEXT_OP, EP_SDK_VERSION, HARDWARE_ARCHITECTURE, KILN_SOURCE,
+    MAIN_CONTEXT, MAX_SIZE, NOTES, ONNX_MODEL_FILENAME, PARTITION_NAME, SOURCE,
+};
+use crate::context::{ContextBuilder, FORMAT_VERSION};
+use crate::ep::KilnEp;
 use crate::error::{Error, Result};
 use crate::ffi::ep::{AttrValue, EpContextNode};
 use crate::plan::Program;
@@ -45,10 +50,10 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
         for ((node, part), name) in nodes.iter_mut().zip(parts).zip(&names) {
             let mut builder = ContextBuilder::new(ep.target);
             builder.add_graph(name, part.program)?;
-            node.attributes.push(("embed_mode", AttrValue::Int(1)));
-            node.attributes.push(("main_context", AttrValue::Int(1)));
+            node.attributes.push((EMBED_MODE, AttrValue::Int(1)));
+            node.attributes.push((MAIN_CONTEXT, AttrValue::Int(1)));
             node.attributes
-                .push(("ep_cache_context", AttrValue::Bytes(builder.to_bytes()?)));
+                .push((EP_CACHE_CONTEXT, AttrValue::Bytes(builder.to_bytes()?)));
         }
         return Ok(nodes);
     }
@@ -61,12 +66,11 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
     // The node ORT writes first names the file; the others find their graph in it.
     let main = (0..parts.len()).min_by_key(|&i| parts[i].first_node).unwrap_or(0);
     for (i, node) in nodes.iter_mut().enumerate() {
-        node.attributes.push(("embed_mode", AttrValue::Int(0)));
-        node.attributes
-            .push(("main_context", AttrValue::Int((i == main) as i64)));
+        node.attributes.push((EMBED_MODE, AttrValue::Int(0)));
+        node.attributes.push((MAIN_CONTEXT, AttrValue::Int((i == main) as i64)));
         if i == main {
             node.attributes
-                .push(("ep_cache_context", AttrValue::Bytes(bin_name.clone().into_bytes())));
+                .push((EP_CACHE_CONTEXT, AttrValue::Bytes(bin_name.clone().into_bytes())));
             if let Some(sum) = checksum {
                 stamp_notes(node, sum);
             }
@@ -78,8 +82,8 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
 /// Adds the binary's checksum to the main node's notes: how kiln tells that
 /// ORT wrote this model for this very binary (see `files`).
 fn stamp_notes(node: &mut EpContextNode, checksum: u128) {
-    if let Some((_, AttrValue::Bytes(notes))) = node.attributes.iter_mut().find(|(k, _)| *k == "notes") {
-        notes.extend_from_slice(format!("; {}", context::binary_stamp(checksum)).as_bytes());
+    if let Some((_, AttrValue::Bytes(notes))) = node.attributes.iter_mut().find(|(k, _)| *k == NOTES) {
+        notes.extend_from_slice(format!("; {}", binary_stamp(checksum)).as_bytes());
     }
 }
 
@@ -109,14 +113,14 @@ fn write_shared(
 ) -> Result<(String, Option<u128>)> {
     let graphs: Vec<(String, &Program)> = names.iter().cloned().zip(parts.iter().map(|p| p.program)).collect();
     let mut staged = None;
-    let member = super::share::Member {
+    let member = crate::ep::share::Member {
         target: ep.target,
         folder: &out.folder,
         ctx_name: &out.ctx_name,
         graphs: &graphs,
         stop: ep.config.context.stop_share,
     };
-    let shared = super::share::add_to_group(
+    let shared = crate::ep::share::add_to_group(
         member,
         || files::choose_name(&out.folder, &out.stem, std::slice::from_ref(&out.ctx_name), &ep.logger),
         |name, b| {
@@ -145,17 +149,19 @@ fn write_shared(
 fn base_node(ep: &KilnEp, model_path: Option<&Path>, part: &Generated<'_>, partition_name: &str) -> EpContextNode {
     let text = |s: &str| AttrValue::Bytes(s.as_bytes().to_vec());
     let mut attributes = vec![
-        ("source", text(EP_NAME.to_str().unwrap_or("KilnExecutionProvider"))),
-        ("partition_name", text(partition_name)),
-        ("ep_sdk_version", text(&sdk_version())),
-        ("hardware_architecture", text(ep.target.name())),
-        ("notes", text(&notes(part.program))),
-        ("max_size", AttrValue::Int(part.program.arena_bytes() as i64)),
+        (SOURCE, text(KILN_SOURCE)),
+        (PARTITION_NAME, text(partition_name)),
+        (EP_SDK_VERSION, text(&sdk_version())),
+        (HARDWARE_ARCHITECTURE, text(ep.target.name())),
+        (NOTES, text(&notes(part.program))),
+        (MAX_SIZE, AttrValue::Int(part.program.arena_bytes() as i64)),
     ];
     if let Some(file) = model_path.and_then(Path::file_name) {
-        attributes.push(("onnx_model_filename", text(&file.to_string_lossy())));
+        attributes.push((ONNX_MODEL_FILENAME, text(&file.to_string_lossy())));
     }
     EpContextNode {
+        op_type: EP_CONTEXT_OP,
+        domain: EP_CONTEXT_DOMAIN,
         name: part.fused_name.clone(),
         inputs: part.inputs.clone(),
         outputs: part.outputs.clone(),
@@ -269,7 +275,7 @@ pub fn on_release(ep: &KilnEp) {
     if !(c.enable && c.share && c.stop_share) || ep.compiled.load(std::sync::atomic::Ordering::Acquire) {
         return;
     }
-    let written = super::share::finish_group(|folder, name, builder| {
+    let written = crate::ep::share::finish_group(|folder, name, builder| {
         // No kiln node in this model to confirm: in place at once.
         let staged = files::stage(folder, name, builder, folder, ep.config.compile_only)?;
         let stats = staged.stats.clone();
