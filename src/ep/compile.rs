@@ -4,8 +4,8 @@
 //! EPContext nodes (see `epcontext::writer`).
 
 use super::describe::{describe, Constants};
-use super::epcontext::reader::{self as context_load, ContextNode};
-use super::epcontext::writer::{self as context_gen, Generated};
+use super::epcontext::reader::{self, ContextNode};
+use super::epcontext::writer::{self, Generated};
 use super::KilnEp;
 use crate::compiler;
 use crate::error::{Error, Result};
@@ -54,7 +54,7 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
             .collect::<Result<Vec<_>>>()?;
         for (slot, node) in ep_context
             .iter_mut()
-            .zip(context_gen::generate(ep, model_path.as_deref(), &generated)?)
+            .zip(writer::generate(ep, model_path.as_deref(), &generated)?)
         {
             *slot = Some(node);
         }
@@ -140,7 +140,7 @@ fn output_order(fused: Node<'_>, program: &Program) -> Result<Vec<usize>> {
 fn classify<'a>(graph: Graph<'a>) -> Result<Source<'a>> {
     let nodes = graph.nodes()?;
     match nodes.as_slice() {
-        [node] if context_load::is_ep_context(node)? => Ok(Source::Context(ContextNode::read(*node)?)),
+        [node] if reader::is_ep_context(node)? => Ok(Source::Context(ContextNode::read(*node)?)),
         _ => Ok(Source::Graph),
     }
 }
@@ -173,9 +173,9 @@ fn load_contexts(ep: &KilnEp, partitions: &[Partition<'_>], sources: &[Source<'_
     if nodes.is_empty() {
         return Ok(programs);
     }
-    let base = context_load::base_folder(ep, &partitions[idx[0]].graph)?;
+    let base = reader::base_folder(ep, &partitions[idx[0]].graph)?;
     let start = std::time::Instant::now();
-    let loaded = context_load::load_all(ep, base.as_deref(), &nodes)?;
+    let loaded = reader::load_all(ep, base.as_deref(), &nodes)?;
     ep.logger.info(|| {
         format!(
             "loaded {} graph(s) from EPContext nodes in {:.1} ms",

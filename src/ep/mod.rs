@@ -238,12 +238,12 @@ pub struct KilnEp {
     binaries: parking_lot::Mutex<epcontext::reader::LoadedBinaries>,
     /// Set once Compile ran (see `Drop`).
     compiled: std::sync::atomic::AtomicBool,
-    /// Context binaries written but not yet in place (see `context_gen`).
+    /// Context binaries written but not yet in place (see `epcontext::writer`).
     context_files: epcontext::writer::ContextFiles,
 }
 
 impl Drop for KilnEp {
-    /// Settles the context binaries this session staged (see `context_gen`).
+    /// Settles the context binaries this session staged (see `epcontext::writer`).
     fn drop(&mut self) {
         epcontext::writer::on_release(self);
     }
