@@ -52,9 +52,10 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
             .zip(&programs)
             .map(|(p, program)| generated(p.graph, p.fused_node, program))
             .collect::<Result<Vec<_>>>()?;
-        for (slot, node) in ep_context
-            .iter_mut()
-            .zip(writer::generate(ep, model_path.as_deref(), &generated)?)
+        for (slot, node) in
+            ep_context
+                .iter_mut()
+                .zip(writer::generate(&ep.epcontext(), model_path.as_deref(), &generated)?)
         {
             *slot = Some(node);
         }
@@ -173,9 +174,9 @@ fn load_contexts(ep: &KilnEp, partitions: &[Partition<'_>], sources: &[Source<'_
     if nodes.is_empty() {
         return Ok(programs);
     }
-    let base = reader::base_folder(ep, &partitions[idx[0]].graph)?;
+    let base = reader::base_folder(&ep.epcontext(), &partitions[idx[0]].graph)?;
     let start = std::time::Instant::now();
-    let loaded = reader::load_all(ep, base.as_deref(), &nodes)?;
+    let loaded = reader::load_all(&ep.epcontext(), base.as_deref(), &nodes)?;
     ep.logger.info(|| {
         format!(
             "loaded {} graph(s) from EPContext nodes in {:.1} ms",

@@ -242,10 +242,25 @@ pub struct KilnEp {
     context_files: epcontext::writer::ContextFiles,
 }
 
+impl KilnEp {
+    /// This session as the EPContext reader and writer see it.
+    fn epcontext(&self) -> epcontext::Session<'_> {
+        epcontext::Session {
+            config: &self.config,
+            logger: &self.logger,
+            target: self.target,
+            host: self.host,
+            binaries: &self.binaries,
+            context_files: &self.context_files,
+            compiled: &self.compiled,
+        }
+    }
+}
+
 impl Drop for KilnEp {
     /// Settles the context binaries this session staged (see `epcontext::writer`).
     fn drop(&mut self) {
-        epcontext::writer::on_release(self);
+        epcontext::writer::on_release(&self.epcontext());
     }
 }
 
@@ -284,7 +299,7 @@ impl EpImpl for KilnEp {
     fn on_session_initialization_end(&self) -> Result<()> {
         stats::session_initialized();
         // ORT has written the session's compiled model: its binaries go in place.
-        epcontext::writer::on_session_initialization_end(self)?;
+        epcontext::writer::on_session_initialization_end(&self.epcontext())?;
         // The compiled programs hold their own references to the weights
         // they use; the parsed binaries only served Compile. A sharing
         // session keeps them: the shared workspace lends them to later

@@ -25,7 +25,7 @@ use std::sync::{Arc, Weak};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::epcontext::writer::Name;
+use super::epcontext::names::Name;
 use crate::context::{ContextBinary, ContextBuilder, WriteStats};
 use crate::error::{Error, Result};
 use crate::plan::Program;

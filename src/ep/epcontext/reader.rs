@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
+use super::Session;
 use crate::context::ContextBinary;
 use crate::ep::options::ContextStorage;
-use crate::ep::KilnEp;
 use crate::error::{Error, Result};
 use crate::ffi::graph::{Graph, Node, ValueInfo};
 use crate::ffi::mmap::{copy_file, map_file};
@@ -121,7 +121,7 @@ fn fail_node(name: &str, attrs: &ContextAttrs, cause: impl std::fmt::Display) ->
 
 /// The folder `ep_cache_context` paths are relative to: the model's folder,
 /// or the folder of `ep.context_file_path` for a model loaded from bytes.
-pub fn base_folder(ep: &KilnEp, graph: &Graph<'_>) -> Result<Option<PathBuf>> {
+pub fn base_folder(ep: &Session<'_>, graph: &Graph<'_>) -> Result<Option<PathBuf>> {
     let folder = |p: &Path| p.parent().map(Path::to_path_buf).unwrap_or_default();
     Ok(match graph.model_path()? {
         Some(model) => Some(folder(&model)),
@@ -231,7 +231,7 @@ fn parse(storage: Arc<dyn Storage>) -> Result<Arc<ContextBinary>> {
 
 /// Rebuilds the program of every EPContext node: primary nodes first, so
 /// `main_context=0` nodes find their graph in the binaries those opened.
-pub fn load_all(ep: &KilnEp, base: Option<&Path>, nodes: &[&ContextNode<'_>]) -> Result<Vec<Program>> {
+pub fn load_all(ep: &Session<'_>, base: Option<&Path>, nodes: &[&ContextNode<'_>]) -> Result<Vec<Program>> {
     let mut loaded = ep.binaries.lock();
     let mut programs: Vec<Option<Program>> = (0..nodes.len()).map(|_| None).collect();
     let order = (0..nodes.len())
@@ -246,7 +246,12 @@ pub fn load_all(ep: &KilnEp, base: Option<&Path>, nodes: &[&ContextNode<'_>]) ->
     Ok(programs.into_iter().flatten().collect())
 }
 
-fn load_one(ep: &KilnEp, base: Option<&Path>, cn: &ContextNode<'_>, loaded: &mut LoadedBinaries) -> Result<Program> {
+fn load_one(
+    ep: &Session<'_>,
+    base: Option<&Path>,
+    cn: &ContextNode<'_>,
+    loaded: &mut LoadedBinaries,
+) -> Result<Program> {
     let binary = if cn.main_context == 0 {
         loaded.find(&cn.partition_name).cloned().ok_or_else(|| {
             cn.fail(format!(
@@ -277,7 +282,7 @@ fn load_one(ep: &KilnEp, base: Option<&Path>, cn: &ContextNode<'_>, loaded: &mut
 
 /// The binary a primary node names: its payload, or a file beside the model.
 fn open_binary(
-    ep: &KilnEp,
+    ep: &Session<'_>,
     base: Option<&Path>,
     cn: &ContextNode<'_>,
     loaded: &mut LoadedBinaries,
@@ -326,7 +331,7 @@ fn check_stamp(cn: &ContextNode<'_>, binary: &ContextBinary) -> Result<()> {
     }
 }
 
-fn check_runnable(ep: &KilnEp, cn: &ContextNode<'_>, program: &Program) -> Result<()> {
+fn check_runnable(ep: &Session<'_>, cn: &ContextNode<'_>, program: &Program) -> Result<()> {
     if program.target().can_run_on(ep.host) {
         return Ok(());
     }

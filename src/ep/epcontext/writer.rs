@@ -11,8 +11,8 @@ use super::schema::{
     EMBED_MODE, EP_CACHE_CONTEXT, EP_CONTEXT_DOMAIN, EP_CONTEXT_OP, EP_SDK_VERSION, HARDWARE_ARCHITECTURE, KILN_SOURCE,
     MAIN_CONTEXT, MAX_SIZE, NOTES, ONNX_MODEL_FILENAME, PARTITION_NAME, SOURCE,
 };
+use super::Session;
 use crate::context::{ContextBuilder, FORMAT_VERSION};
-use crate::ep::KilnEp;
 use crate::error::{Error, Result};
 use crate::ffi::ep::{AttrValue, EpContextNode};
 use crate::plan::Program;
@@ -30,7 +30,7 @@ pub struct Generated<'a> {
 
 /// The EPContext nodes for one Compile call, writing the binary when
 /// embed mode is 0. `model_path` is `None` for a model given as bytes.
-pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>]) -> Result<Vec<EpContextNode>> {
+pub fn generate(ep: &Session<'_>, model_path: Option<&Path>, parts: &[Generated<'_>]) -> Result<Vec<EpContextNode>> {
     let names: Vec<String> = parts
         .iter()
         .map(|p| format!("{}{}", ep.config.context.node_name_prefix, p.fused_name))
@@ -89,9 +89,14 @@ fn stamp_notes(node: &mut EpContextNode, checksum: u128) {
 
 /// Embed mode 0 without sharing: this model's own binary, staged until
 /// ORT has written the compiled model (see `files`).
-fn write_own(ep: &KilnEp, out: &Output, parts: &[Generated<'_>], names: &[String]) -> Result<(String, Option<u128>)> {
+fn write_own(
+    ep: &Session<'_>,
+    out: &Output,
+    parts: &[Generated<'_>],
+    names: &[String],
+) -> Result<(String, Option<u128>)> {
     let models = [out.ctx_name.clone()];
-    let name = files::choose_name(&out.folder, &out.stem, &models, &ep.logger)?;
+    let name = files::choose_name(&out.folder, &out.stem, &models, ep.logger)?;
     let mut builder = ContextBuilder::new(ep.target);
     builder.add_context_model(&out.ctx_name);
     for (part, name) in parts.iter().zip(names) {
@@ -99,14 +104,14 @@ fn write_own(ep: &KilnEp, out: &Output, parts: &[Generated<'_>], names: &[String
     }
     let staged = files::stage(&out.folder, &name, &builder, &out.ctx_model, ep.config.compile_only)?;
     let checksum = staged.stats.checksum;
-    ep.context_files.hold_or_commit(staged, out.ctx_file, &ep.logger)?;
+    ep.context_files.hold_or_commit(staged, out.ctx_file, ep.logger)?;
     Ok((name.name, Some(checksum)))
 }
 
 /// `ep.share_ep_contexts=1`: add this model's graphs to the group's binary,
 /// which the stop session stages.
 fn write_shared(
-    ep: &KilnEp,
+    ep: &Session<'_>,
     out: &Output,
     parts: &[Generated<'_>],
     names: &[String],
@@ -122,7 +127,7 @@ fn write_shared(
     };
     let shared = crate::ep::share::add_to_group(
         member,
-        || files::choose_name(&out.folder, &out.stem, std::slice::from_ref(&out.ctx_name), &ep.logger),
+        || files::choose_name(&out.folder, &out.stem, std::slice::from_ref(&out.ctx_name), ep.logger),
         |name, b| {
             let s = files::stage(&out.folder, name, b, &out.ctx_model, ep.config.compile_only)?;
             let stats = s.stats.clone();
@@ -132,7 +137,7 @@ fn write_shared(
     )?;
     let checksum = staged.as_ref().map(|s| s.stats.checksum);
     match staged {
-        Some(s) => ep.context_files.hold_or_commit(s, out.ctx_file, &ep.logger)?,
+        Some(s) => ep.context_files.hold_or_commit(s, out.ctx_file, ep.logger)?,
         None => ep.logger.info(|| {
             format!(
                 "model {} of a shared context group: {} graph(s) added to '{}' (written by the session with \
@@ -146,7 +151,7 @@ fn write_shared(
     Ok((shared.bin_name, checksum))
 }
 
-fn base_node(ep: &KilnEp, model_path: Option<&Path>, part: &Generated<'_>, partition_name: &str) -> EpContextNode {
+fn base_node(ep: &Session<'_>, model_path: Option<&Path>, part: &Generated<'_>, partition_name: &str) -> EpContextNode {
     let text = |s: &str| AttrValue::Bytes(s.as_bytes().to_vec());
     let mut attributes = vec![
         (SOURCE, text(KILN_SOURCE)),
@@ -198,7 +203,7 @@ pub struct Output {
     pub ctx_file: bool,
 }
 
-fn output_location(ep: &KilnEp, model_path: Option<&Path>) -> Result<Output> {
+fn output_location(ep: &Session<'_>, model_path: Option<&Path>) -> Result<Output> {
     let ctx = &ep.config.context;
     let output = match (&ctx.file_path, model_path) {
         (Some(out), _) => PathBuf::from(out),
@@ -256,21 +261,21 @@ fn file_stem(path: &Path) -> String {
         .unwrap_or_else(|| "model".into())
 }
 
-pub use files::{ContextFiles, Name};
+pub use files::ContextFiles;
 
 /// `OnSessionInitializationEnd`: ORT has written the session's compiled
 /// model (session-option route), so the binaries it names go in place now,
 /// while the session lives on.
-pub fn on_session_initialization_end(ep: &KilnEp) -> Result<()> {
-    ep.context_files.finish_written(&ep.logger)
+pub fn on_session_initialization_end(ep: &Session<'_>) -> Result<()> {
+    ep.context_files.finish_written(ep.logger)
 }
 
 /// ORT releases the EP: settle every staged binary (in place if ORT wrote
 /// its compiled model, removed otherwise). A sharing group's stop session
 /// whose model gave kiln nothing to compile never reached Compile: end the
 /// group here, so the group's binary is still written.
-pub fn on_release(ep: &KilnEp) {
-    ep.context_files.finish_all(&ep.logger);
+pub fn on_release(ep: &Session<'_>) {
+    ep.context_files.finish_all(ep.logger);
     let c = &ep.config.context;
     if !(c.enable && c.share && c.stop_share) || ep.compiled.load(std::sync::atomic::Ordering::Acquire) {
         return;
@@ -279,7 +284,7 @@ pub fn on_release(ep: &KilnEp) {
         // No kiln node in this model to confirm: in place at once.
         let staged = files::stage(folder, name, builder, folder, ep.config.compile_only)?;
         let stats = staged.stats.clone();
-        files::settle_written(&staged, &ep.logger)?;
+        files::settle_written(&staged, ep.logger)?;
         Ok(stats)
     });
     match written {
