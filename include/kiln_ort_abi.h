@@ -341,7 +341,8 @@ struct OrtApi {
   OrtStatus* (*Graph_GetInitializers)(const OrtGraph* graph, const OrtValueInfo** initializers, size_t num_initializers); /* 343 */
   OrtStatus* (*Graph_GetNumNodes)(const OrtGraph* graph, size_t* num_nodes); /* 344 */
   OrtStatus* (*Graph_GetNodes)(const OrtGraph* graph, const OrtNode** nodes, size_t num_nodes); /* 345 */
-  void* reserved_346_347[2];
+  OrtStatus* (*Graph_GetParentNode)(const OrtGraph* graph, const OrtNode** node); /* 346 */
+  void* reserved_347_347[1];
   OrtStatus* (*Node_GetId)(const OrtNode* node, size_t* node_id); /* 348 */
   OrtStatus* (*Node_GetName)(const OrtNode* node, const char** node_name); /* 349 */
   OrtStatus* (*Node_GetOperatorType)(const OrtNode* node, const char** operator_type); /* 350 */
@@ -363,7 +364,9 @@ struct OrtApi {
   OrtStatus* (*GetSessionOptionsConfigEntries)(const OrtSessionOptions* options, OrtKeyValuePairs** out); /* 379 */
   void* reserved_380_387[8];
   OrtStatus* (*GetModelCompatibilityForEpDevices)(const OrtEpDevice* const* ep_devices, size_t num_ep_devices, const char* compatibility_info, OrtCompiledModelCompatibility* out_status); /* 388 */
-  void* reserved_389_396[8];
+  void* reserved_389_389[1];
+  bool (*TensorTypeAndShape_HasShape)(const OrtTensorTypeAndShapeInfo* info); /* 390 */
+  void* reserved_391_396[6];
   OrtStatus* (*GetNumHardwareDevices)(const OrtEnv* env, size_t* num_devices); /* 397 */
   OrtStatus* (*GetHardwareDevices)(const OrtEnv* env, const OrtHardwareDevice** devices, size_t num_devices); /* 398 */
   OrtStatus* (*GetHardwareDeviceEpIncompatibilityDetails)(const OrtEnv* env, const char* ep_name, const OrtHardwareDevice* hw, OrtDeviceEpIncompatibilityDetails** details); /* 399 */
@@ -454,6 +457,7 @@ KILN_ASSERT_SLOT(OrtApi, Graph_GetNumInitializers, 342);
 KILN_ASSERT_SLOT(OrtApi, Graph_GetInitializers, 343);
 KILN_ASSERT_SLOT(OrtApi, Graph_GetNumNodes, 344);
 KILN_ASSERT_SLOT(OrtApi, Graph_GetNodes, 345);
+KILN_ASSERT_SLOT(OrtApi, Graph_GetParentNode, 346);
 KILN_ASSERT_SLOT(OrtApi, Node_GetId, 348);
 KILN_ASSERT_SLOT(OrtApi, Node_GetName, 349);
 KILN_ASSERT_SLOT(OrtApi, Node_GetOperatorType, 350);
@@ -472,6 +476,7 @@ KILN_ASSERT_SLOT(OrtApi, OpAttr_GetName, 364);
 KILN_ASSERT_SLOT(OrtApi, GetTensorData, 378);
 KILN_ASSERT_SLOT(OrtApi, GetSessionOptionsConfigEntries, 379);
 KILN_ASSERT_SLOT(OrtApi, GetModelCompatibilityForEpDevices, 388);
+KILN_ASSERT_SLOT(OrtApi, TensorTypeAndShape_HasShape, 390);
 KILN_ASSERT_SLOT(OrtApi, GetNumHardwareDevices, 397);
 KILN_ASSERT_SLOT(OrtApi, GetHardwareDevices, 398);
 KILN_ASSERT_SLOT(OrtApi, GetHardwareDeviceEpIncompatibilityDetails, 399);

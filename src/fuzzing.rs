@@ -16,7 +16,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 
 use crate::context::{recompute_checksum, ContextBinary};
-use crate::ep::context_load::{resolve_inside, BinarySource, ContextAttrs, RawContextAttrs};
+use crate::ep::epcontext::reader::resolve_inside;
+use crate::ep::epcontext::schema::{BinarySource, ContextAttrs, RawContextAttrs};
 use crate::error::{Error, ErrorKind};
 use crate::ir::{AttrValue, DType, GraphDesc, NodeDesc, TensorValue, ValueDesc};
 use crate::kernels::parallel::Serial;

@@ -18,7 +18,6 @@
 mod compat;
 mod convert;
 mod header;
-mod models;
 mod peek;
 pub mod proto;
 mod reader;
@@ -30,9 +29,6 @@ mod props;
 mod tests;
 
 pub use compat::{check_compatibility, compatibility_info, Compatibility};
-#[cfg(test)]
-pub use models::model_naming;
-pub use models::{binary_stamp, names_binary, stamped_checksum, OnnxModelError};
 pub use peek::{peek, peek_checksum, Peek};
 pub use reader::ContextBinary;
 pub use writer::ContextBuilder;

@@ -5,8 +5,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::describe::{describe, Constants};
+use super::epcontext::{self, schema};
 use super::partition::{partition, PNode};
-use super::{context_load, KilnEp};
+use super::KilnEp;
 use crate::error::Result;
 use crate::ffi::ep::SupportInfo;
 use crate::ffi::graph::{Graph, Node};
@@ -16,11 +17,15 @@ use crate::ir;
 /// group of other nodes kiln supports.
 pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result<()> {
     let nodes = graph.nodes()?;
+    if ep.config.context.enable && graph.is_subgraph()? {
+        leave_subgraph(ep, &graph, nodes.len())?;
+        return Ok(());
+    }
     let index: HashMap<_, _> = nodes.iter().enumerate().map(|(i, n)| (n.as_ptr(), i)).collect();
     let mut contexts = Vec::new();
     let mut is_context = vec![false; nodes.len()];
     for (i, node) in nodes.iter().enumerate() {
-        if context_load::is_ep_context(node)? {
+        if epcontext::is_ep_context(node)? {
             is_context[i] = true;
             if claim_context(ep, node)? {
                 contexts.push(*node);
@@ -56,6 +61,22 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
     Ok(())
 }
 
+/// ORT (1.31) writes a compiled model from the main graph's nodes only: the
+/// EPContext node of a partition inside an `If`/`Loop`/`Scan` body would be
+/// lost (and the body's original nodes kept without the constants kiln took),
+/// so while generating EPContext kiln claims nothing inside a body. Loading the
+/// compiled model later claims (and compiles) those nodes as usual.
+fn leave_subgraph(ep: &KilnEp, graph: &Graph<'_>, nodes: usize) -> Result<()> {
+    let name = graph.name()?;
+    ep.logger.info(|| {
+        format!(
+            "GetCapability: kiln claims none of the {nodes} nodes of control-flow body '{name}' while \
+             generating EPContext (ORT writes EPContext nodes of the main graph only)"
+        )
+    });
+    Ok(())
+}
+
 /// Whether kiln can run each node (EPContext nodes never join partitions).
 fn verdicts(
     ep: &KilnEp,
@@ -64,7 +85,7 @@ fn verdicts(
     is_context: &[bool],
 ) -> Result<Vec<std::result::Result<(), String>>> {
     let desc = describe(nodes, Vec::new(), Vec::new())?;
-    let constants = Constants::of(graph)?;
+    let constants = Constants::of(graph, nodes)?;
     let mut verdicts = ir::check_support(&desc, &constants, &ep.config.kiln.disabled_ops);
     for (v, &ctx) in verdicts.iter_mut().zip(is_context) {
         if ctx {
@@ -87,7 +108,7 @@ fn agreed_partitions(
     pnodes: &mut [PNode],
     verdicts: &mut [std::result::Result<(), String>],
 ) -> Result<Vec<Vec<usize>>> {
-    let constants = Constants::of(graph)?;
+    let constants = Constants::of(graph, nodes)?;
     loop {
         let parts = partition(pnodes);
         let mut changed = false;
@@ -133,8 +154,8 @@ fn log_left_out(ep: &KilnEp, nodes: &[Node<'_>], verdicts: &[std::result::Result
 /// kiln claims an EPContext node only when its `source` names kiln; other
 /// EPs' nodes are left alone (ORT itself does not check `source`).
 fn claim_context(ep: &KilnEp, node: &Node<'_>) -> Result<bool> {
-    let source = context_load::source_of(node)?;
-    let mine = source.as_deref().is_some_and(context_load::is_kiln_source);
+    let source = epcontext::source_of(node)?;
+    let mine = source.as_deref().is_some_and(schema::is_kiln_source);
     if !mine {
         ep.logger.verbose(|| {
             format!(

@@ -1,11 +1,11 @@
 //! Compile: turn the partitions ORT hands over into kiln programs — by
 //! compiling ORT's subgraph, or by loading kiln's EPContext nodes — and wrap
 //! them for ORT's Compute. With `ep.context_enable=1` it also produces the
-//! EPContext nodes (see `context_gen`).
+//! EPContext nodes (see `epcontext::writer`).
 
-use super::context_gen::{self, Generated};
-use super::context_load::{self, ContextNode};
 use super::describe::{describe, Constants};
+use super::epcontext::reader::{self, ContextNode};
+use super::epcontext::writer::{self, Generated};
 use super::KilnEp;
 use std::sync::Arc;
 
@@ -58,9 +58,10 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
             .zip(&programs)
             .map(|(p, program)| generated(p.graph, p.fused_node, program))
             .collect::<Result<Vec<_>>>()?;
-        for (slot, node) in ep_context
-            .iter_mut()
-            .zip(context_gen::generate(ep, model_path.as_deref(), &generated)?)
+        for (slot, node) in
+            ep_context
+                .iter_mut()
+                .zip(writer::generate(&ep.epcontext(), model_path.as_deref(), &generated)?)
         {
             *slot = Some(node);
         }
@@ -74,14 +75,17 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
         )
     });
     let mut compiled = Vec::with_capacity(partitions.len());
-    for ((p, program), ep_context) in partitions.iter().zip(programs).zip(ep_context) {
-        let (inputs, outputs) = io_order(p.fused_node, &program)?;
+    for (((p, program), ep_context), source) in partitions.iter().zip(programs).zip(ep_context).zip(&sources) {
+        let fused_inputs = value_names(p.fused_node.inputs()?)?;
+        let inputs = input_order(&fused_inputs, &feeds(source, &program)?)?;
+        let outputs = output_order(p.fused_node, &program)?;
         compiled.push(Compiled {
             compute: Box::new(Runner {
                 name: p.fused_node.name()?,
                 exe: program,
                 host: ep.host,
                 inject_panic: ep.inject == super::InjectedPanic::Compute,
+                kernel_inputs: fused_inputs.len(),
                 inputs,
                 outputs,
             }),
@@ -91,35 +95,59 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
     Ok(compiled)
 }
 
-/// For each kernel input (output), the program input (output) it is.
-/// ORT orders a fused node's inputs itself: for a graph kiln compiled from
-/// that node they match the program's order, but a reloaded EPContext node's
-/// fused node may list them differently, so match by name.
-fn io_order(fused: Node<'_>, exe: &Executable) -> Result<(Vec<usize>, Vec<usize>)> {
-    let map = |names: Vec<String>, specs: Vec<String>, what: &str| -> Result<Vec<usize>> {
-        if names.len() != specs.len() {
-            return Err(Error::invalid_graph(format!(
-                "the fused node has {} {what}s, its compiled graph {}",
-                names.len(),
-                specs.len()
-            )));
-        }
-        names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| Ok(specs.iter().position(|s| s == n).unwrap_or(i)))
-            .collect()
-    };
-    Ok((
-        map(value_names(fused.inputs()?)?, exe.input_names(), "input")?,
-        map(value_names(fused.outputs()?)?, exe.output_names(), "output")?,
-    ))
+/// The value feeding each program input: for a loaded EPContext node, its
+/// own inputs (`epcontext::reader::check_io` matched them to the program by
+/// position); for a compiled graph, the program's inputs themselves.
+fn feeds(source: &Source<'_>, exe: &Executable) -> Result<Vec<String>> {
+    match source {
+        Source::Context(cn) => value_names(cn.node.inputs()?),
+        Source::Graph => Ok(exe.input_names()),
+    }
+}
+
+/// For each program input, the kernel input (fused-node input) feeding it.
+/// Several program inputs may share one kernel input: ORT's common
+/// subexpression elimination can merge two values an EPContext node reads
+/// into one, and the fused node lists each value once.
+fn input_order(fused_inputs: &[String], feeds: &[String]) -> Result<Vec<usize>> {
+    feeds
+        .iter()
+        .map(|name| {
+            fused_inputs.iter().position(|n| n == name).ok_or_else(|| {
+                Error::invalid_graph(format!(
+                    "the fused node has no input '{name}' (its inputs: {}), which its compiled graph reads",
+                    fused_inputs.join(", ")
+                ))
+            })
+        })
+        .collect()
+}
+
+/// For each kernel output, the program output it is. ORT orders a fused
+/// node's outputs itself: for a graph kiln compiled from that node they match
+/// the program's order, but a reloaded EPContext node's fused node may list
+/// them differently, so match by name.
+fn output_order(fused: Node<'_>, exe: &Executable) -> Result<Vec<usize>> {
+    let names = value_names(fused.outputs()?)?;
+    let specs = exe.output_names();
+    if names.len() != specs.len() {
+        return Err(Error::invalid_graph(format!(
+            "the fused node has {} outputs, its compiled graph {}",
+            names.len(),
+            specs.len()
+        )));
+    }
+    Ok(names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| specs.iter().position(|s| s == n).unwrap_or(i))
+        .collect())
 }
 
 fn classify<'a>(graph: Graph<'a>) -> Result<Source<'a>> {
     let nodes = graph.nodes()?;
     match nodes.as_slice() {
-        [node] if context_load::is_ep_context(node)? => Ok(Source::Context(ContextNode::read(*node)?)),
+        [node] if reader::is_ep_context(node)? => Ok(Source::Context(ContextNode::read(*node)?)),
         _ => Ok(Source::Graph),
     }
 }
@@ -152,9 +180,9 @@ fn load_contexts(ep: &KilnEp, partitions: &[Partition<'_>], sources: &[Source<'_
     if nodes.is_empty() {
         return Ok(programs);
     }
-    let base = context_load::base_folder(ep, &partitions[idx[0]].graph)?;
+    let base = reader::base_folder(&ep.epcontext(), &partitions[idx[0]].graph)?;
     let start = std::time::Instant::now();
-    let loaded = context_load::load_all(ep, base.as_deref(), &nodes)?;
+    let loaded = reader::load_all(&ep.epcontext(), base.as_deref(), &nodes)?;
     ep.logger.info(|| {
         format!(
             "loaded {} graph(s) from EPContext nodes in {:.1} ms",
@@ -182,34 +210,11 @@ fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Execu
     let name = fused.name()?;
     let nodes = graph.nodes()?;
     let desc = describe(&nodes, value_names(fused.inputs()?)?, value_names(fused.outputs()?)?)?;
-    let constants = Constants::of(&graph)?;
+    let constants = Constants::of(&graph, &nodes)?;
     let context = |e: Error| e.context(format!("kiln cannot compile partition '{name}'"));
     stats::partition_compiled(nodes.len());
     if !GenericGraph::is_static(&desc) {
-        // The check GetCapability made, on the partition alone.
-        let verdicts = ir::check_support(&desc, &constants, &ep.config.kiln.disabled_ops);
-        if let Some((node, Err(why))) = desc.nodes.iter().zip(&verdicts).find(|(_, v)| v.is_err()) {
-            return Err(context(Error::invalid_graph(format!(
-                "node '{}' ({}): {why}",
-                node.name, node.op_type
-            ))));
-        }
-        let generic = GenericGraph::build(desc, &constants, ep.target).map_err(context)?;
-        ep.logger.info(|| {
-            format!(
-                "compiled partition '{name}' ({} nodes) for {}: {}",
-                nodes.len(),
-                ep.target.name(),
-                generic.summary()
-            )
-        });
-        return Ok(Executable::Generic(Specializer::new(
-            generic,
-            ep.config
-                .kiln
-                .shape_cache
-                .unwrap_or(compiler::generic::DEFAULT_SHAPE_CACHE),
-        )?));
+        return compile_generic(ep, &name, nodes.len(), desc, &constants).map_err(context);
     }
     let ir = ir::import(&desc, &constants).map_err(context)?;
     let program = compiler::compile(&ir, ep.target).map_err(|e| e.context(format!("compiling '{name}'")))?;
@@ -225,6 +230,39 @@ fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Execu
         )
     });
     Ok(Executable::Fixed(program))
+}
+
+/// A partition with unknown input dims: checked as GetCapability checked it
+/// (on the partition alone), kept with its weights packed, and compiled per
+/// input shape at run time.
+fn compile_generic(
+    ep: &KilnEp,
+    name: &str,
+    nodes: usize,
+    desc: ir::GraphDesc,
+    constants: &Constants<'_>,
+) -> Result<Executable> {
+    let verdicts = ir::check_support(&desc, constants, &ep.config.kiln.disabled_ops);
+    if let Some((node, Err(why))) = desc.nodes.iter().zip(&verdicts).find(|(_, v)| v.is_err()) {
+        return Err(Error::invalid_graph(format!(
+            "node '{}' ({}): {why}",
+            node.name, node.op_type
+        )));
+    }
+    let generic = GenericGraph::build(desc, constants, ep.target)?;
+    ep.logger.info(|| {
+        format!(
+            "compiled partition '{name}' ({nodes} nodes) for {}: {}",
+            ep.target.name(),
+            generic.summary()
+        )
+    });
+    let capacity = ep
+        .config
+        .kiln
+        .shape_cache
+        .unwrap_or(compiler::generic::DEFAULT_SHAPE_CACHE);
+    Ok(Executable::Generic(Specializer::new(generic, capacity)?))
 }
 
 fn value_names(values: Vec<Option<ValueInfo<'_>>>) -> Result<Vec<String>> {
@@ -260,9 +298,11 @@ struct Runner {
     exe: Executable,
     host: Target,
     inject_panic: bool,
-    /// Kernel input i is program input `inputs[i]` (see `io_order`).
+    /// How many inputs ORT passes (the fused node's).
+    kernel_inputs: usize,
+    /// Program input j reads kernel input `inputs[j]` (see `input_order`).
     inputs: Vec<usize>,
-    /// Kernel output i is program output `outputs[i]`.
+    /// Kernel output i is program output `outputs[i]` (see `output_order`).
     outputs: Vec<usize>,
 }
 
@@ -286,6 +326,14 @@ impl Runner {
         );
         let par = ctx.parallel();
         let raw = ctx.raw_inputs()?;
+        if raw.len() != self.kernel_inputs {
+            return Err(Error::invalid_argument(format!(
+                "partition '{}' expects {} inputs, ORT passed {}",
+                self.name,
+                self.kernel_inputs,
+                raw.len()
+            )));
+        }
         let held;
         let program = match &self.exe {
             Executable::Fixed(p) => p,
@@ -295,17 +343,9 @@ impl Runner {
             }
         };
         let specs = program.inputs();
-        if raw.len() != specs.len() {
-            return Err(Error::invalid_argument(format!(
-                "partition '{}' expects {} inputs, ORT passed {}",
-                self.name,
-                specs.len(),
-                raw.len()
-            )));
-        }
-        let mut inputs: Vec<Option<TensorRef<'_>>> = (0..specs.len()).map(|_| None).collect();
-        for (t, &j) in raw.iter().zip(&self.inputs) {
-            let spec = &specs[j];
+        let mut inputs = Vec::with_capacity(specs.len());
+        for (spec, &k) in specs.iter().zip(&self.inputs) {
+            let t = &raw[k];
             let dims: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
             if t.dims != dims || t.elem_type != spec.elem_type {
                 return Err(Error::invalid_argument(format!(
@@ -317,9 +357,8 @@ impl Runner {
                     dims
                 )));
             }
-            inputs[j] = Some(tensor_ref(t.elem_type, t.bytes, &spec.name)?);
+            inputs.push(tensor_ref(t.elem_type, t.bytes, &spec.name)?);
         }
-        let inputs: Vec<TensorRef<'_>> = inputs.into_iter().flatten().collect();
         let out_specs = program.outputs();
         let kernel_specs: Vec<(i32, Vec<usize>)> = self
             .outputs
@@ -331,9 +370,9 @@ impl Runner {
             outputs[j] = Some(tensor_mut(out_specs[j].elem_type, bytes, &out_specs[j].name)?);
         }
         let mut outputs: Vec<TensorMut<'_>> = outputs.into_iter().flatten().collect();
-        if inputs.len() != specs.len() || outputs.len() != out_specs.len() {
+        if outputs.len() != out_specs.len() {
             return Err(Error::invalid_graph(format!(
-                "partition '{}': inputs or outputs map twice",
+                "partition '{}': outputs map twice",
                 self.name
             )));
         }
@@ -352,12 +391,8 @@ impl Runner {
         raw: &[crate::ffi::compute::RawInput<'_>],
         logger: &crate::ffi::logger::Logger,
     ) -> Result<Arc<Program>> {
-        let mut dims = vec![Vec::new(); self.inputs.len()];
-        for (t, &j) in raw.iter().zip(&self.inputs) {
-            if let Some(d) = dims.get_mut(j) {
-                *d = t.dims.clone();
-            }
-        }
+        // Program input j reads kernel input inputs[j].
+        let dims: Vec<Vec<i64>> = self.inputs.iter().map(|&k| raw[k].dims.clone()).collect();
         let start = std::time::Instant::now();
         let (program, built) = s
             .program_for(&dims)

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::error::Result;
-use crate::ffi::graph::{AttrRead, Graph, Node, TensorBytes, ValueInfo};
+use crate::ffi::graph::{AttrRead, Graph, Node, ValueInfo};
+use crate::ffi::tensor::TensorBytes;
 use crate::ir::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc};
 
 /// Describes `nodes` (topological) and every value they touch. `inputs` and
@@ -38,8 +39,8 @@ fn names(values: &[Option<ValueInfo<'_>>]) -> Result<Vec<String>> {
 fn node_desc(node: &Node<'_>, ins: &[Option<ValueInfo<'_>>], outs: &[Option<ValueInfo<'_>>]) -> Result<NodeDesc> {
     let mut attrs = BTreeMap::new();
     // An EPContext node's attributes may hold a whole compiled model: never
-    // copy them here (kiln reads the few it needs in context_load).
-    if !super::context_load::is_ep_context(node)? {
+    // copy them here (kiln reads the few it needs in `epcontext::reader`).
+    if !super::epcontext::is_ep_context(node)? {
         for a in node.attributes()? {
             attrs.insert(a.name()?, attr_value(a.value()?));
         }
@@ -57,18 +58,11 @@ fn node_desc(node: &Node<'_>, ins: &[Option<ValueInfo<'_>>], outs: &[Option<Valu
 
 fn value_desc(v: &ValueInfo<'_>) -> Result<ValueDesc> {
     let mut desc = match v.tensor_info()? {
-        // ORT describes a tensor of unknown rank with no dims, as a scalar
-        // (OrtTensorTypeAndShapeInfo cannot tell them apart). A node's output
-        // that ORT says is a scalar may be either, so its rank is unknown:
-        // kiln infers it itself inside a partition, and never takes it for a
-        // scalar at a partition's edge.
-        Some(info) if info.dims.is_empty() && v.producer()?.is_some() => ValueDesc {
-            elem_type: info.elem_type,
-            ..ValueDesc::default()
-        },
         Some(info) => ValueDesc {
             elem_type: info.elem_type,
-            dims: Some(info.dims),
+            // An unknown rank is not a scalar (ORT describes both with no dims;
+            // `has_shape` tells them apart): the importer refuses it.
+            dims: info.has_shape.then_some(info.dims),
             dim_params: info.dim_params,
             outer_scope: false,
         },
@@ -118,11 +112,22 @@ pub struct Constants<'a> {
 }
 
 impl<'a> Constants<'a> {
-    pub fn of(graph: &Graph<'a>) -> Result<Constants<'a>> {
+    /// The graph's own constant initializers, and those of an outer scope
+    /// that `nodes` read (inside an `If`/`Loop`/`Scan` body): ORT drops both
+    /// from a fused node's inputs, so Compile must find them here too.
+    pub fn of(graph: &Graph<'a>, nodes: &[Node<'a>]) -> Result<Constants<'a>> {
         let mut initializers = HashMap::new();
         for init in graph.initializers()? {
             if init.is_constant_initializer()? {
                 initializers.insert(init.name()?, init);
+            }
+        }
+        for node in nodes {
+            for v in node.inputs()?.into_iter().flatten() {
+                let name = v.name()?;
+                if !initializers.contains_key(&name) && v.is_constant_initializer()? {
+                    initializers.insert(name, v);
+                }
             }
         }
         Ok(Constants { initializers })

@@ -3,9 +3,8 @@
 
 mod capability;
 mod compile;
-pub mod context_gen;
-pub mod context_load;
 mod describe;
+pub mod epcontext;
 pub mod options;
 pub mod partition;
 pub mod share;
@@ -236,17 +235,32 @@ pub struct KilnEp {
     /// `ep_compatibility_info` for models this session compiles.
     compat: CString,
     /// Context binaries this session opened (each read once).
-    binaries: parking_lot::Mutex<context_load::LoadedBinaries>,
+    binaries: parking_lot::Mutex<epcontext::reader::LoadedBinaries>,
     /// Set once Compile ran (see `Drop`).
     compiled: std::sync::atomic::AtomicBool,
-    /// Context binaries written but not yet in place (see `context_gen`).
-    context_files: context_gen::ContextFiles,
+    /// Context binaries written but not yet in place (see `epcontext::writer`).
+    context_files: epcontext::writer::ContextFiles,
+}
+
+impl KilnEp {
+    /// This session as the EPContext reader and writer see it.
+    fn epcontext(&self) -> epcontext::Session<'_> {
+        epcontext::Session {
+            config: &self.config,
+            logger: &self.logger,
+            target: self.target,
+            host: self.host,
+            binaries: &self.binaries,
+            context_files: &self.context_files,
+            compiled: &self.compiled,
+        }
+    }
 }
 
 impl Drop for KilnEp {
-    /// Settles the context binaries this session staged (see `context_gen`).
+    /// Settles the context binaries this session staged (see `epcontext::writer`).
     fn drop(&mut self) {
-        context_gen::on_release(self);
+        epcontext::writer::on_release(&self.epcontext());
     }
 }
 
@@ -285,7 +299,7 @@ impl EpImpl for KilnEp {
     fn on_session_initialization_end(&self) -> Result<()> {
         stats::session_initialized();
         // ORT has written the session's compiled model: its binaries go in place.
-        context_gen::on_session_initialization_end(self)?;
+        epcontext::writer::on_session_initialization_end(&self.epcontext())?;
         // The compiled programs hold their own references to the weights
         // they use; the parsed binaries only served Compile. A sharing
         // session keeps them: the shared workspace lends them to later

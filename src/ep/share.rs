@@ -4,7 +4,7 @@
 //! `ep.share_ep_contexts=1` and `ep.context_enable=1`, the last one also with
 //! `ep.stop_share_ep_contexts=1`) compile into one context binary, named after
 //! the group's first model (or the next name kiln may write, see
-//! `context_gen::files`) and written into its output folder. Each distinct
+//! `epcontext::writer::files`) and written into its output folder. Each distinct
 //! weight is stored once (by content). Only the stop session writes the file
 //! (staged until its compiled model is written) and then empties the
 //! workspace, so an abandoned group leaves nothing on disk, and a session
@@ -25,7 +25,7 @@ use std::sync::{Arc, Weak};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::context_gen::Name;
+use super::epcontext::names::Name;
 use crate::context::{ContextBinary, ContextBuilder, WriteStats};
 use crate::error::{Error, Result};
 use crate::plan::Program;

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use super::api::{ort, Api};
-use super::graph::{read_tensor_info, tensor_data, TensorInfo};
 use super::logger::Logger;
 use super::status::{check, guard, guard_or, Poison};
+use super::tensor::{byte_len, tensor_data, value_info};
 use super::{non_null, non_null_mut, sys};
 use crate::error::{Error, Result};
 
@@ -22,48 +22,6 @@ pub struct RawInput<'a> {
     pub elem_type: i32,
     pub dims: Vec<i64>,
     pub bytes: &'a [u8],
-}
-
-/// Bytes per element of an ONNX element type kiln can pass through, or None.
-pub fn element_size(elem_type: i32) -> Option<usize> {
-    Some(match elem_type as u32 {
-        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
-        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
-        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT32 => 4,
-        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
-        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT64
-        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE => 8,
-        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL
-        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
-        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 => 1,
-        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16
-        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16
-        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT16
-        | sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT16 => 2,
-        _ => return None,
-    })
-}
-
-fn byte_len(elem_type: i32, dims: &[i64]) -> Result<usize> {
-    let size = element_size(elem_type)
-        .ok_or_else(|| Error::invalid_argument(format!("element type {elem_type} is not one kiln handles")))?;
-    dims.iter()
-        .try_fold(size, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
-        .ok_or_else(|| Error::invalid_argument(format!("tensor shape {dims:?} is not a valid size")))
-}
-
-/// Element type and shape of a tensor value ORT passes or allocates.
-fn value_info(value: *const sys::OrtValue) -> Result<TensorInfo> {
-    let api = Api::get();
-    let mut shape = std::ptr::null_mut();
-    // SAFETY: `value` is a live OrtValue of this Compute call; the shape info
-    // is ours to release, after it was read.
-    unsafe {
-        check(ort!(api.ort, GetTensorTypeAndShape(value, &mut shape)))?;
-        let info = read_tensor_info(non_null_mut(shape, "tensor type and shape")?);
-        ort!(api.ort, ReleaseTensorTypeAndShapeInfo(shape));
-        info
-    }
 }
 
 /// The `OrtKernelContext` of one Compute call.

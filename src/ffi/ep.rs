@@ -46,6 +46,9 @@ pub enum AttrValue {
 /// compiled model in place of a fused partition.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EpContextNode {
+    /// Op type and domain (`EPContext`, `com.microsoft`; the schema is the EP's).
+    pub op_type: &'static str,
+    pub domain: &'static str,
     /// Must be the fused node's name: ORT splices the node in by it.
     pub name: String,
     pub inputs: Vec<String>,
@@ -307,6 +310,8 @@ fn create_ep_context_node(spec: &EpContextNode) -> Result<*mut sys::OrtNode> {
     let input_ptrs: Vec<_> = inputs.iter().map(|s| s.as_ptr()).collect();
     let output_ptrs: Vec<_> = outputs.iter().map(|s| s.as_ptr()).collect();
     let name = CString::new(spec.name.as_str()).map_err(|_| Error::invalid_argument("node name holds NUL"))?;
+    let op_type = CString::new(spec.op_type).map_err(|_| Error::invalid_argument("op type holds NUL"))?;
+    let domain = CString::new(spec.domain).map_err(|_| Error::invalid_argument("domain holds NUL"))?;
     let mut node = std::ptr::null_mut();
     // SAFETY: GetModelEditorApi returns ORT's static table.
     let editor = unsafe { ort!(Api::get().ort, GetModelEditorApi()).as_ref() }
@@ -316,8 +321,8 @@ fn create_ep_context_node(spec: &EpContextNode) -> Result<*mut sys::OrtNode> {
         check(ort!(
             editor,
             CreateNode(
-                c"EPContext".as_ptr(),
-                c"com.microsoft".as_ptr(),
+                op_type.as_ptr(),
+                domain.as_ptr(),
                 name.as_ptr(),
                 input_ptrs.as_ptr(),
                 input_ptrs.len(),

@@ -8,6 +8,7 @@ use std::marker::PhantomData;
 
 use super::api::{ort, Api};
 use super::status::check;
+use super::tensor::{copy_tensor, read_tensor_info, TensorBytes, TensorInfo};
 use super::{cstr_to_string, sys};
 use crate::error::{Error, Result};
 
@@ -17,15 +18,6 @@ pub struct Graph<'a>(*const sys::OrtGraph, PhantomData<&'a ()>);
 pub struct Node<'a>(*const sys::OrtNode, PhantomData<&'a ()>);
 #[derive(Clone, Copy)]
 pub struct ValueInfo<'a>(*const sys::OrtValueInfo, PhantomData<&'a ()>);
-
-/// Element type and dimensions of a tensor value (-1 = unknown dimension).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorInfo {
-    pub elem_type: i32,
-    pub dims: Vec<i64>,
-    /// The ONNX `dim_param` of each dim ("" when it has none).
-    pub dim_params: Vec<String>,
-}
 
 /// ORT's "ask the count, then fill an array of that size" pattern.
 fn fetch<T>(
@@ -80,6 +72,16 @@ impl<'a> Graph<'a> {
         let api = Api::get();
         let path = get_str(|out| unsafe { ort!(api.ort, Graph_GetModelPath(self.0, out)) })?;
         Ok((!path.is_empty()).then(|| std::path::PathBuf::from(path)))
+    }
+
+    /// Whether this graph is the body of a control-flow node (`If`, `Loop`,
+    /// `Scan`) rather than the model's main graph.
+    pub fn is_subgraph(&self) -> Result<bool> {
+        let api = Api::get();
+        let mut parent = std::ptr::null();
+        // SAFETY: live graph, valid out-pointer; the node is only compared with null.
+        unsafe { check(ort!(api.ort, Graph_GetParentNode(self.0, &mut parent)))? };
+        Ok(!parent.is_null())
     }
 
     pub fn initializers(&self) -> Result<Vec<ValueInfo<'a>>> {
@@ -200,14 +202,6 @@ impl<'a> Node<'a> {
 /// A node attribute, borrowed from its node.
 #[derive(Clone, Copy)]
 pub struct Attribute<'a>(*const sys::OrtOpAttr, PhantomData<&'a ()>);
-
-/// A tensor's element type, dims and raw little-endian bytes, copied.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TensorBytes {
-    pub elem_type: i32,
-    pub dims: Vec<i64>,
-    pub bytes: Vec<u8>,
-}
 
 /// An attribute's value, copied out of ORT.
 #[derive(Clone, Debug, PartialEq)]
@@ -452,73 +446,4 @@ impl<'a> ValueInfo<'a> {
         // SAFETY: a live tensor value borrowed from the graph.
         unsafe { copy_tensor(value) }.map(Some)
     }
-}
-
-fn numel(dims: &[i64]) -> Option<usize> {
-    dims.iter().try_fold(1usize, |acc, &d| {
-        usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
-    })
-}
-
-/// # Safety
-/// `info` must be a live `OrtTensorTypeAndShapeInfo`.
-pub unsafe fn read_tensor_info(info: *const sys::OrtTensorTypeAndShapeInfo) -> Result<TensorInfo> {
-    let api = Api::get();
-    let mut elem = sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-    let mut rank = 0usize;
-    // SAFETY: per contract; the dims buffer holds `rank` elements.
-    unsafe {
-        check(ort!(api.ort, GetTensorElementType(info, &mut elem)))?;
-        check(ort!(api.ort, GetDimensionsCount(info, &mut rank)))?;
-        let mut dims = vec![0i64; rank];
-        check(ort!(api.ort, GetDimensions(info, dims.as_mut_ptr(), rank)))?;
-        // ORT fills one borrowed C string per dim ("" for none); copied at once.
-        let mut params: Vec<*const c_char> = vec![std::ptr::null(); rank];
-        check(ort!(api.ort, GetSymbolicDimensions(info, params.as_mut_ptr(), rank)))?;
-        let dim_params = params.iter().map(|&p| cstr_to_string(p)).collect();
-        Ok(TensorInfo {
-            elem_type: elem as i32,
-            dims,
-            dim_params,
-        })
-    }
-}
-
-/// Copies a tensor value's type, dims and bytes.
-///
-/// # Safety
-/// `value` must be a live tensor `OrtValue`.
-pub unsafe fn copy_tensor(value: *const sys::OrtValue) -> Result<TensorBytes> {
-    let api = Api::get();
-    let value = super::non_null(value, "tensor value")?;
-    let mut shape = std::ptr::null_mut();
-    // SAFETY: per contract; the shape info is ours to release.
-    let info = unsafe {
-        check(ort!(api.ort, GetTensorTypeAndShape(value, &mut shape)))?;
-        let info = read_tensor_info(shape);
-        ort!(api.ort, ReleaseTensorTypeAndShapeInfo(shape));
-        info?
-    };
-    let size = super::compute::element_size(info.elem_type)
-        .ok_or_else(|| Error::invalid_graph(format!("tensor element type {} is not one kiln reads", info.elem_type)))?;
-    let len = numel(&info.dims)
-        .and_then(|n| n.checked_mul(size))
-        .ok_or_else(|| Error::invalid_graph(format!("tensor shape {:?} is not a valid size", info.dims)))?;
-    // SAFETY: a tensor of `len` bytes.
-    let bytes = unsafe { super::slice(tensor_data(value)? as *const u8, len, "tensor data")? }.to_vec();
-    Ok(TensorBytes {
-        elem_type: info.elem_type,
-        dims: info.dims,
-        bytes,
-    })
-}
-
-/// # Safety
-/// `value` must be a live tensor `OrtValue`.
-pub unsafe fn tensor_data(value: *const sys::OrtValue) -> Result<*const std::ffi::c_void> {
-    let api = Api::get();
-    let mut data = std::ptr::null();
-    // SAFETY: per contract.
-    unsafe { check(ort!(api.ort, GetTensorData(value, &mut data)))? };
-    Ok(data)
 }

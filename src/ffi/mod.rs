@@ -15,6 +15,7 @@ pub mod mmap;
 pub mod pin;
 pub mod status;
 pub mod sys;
+pub mod tensor;
 
 use std::ffi::{c_char, CStr};
 

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use super::options::ContextStorage;
-use super::KilnEp;
+use super::Session;
 use crate::context::ContextBinary;
+use crate::ep::options::ContextStorage;
 use crate::error::{Error, Result};
 use crate::ffi::graph::{Graph, Node, ValueInfo};
 use crate::ffi::mmap::{copy_file, map_file};
@@ -17,13 +17,10 @@ use crate::ir::onnx_type_name;
 use crate::plan::{AlignedBytes, Program, Storage, TensorSpec};
 use crate::stats;
 
-pub const EP_CONTEXT_OP: &str = "EPContext";
-pub const EP_CONTEXT_DOMAIN: &str = "com.microsoft";
-
-/// Whether `source` names kiln (`KilnExecutionProvider` or `kiln`, any case).
-pub fn is_kiln_source(source: &str) -> bool {
-    source.eq_ignore_ascii_case("KilnExecutionProvider") || source.eq_ignore_ascii_case("kiln")
-}
+use super::schema::{
+    binary_source, origin, BinarySource, ContextAttrs, RawContextAttrs, EMBED_MODE, EMBED_MODE_DEFAULT,
+    EP_CACHE_CONTEXT, EP_CONTEXT_DOMAIN, EP_CONTEXT_OP, MAIN_CONTEXT, NOTES, PARTITION_NAME, SOURCE,
+};
 
 pub fn is_ep_context(node: &Node<'_>) -> Result<bool> {
     Ok(node.op_type()? == EP_CONTEXT_OP && node.domain()? == EP_CONTEXT_DOMAIN)
@@ -37,15 +34,6 @@ pub struct ContextNode<'a> {
     pub embed_mode: i64,
     pub main_context: i64,
     pub cache_context: Option<Vec<u8>>,
-}
-
-/// The longest `ep_cache_context` kiln takes for a file name.
-const MAX_PATH_BYTES: usize = 4096;
-
-/// A file name `embed_mode=0` can mean: short UTF-8 text without control characters.
-fn as_file_name(bytes: &[u8]) -> Option<&str> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    (bytes.len() <= MAX_PATH_BYTES && !text.chars().any(char::is_control)).then_some(text)
 }
 
 fn text_attr(node: &Node<'_>, name: &str) -> Result<Option<String>> {
@@ -88,22 +76,22 @@ fn bytes_attr(node: &Node<'_>, name: &str) -> Result<Option<Vec<u8>>> {
 
 /// The node's `source` attribute, if it has one.
 pub fn source_of(node: &Node<'_>) -> Result<Option<String>> {
-    text_attr(node, "source")
+    text_attr(node, SOURCE)
 }
 
 impl<'a> ContextNode<'a> {
     pub fn read(node: Node<'a>) -> Result<ContextNode<'a>> {
-        let embed_mode = int_attr(&node, "embed_mode")?;
+        let embed_mode = int_attr(&node, EMBED_MODE)?;
         // An embedded payload is read later, straight into aligned memory.
-        let ep_cache_context = match embed_mode.unwrap_or(1) {
+        let ep_cache_context = match embed_mode.unwrap_or(EMBED_MODE_DEFAULT) {
             1 => None,
-            _ => bytes_attr(&node, "ep_cache_context")?,
+            _ => bytes_attr(&node, EP_CACHE_CONTEXT)?,
         };
         let raw = RawContextAttrs {
             embed_mode,
-            main_context: int_attr(&node, "main_context")?,
+            main_context: int_attr(&node, MAIN_CONTEXT)?,
             ep_cache_context,
-            partition_name: bytes_attr(&node, "partition_name")?,
+            partition_name: bytes_attr(&node, PARTITION_NAME)?,
         };
         let name = node.name()?;
         let attrs = ContextAttrs::from_raw(raw).map_err(|(attrs, cause)| fail_node(&name, &attrs, cause))?;
@@ -127,104 +115,13 @@ impl<'a> ContextNode<'a> {
     }
 }
 
-/// An EPContext node's attributes as ORT holds them (`None` = absent), without
-/// the node: the ORT-free part of [`ContextNode::read`], fuzzed by
-/// `crate::fuzzing`. `ep_cache_context` is only read when `embed_mode` is not 1.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct RawContextAttrs {
-    pub embed_mode: Option<i64>,
-    pub main_context: Option<i64>,
-    pub ep_cache_context: Option<Vec<u8>>,
-    pub partition_name: Option<Vec<u8>>,
-}
-
-/// The attributes of a kiln EPContext node, defaults applied.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ContextAttrs {
-    pub embed_mode: i64,
-    pub main_context: i64,
-    /// `ep_cache_context` when `embed_mode != 1` (an embedded payload is read later).
-    pub cache_context: Option<Vec<u8>>,
-    pub partition_name: String,
-}
-
-/// Where a primary node's context binary is, decided from its attributes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BinarySource<'a> {
-    /// The bytes of `ep_cache_context` (embed_mode=1).
-    Embedded,
-    /// A file name relative to the model's folder (embed_mode=0).
-    File(&'a str),
-}
-
-impl ContextAttrs {
-    /// Applies the defaults; on error also returns what was read, for the message.
-    pub fn from_raw(raw: RawContextAttrs) -> std::result::Result<ContextAttrs, (ContextAttrs, String)> {
-        let embed_mode = raw.embed_mode.unwrap_or(1);
-        let attrs = ContextAttrs {
-            embed_mode,
-            main_context: raw.main_context.unwrap_or(1),
-            cache_context: if embed_mode == 1 { None } else { raw.ep_cache_context },
-            partition_name: raw
-                .partition_name
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .unwrap_or_default(),
-        };
-        for (name, value) in [("embed_mode", attrs.embed_mode), ("main_context", attrs.main_context)] {
-            if value != 0 && value != 1 {
-                return Err((attrs, format!("{name} {value} is not 0 or 1")));
-            }
-        }
-        if attrs.partition_name.is_empty() {
-            return Err((attrs, "it has no partition_name attribute".into()));
-        }
-        Ok(attrs)
-    }
-
-    /// Where the binary of a node with `main_context != 0` is.
-    pub fn binary_source(&self) -> std::result::Result<BinarySource<'_>, String> {
-        binary_source(self.embed_mode, self.cache_context.as_deref())
-    }
-
-    /// Where the node's compiled graph comes from, for messages.
-    pub fn origin(&self) -> String {
-        origin(self.main_context, self.embed_mode, self.cache_context.as_deref())
-    }
-}
-
-fn binary_source(embed_mode: i64, cache_context: Option<&[u8]>) -> std::result::Result<BinarySource<'_>, String> {
-    match embed_mode {
-        1 => return Ok(BinarySource::Embedded),
-        0 => {}
-        _ => return Err(format!("embed_mode {embed_mode} is not 0 or 1")),
-    }
-    let payload = cache_context
-        .filter(|p| !p.is_empty())
-        .ok_or("ep_cache_context is empty or absent")?;
-    let rel = as_file_name(payload)
-        .ok_or("embed_mode=0 expects a file name relative to the model; was the node written with embed_mode=1?")?;
-    Ok(BinarySource::File(rel))
-}
-
-fn origin(main_context: i64, embed_mode: i64, cache_context: Option<&[u8]>) -> String {
-    match (main_context, embed_mode, cache_context) {
-        (0, _, _) => "main_context=0, no file of its own".into(),
-        (_, 1, _) => "embedded payload in ep_cache_context".into(),
-        (_, _, Some(b)) => match as_file_name(b) {
-            Some(name) => format!("file '{name}'"),
-            None => format!("ep_cache_context of {} bytes that is not a file name", b.len()),
-        },
-        (_, _, None) => "no ep_cache_context".into(),
-    }
-}
-
 fn fail_node(name: &str, attrs: &ContextAttrs, cause: impl std::fmt::Display) -> Error {
     Error::invalid_graph(format!("kiln EPContext node '{name}' ({}): {cause}", attrs.origin()))
 }
 
 /// The folder `ep_cache_context` paths are relative to: the model's folder,
 /// or the folder of `ep.context_file_path` for a model loaded from bytes.
-pub fn base_folder(ep: &KilnEp, graph: &Graph<'_>) -> Result<Option<PathBuf>> {
+pub fn base_folder(ep: &Session<'_>, graph: &Graph<'_>) -> Result<Option<PathBuf>> {
     let folder = |p: &Path| p.parent().map(Path::to_path_buf).unwrap_or_default();
     Ok(match graph.model_path()? {
         Some(model) => Some(folder(&model)),
@@ -292,7 +189,7 @@ impl LoadedBinaries {
         }
         let share = share && storage == ContextStorage::Map;
         // Taken before mapping: the workspace is keyed by the file's identity.
-        let id = share.then(|| super::share::identity(path)).flatten();
+        let id = share.then(|| crate::ep::share::identity(path)).flatten();
         let open = || -> Result<Arc<ContextBinary>> {
             let bytes = match storage {
                 ContextStorage::Map => map_file(path)?,
@@ -304,7 +201,7 @@ impl LoadedBinaries {
         };
         let binary = match id {
             Some(id) => {
-                let (b, shared) = super::share::load_shared(id, open)?;
+                let (b, shared) = crate::ep::share::load_shared(id, open)?;
                 if shared {
                     stats::context_file_shared();
                 }
@@ -334,7 +231,7 @@ fn parse(storage: Arc<dyn Storage>) -> Result<Arc<ContextBinary>> {
 
 /// Rebuilds the program of every EPContext node: primary nodes first, so
 /// `main_context=0` nodes find their graph in the binaries those opened.
-pub fn load_all(ep: &KilnEp, base: Option<&Path>, nodes: &[&ContextNode<'_>]) -> Result<Vec<Program>> {
+pub fn load_all(ep: &Session<'_>, base: Option<&Path>, nodes: &[&ContextNode<'_>]) -> Result<Vec<Program>> {
     let mut loaded = ep.binaries.lock();
     let mut programs: Vec<Option<Program>> = (0..nodes.len()).map(|_| None).collect();
     let order = (0..nodes.len())
@@ -344,12 +241,17 @@ pub fn load_all(ep: &KilnEp, base: Option<&Path>, nodes: &[&ContextNode<'_>]) ->
         programs[i] = Some(load_one(ep, base, nodes[i], &mut loaded)?);
     }
     if ep.config.context.share && ep.config.context.stop_share {
-        super::share::stop_sharing_loaded();
+        crate::ep::share::stop_sharing_loaded();
     }
     Ok(programs.into_iter().flatten().collect())
 }
 
-fn load_one(ep: &KilnEp, base: Option<&Path>, cn: &ContextNode<'_>, loaded: &mut LoadedBinaries) -> Result<Program> {
+fn load_one(
+    ep: &Session<'_>,
+    base: Option<&Path>,
+    cn: &ContextNode<'_>,
+    loaded: &mut LoadedBinaries,
+) -> Result<Program> {
     let binary = if cn.main_context == 0 {
         loaded.find(&cn.partition_name).cloned().ok_or_else(|| {
             cn.fail(format!(
@@ -380,7 +282,7 @@ fn load_one(ep: &KilnEp, base: Option<&Path>, cn: &ContextNode<'_>, loaded: &mut
 
 /// The binary a primary node names: its payload, or a file beside the model.
 fn open_binary(
-    ep: &KilnEp,
+    ep: &Session<'_>,
     base: Option<&Path>,
     cn: &ContextNode<'_>,
     loaded: &mut LoadedBinaries,
@@ -391,7 +293,7 @@ fn open_binary(
             // Read straight into aligned memory: the weights are used in place.
             let payload = cn
                 .node
-                .attribute("ep_cache_context")?
+                .attribute(EP_CACHE_CONTEXT)?
                 .map(|a| {
                     a.aligned_bytes()?
                         .ok_or_else(|| cn.fail("attribute 'ep_cache_context' must be a STRING, it has another type"))
@@ -418,8 +320,8 @@ fn open_binary(
 /// different binary under that name came from another compile (a model
 /// without the stamp, or with unreadable notes, is not checked).
 fn check_stamp(cn: &ContextNode<'_>, binary: &ContextBinary) -> Result<()> {
-    let notes = text_attr(&cn.node, "notes").ok().flatten().unwrap_or_default();
-    match crate::context::stamped_checksum(&notes) {
+    let notes = text_attr(&cn.node, NOTES).ok().flatten().unwrap_or_default();
+    match super::models::stamped_checksum(&notes) {
         Some(sum) if sum != binary.checksum() => Err(cn.fail(format!(
             "the file's checksum is {:032x}, but this model was compiled with a binary of checksum {sum:032x}: \
              another compile replaced the file; recompile the model",
@@ -429,7 +331,7 @@ fn check_stamp(cn: &ContextNode<'_>, binary: &ContextBinary) -> Result<()> {
     }
 }
 
-fn check_runnable(ep: &KilnEp, cn: &ContextNode<'_>, program: &Program) -> Result<()> {
+fn check_runnable(ep: &Session<'_>, cn: &ContextNode<'_>, program: &Program) -> Result<()> {
     if program.target().can_run_on(ep.host) {
         return Ok(());
     }
@@ -459,9 +361,13 @@ fn check_io(cn: &ContextNode<'_>, program: &Program) -> Result<()> {
                 specs.len()
             )));
         }
+        let names = values
+            .iter()
+            .map(|v| v.map(|v| v.name()).transpose())
+            .collect::<Result<Vec<_>>>()?;
         for (i, (v, spec)) in values.iter().zip(specs).enumerate() {
             let v = v.ok_or_else(|| cn.fail(format!("{what} {i} is missing, expected '{}'", spec.name)))?;
-            check_name(cn, what, i, &v.name()?, specs)?;
+            check_name(cn, what, i, &names, specs)?;
             check_value(cn, &format!("{what} {i}"), &v, spec)?;
         }
     }
@@ -471,10 +377,22 @@ fn check_io(cn: &ContextNode<'_>, program: &Program) -> Result<()> {
 /// A value keeps its compiled name, or gets a new one (merging models with
 /// `onnx.compose` prefixes every name; such values match by position). A
 /// name the graph was compiled with at another position is a reordering,
-/// which would feed one tensor's data to another.
-fn check_name(cn: &ContextNode<'_>, what: &str, i: usize, name: &str, specs: &[TensorSpec]) -> Result<()> {
+/// which would feed one tensor's data to another — unless the node reads
+/// that value at that other position too: ORT's common subexpression
+/// elimination (`ORT_ENABLE_BASIC` and up) merges two equal values an
+/// EPContext node reads (two `Shape`s of one tensor) into one.
+fn check_name(
+    cn: &ContextNode<'_>,
+    what: &str,
+    i: usize,
+    names: &[Option<String>],
+    specs: &[TensorSpec],
+) -> Result<()> {
+    let Some(name) = names[i].as_deref() else {
+        return Ok(());
+    };
     match specs.iter().position(|s| s.name == name) {
-        Some(j) if j != i => Err(cn.fail(format!(
+        Some(j) if j != i && names.get(j).and_then(Option::as_deref) != Some(name) => Err(cn.fail(format!(
             "{what} {i} is '{name}', but graph '{}' was compiled with '{name}' as {what} {j} (and '{}' as {what} {i})",
             cn.partition_name, specs[i].name
         ))),
@@ -508,13 +426,17 @@ fn check_value(cn: &ContextNode<'_>, what: &str, v: &ValueInfo<'_>, spec: &Tenso
     if info.elem_type != spec.elem_type {
         return Err(mismatch(&found, "element type differs"));
     }
+    // What ORT's shape inference left unknown (the whole shape, or a dim) is
+    // no mismatch: kiln may know more than ORT did when it wrote the model
+    // (it folds shape subgraphs ORT did not), and Compute checks every
+    // tensor's actual shape against the program anyway.
+    if !info.has_shape {
+        return Ok(());
+    }
     if info.dims.len() != expected.len() {
         return Err(mismatch(&found, "rank differs"));
     }
-    if info.dims.iter().any(|&d| d < 0) {
-        return Err(mismatch(&found, "dynamic shape; kiln compiles static shapes"));
-    }
-    if info.dims != expected {
+    if info.dims.iter().zip(&expected).any(|(&d, &e)| d >= 0 && d != e) {
         return Err(mismatch(&found, "shape differs"));
     }
     Ok(())
@@ -523,16 +445,6 @@ fn check_value(cn: &ContextNode<'_>, what: &str, v: &ValueInfo<'_>, spec: &Tenso
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kiln_sources() {
-        assert!(
-            is_kiln_source("KilnExecutionProvider")
-                && is_kiln_source("KILN")
-                && is_kiln_source("kilnexecutionprovider")
-        );
-        assert!(!is_kiln_source("QNNExecutionProvider") && !is_kiln_source(""));
-    }
 
     #[test]
     fn paths_must_stay_inside_the_model_folder() {

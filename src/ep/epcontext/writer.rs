@@ -6,9 +6,14 @@ mod files;
 
 use std::path::{Path, PathBuf};
 
-use super::{KilnEp, EP_NAME};
+use super::models::binary_stamp;
+use super::schema::{
+    EMBED_MODE, EP_CACHE_CONTEXT, EP_CONTEXT_DOMAIN, EP_CONTEXT_OP, EP_SDK_VERSION, HARDWARE_ARCHITECTURE, KILN_SOURCE,
+    MAIN_CONTEXT, MAX_SIZE, NOTES, ONNX_MODEL_FILENAME, PARTITION_NAME, SOURCE,
+};
+use super::Session;
 use crate::compiler::generic::Executable;
-use crate::context::{self, ContextBuilder, FORMAT_VERSION};
+use crate::context::{ContextBuilder, FORMAT_VERSION};
 use crate::error::{Error, Result};
 use crate::ffi::ep::{AttrValue, EpContextNode};
 use crate::plan::Program;
@@ -39,7 +44,7 @@ impl Generated<'_> {
 
 /// The EPContext nodes for one Compile call, writing the binary when
 /// embed mode is 0. `model_path` is `None` for a model given as bytes.
-pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>]) -> Result<Vec<EpContextNode>> {
+pub fn generate(ep: &Session<'_>, model_path: Option<&Path>, parts: &[Generated<'_>]) -> Result<Vec<EpContextNode>> {
     let names: Vec<String> = parts
         .iter()
         .map(|p| format!("{}{}", ep.config.context.node_name_prefix, p.fused_name))
@@ -59,10 +64,10 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
         for ((node, part), name) in nodes.iter_mut().zip(parts).zip(&names) {
             let mut builder = ContextBuilder::new(ep.target);
             builder.add_graph(name, part.program()?)?;
-            node.attributes.push(("embed_mode", AttrValue::Int(1)));
-            node.attributes.push(("main_context", AttrValue::Int(1)));
+            node.attributes.push((EMBED_MODE, AttrValue::Int(1)));
+            node.attributes.push((MAIN_CONTEXT, AttrValue::Int(1)));
             node.attributes
-                .push(("ep_cache_context", AttrValue::Bytes(builder.to_bytes()?)));
+                .push((EP_CACHE_CONTEXT, AttrValue::Bytes(builder.to_bytes()?)));
         }
         return Ok(nodes);
     }
@@ -75,12 +80,11 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
     // The node ORT writes first names the file; the others find their graph in it.
     let main = (0..parts.len()).min_by_key(|&i| parts[i].first_node).unwrap_or(0);
     for (i, node) in nodes.iter_mut().enumerate() {
-        node.attributes.push(("embed_mode", AttrValue::Int(0)));
-        node.attributes
-            .push(("main_context", AttrValue::Int((i == main) as i64)));
+        node.attributes.push((EMBED_MODE, AttrValue::Int(0)));
+        node.attributes.push((MAIN_CONTEXT, AttrValue::Int((i == main) as i64)));
         if i == main {
             node.attributes
-                .push(("ep_cache_context", AttrValue::Bytes(bin_name.clone().into_bytes())));
+                .push((EP_CACHE_CONTEXT, AttrValue::Bytes(bin_name.clone().into_bytes())));
             if let Some(sum) = checksum {
                 stamp_notes(node, sum);
             }
@@ -92,16 +96,21 @@ pub fn generate(ep: &KilnEp, model_path: Option<&Path>, parts: &[Generated<'_>])
 /// Adds the binary's checksum to the main node's notes: how kiln tells that
 /// ORT wrote this model for this very binary (see `files`).
 fn stamp_notes(node: &mut EpContextNode, checksum: u128) {
-    if let Some((_, AttrValue::Bytes(notes))) = node.attributes.iter_mut().find(|(k, _)| *k == "notes") {
-        notes.extend_from_slice(format!("; {}", context::binary_stamp(checksum)).as_bytes());
+    if let Some((_, AttrValue::Bytes(notes))) = node.attributes.iter_mut().find(|(k, _)| *k == NOTES) {
+        notes.extend_from_slice(format!("; {}", binary_stamp(checksum)).as_bytes());
     }
 }
 
 /// Embed mode 0 without sharing: this model's own binary, staged until
 /// ORT has written the compiled model (see `files`).
-fn write_own(ep: &KilnEp, out: &Output, parts: &[Generated<'_>], names: &[String]) -> Result<(String, Option<u128>)> {
+fn write_own(
+    ep: &Session<'_>,
+    out: &Output,
+    parts: &[Generated<'_>],
+    names: &[String],
+) -> Result<(String, Option<u128>)> {
     let models = [out.ctx_name.clone()];
-    let name = files::choose_name(&out.folder, &out.stem, &models, &ep.logger)?;
+    let name = files::choose_name(&out.folder, &out.stem, &models, ep.logger)?;
     let mut builder = ContextBuilder::new(ep.target);
     builder.add_context_model(&out.ctx_name);
     for (part, name) in parts.iter().zip(names) {
@@ -109,14 +118,14 @@ fn write_own(ep: &KilnEp, out: &Output, parts: &[Generated<'_>], names: &[String
     }
     let staged = files::stage(&out.folder, &name, &builder, &out.ctx_model, ep.config.compile_only)?;
     let checksum = staged.stats.checksum;
-    ep.context_files.hold_or_commit(staged, out.ctx_file, &ep.logger)?;
+    ep.context_files.hold_or_commit(staged, out.ctx_file, ep.logger)?;
     Ok((name.name, Some(checksum)))
 }
 
 /// `ep.share_ep_contexts=1`: add this model's graphs to the group's binary,
 /// which the stop session stages.
 fn write_shared(
-    ep: &KilnEp,
+    ep: &Session<'_>,
     out: &Output,
     parts: &[Generated<'_>],
     names: &[String],
@@ -128,16 +137,16 @@ fn write_shared(
         .map(|(n, p)| p.map(|p| (n, p)))
         .collect::<Result<_>>()?;
     let mut staged = None;
-    let member = super::share::Member {
+    let member = crate::ep::share::Member {
         target: ep.target,
         folder: &out.folder,
         ctx_name: &out.ctx_name,
         graphs: &graphs,
         stop: ep.config.context.stop_share,
     };
-    let shared = super::share::add_to_group(
+    let shared = crate::ep::share::add_to_group(
         member,
-        || files::choose_name(&out.folder, &out.stem, std::slice::from_ref(&out.ctx_name), &ep.logger),
+        || files::choose_name(&out.folder, &out.stem, std::slice::from_ref(&out.ctx_name), ep.logger),
         |name, b| {
             let s = files::stage(&out.folder, name, b, &out.ctx_model, ep.config.compile_only)?;
             let stats = s.stats.clone();
@@ -147,7 +156,7 @@ fn write_shared(
     )?;
     let checksum = staged.as_ref().map(|s| s.stats.checksum);
     match staged {
-        Some(s) => ep.context_files.hold_or_commit(s, out.ctx_file, &ep.logger)?,
+        Some(s) => ep.context_files.hold_or_commit(s, out.ctx_file, ep.logger)?,
         None => ep.logger.info(|| {
             format!(
                 "model {} of a shared context group: {} graph(s) added to '{}' (written by the session with \
@@ -161,20 +170,22 @@ fn write_shared(
     Ok((shared.bin_name, checksum))
 }
 
-fn base_node(ep: &KilnEp, model_path: Option<&Path>, part: &Generated<'_>, partition_name: &str) -> EpContextNode {
+fn base_node(ep: &Session<'_>, model_path: Option<&Path>, part: &Generated<'_>, partition_name: &str) -> EpContextNode {
     let text = |s: &str| AttrValue::Bytes(s.as_bytes().to_vec());
     let mut attributes = vec![
-        ("source", text(EP_NAME.to_str().unwrap_or("KilnExecutionProvider"))),
-        ("partition_name", text(partition_name)),
-        ("ep_sdk_version", text(&sdk_version())),
-        ("hardware_architecture", text(ep.target.name())),
-        ("notes", text(&part.exe.summary())),
-        ("max_size", AttrValue::Int(part.exe.arena_bytes().unwrap_or(0) as i64)),
+        (SOURCE, text(KILN_SOURCE)),
+        (PARTITION_NAME, text(partition_name)),
+        (EP_SDK_VERSION, text(&sdk_version())),
+        (HARDWARE_ARCHITECTURE, text(ep.target.name())),
+        (NOTES, text(&part.exe.summary())),
+        (MAX_SIZE, AttrValue::Int(part.exe.arena_bytes().unwrap_or(0) as i64)),
     ];
     if let Some(file) = model_path.and_then(Path::file_name) {
-        attributes.push(("onnx_model_filename", text(&file.to_string_lossy())));
+        attributes.push((ONNX_MODEL_FILENAME, text(&file.to_string_lossy())));
     }
     EpContextNode {
+        op_type: EP_CONTEXT_OP,
+        domain: EP_CONTEXT_DOMAIN,
         name: part.fused_name.clone(),
         inputs: part.inputs.clone(),
         outputs: part.outputs.clone(),
@@ -201,7 +212,7 @@ pub struct Output {
     pub ctx_file: bool,
 }
 
-fn output_location(ep: &KilnEp, model_path: Option<&Path>) -> Result<Output> {
+fn output_location(ep: &Session<'_>, model_path: Option<&Path>) -> Result<Output> {
     let ctx = &ep.config.context;
     let output = match (&ctx.file_path, model_path) {
         (Some(out), _) => PathBuf::from(out),
@@ -259,30 +270,30 @@ fn file_stem(path: &Path) -> String {
         .unwrap_or_else(|| "model".into())
 }
 
-pub use files::{ContextFiles, Name};
+pub use files::ContextFiles;
 
 /// `OnSessionInitializationEnd`: ORT has written the session's compiled
 /// model (session-option route), so the binaries it names go in place now,
 /// while the session lives on.
-pub fn on_session_initialization_end(ep: &KilnEp) -> Result<()> {
-    ep.context_files.finish_written(&ep.logger)
+pub fn on_session_initialization_end(ep: &Session<'_>) -> Result<()> {
+    ep.context_files.finish_written(ep.logger)
 }
 
 /// ORT releases the EP: settle every staged binary (in place if ORT wrote
 /// its compiled model, removed otherwise). A sharing group's stop session
 /// whose model gave kiln nothing to compile never reached Compile: end the
 /// group here, so the group's binary is still written.
-pub fn on_release(ep: &KilnEp) {
-    ep.context_files.finish_all(&ep.logger);
+pub fn on_release(ep: &Session<'_>) {
+    ep.context_files.finish_all(ep.logger);
     let c = &ep.config.context;
     if !(c.enable && c.share && c.stop_share) || ep.compiled.load(std::sync::atomic::Ordering::Acquire) {
         return;
     }
-    let written = super::share::finish_group(|folder, name, builder| {
+    let written = crate::ep::share::finish_group(|folder, name, builder| {
         // No kiln node in this model to confirm: in place at once.
         let staged = files::stage(folder, name, builder, folder, ep.config.compile_only)?;
         let stats = staged.stats.clone();
-        files::settle_written(&staged, &ep.logger)?;
+        files::settle_written(&staged, ep.logger)?;
         Ok(stats)
     });
     match written {

@@ -16,14 +16,14 @@
 //!   removed otherwise, so a failed write of the `_ctx.onnx` leaves no
 //!   binary behind and destroys no older one.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::super::context_load::is_kiln_source;
+use super::super::models::names_binary;
+use super::super::names::{Name, Reservation};
+use super::super::schema::is_kiln_source;
 use crate::context::{self, ContextBuilder, WriteStats};
 use crate::error::{Error, Result};
 use crate::ffi::logger::Logger;
@@ -73,7 +73,7 @@ pub fn model_names(model: &Path, bin_name: &str, checksum: Option<u128>) -> bool
     regular
         && map_file(model)
             .ok()
-            .and_then(|bytes| context::names_binary(bytes.bytes(), is_kiln_source, bin_name, checksum).ok())
+            .and_then(|bytes| names_binary(bytes.bytes(), is_kiln_source, bin_name, checksum).ok())
             .unwrap_or(false)
 }
 
@@ -119,56 +119,6 @@ pub fn ownership(folder: &Path, name: &str, models: &[String]) -> Ownership {
 
 fn quoted(names: &[String]) -> String {
     names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
-}
-
-/// A name for a binary, and the binaries of the same models it supersedes.
-#[derive(Debug)]
-pub struct Name {
-    pub name: String,
-    /// Binaries written for these models that other compiled models still
-    /// named; removed once no model names them (see `remove_superseded`).
-    pub superseded: Vec<String>,
-    /// Keeps other sessions of this process off the name until the binary
-    /// is in place or dropped.
-    reservation: Arc<Reservation>,
-}
-
-/// Names chosen by sessions of this process whose binaries are not settled
-/// yet: two sessions compiling models with the same stem into one folder at
-/// the same time must not pick the same name.
-static RESERVED: Lazy<Mutex<HashMap<PathBuf, u64>>> = Lazy::new(Default::default);
-
-#[derive(Debug)]
-struct Reservation {
-    key: PathBuf,
-    token: u64,
-}
-
-impl Reservation {
-    /// `None` if another session of this process holds the name.
-    fn take(folder: &Path, name: &str) -> Option<Arc<Reservation>> {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let key = folder
-            .canonicalize()
-            .unwrap_or_else(|_| folder.to_path_buf())
-            .join(name);
-        let mut reserved = RESERVED.lock();
-        if reserved.contains_key(&key) {
-            return None;
-        }
-        let token = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        reserved.insert(key.clone(), token);
-        Some(Arc::new(Reservation { key, token }))
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        let mut reserved = RESERVED.lock();
-        if reserved.get(&self.key) == Some(&self.token) {
-            reserved.remove(&self.key);
-        }
-    }
 }
 
 /// The binary's file name for `models` in `folder`: `<stem>_kiln.bin`, or,
@@ -551,7 +501,7 @@ mod tests {
 
     /// An ONNX model with one kiln EPContext node naming `bin` (embed mode 0).
     fn model_naming(bin: &str) -> Vec<u8> {
-        crate::context::model_naming("KilnExecutionProvider", bin)
+        crate::ep::epcontext::models::model_naming(crate::ep::epcontext::schema::KILN_SOURCE, bin)
     }
 
     fn names(folder: &Path) -> Vec<String> {

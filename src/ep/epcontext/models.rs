@@ -9,6 +9,8 @@
 
 use prost::Message;
 
+use super::schema::{EMBED_MODE, EP_CACHE_CONTEXT, EP_CONTEXT_DOMAIN, EP_CONTEXT_OP, NOTES, SOURCE};
+
 /// The model is not an ONNX model this reader can decode.
 #[derive(Debug)]
 pub struct OnnxModelError(pub String);
@@ -80,14 +82,14 @@ pub fn names_binary(
     Ok(nodes.iter().any(|n| {
         let attr = |name: &str| n.attribute.iter().find(|a| a.name == name);
         let text = |name: &str| attr(name).map(|a| String::from_utf8_lossy(&a.s).into_owned());
-        n.op_type == "EPContext"
-            && n.domain == "com.microsoft"
-            && text("source").is_some_and(|s| is_source(&s))
-            && attr("embed_mode").is_some_and(|a| a.i == 0)
-            && attr("ep_cache_context").is_some_and(|a| a.s == bin_name.as_bytes())
+        n.op_type == EP_CONTEXT_OP
+            && n.domain == EP_CONTEXT_DOMAIN
+            && text(SOURCE).is_some_and(|s| is_source(&s))
+            && attr(EMBED_MODE).is_some_and(|a| a.i == 0)
+            && attr(EP_CACHE_CONTEXT).is_some_and(|a| a.s == bin_name.as_bytes())
             && stamp
                 .as_deref()
-                .is_none_or(|s| text("notes").is_some_and(|n| n.contains(s)))
+                .is_none_or(|s| text(NOTES).is_some_and(|n| n.contains(s)))
     }))
 }
 
@@ -103,12 +105,12 @@ pub fn model_naming(source: &str, bin_name: &str) -> Vec<u8> {
     ModelProto {
         graph: Some(GraphProto {
             node: vec![NodeProto {
-                op_type: "EPContext".into(),
-                domain: "com.microsoft".into(),
+                op_type: EP_CONTEXT_OP.into(),
+                domain: EP_CONTEXT_DOMAIN.into(),
                 attribute: vec![
-                    attr("source", 0, source),
-                    attr("embed_mode", 0, ""),
-                    attr("ep_cache_context", 0, bin_name),
+                    attr(SOURCE, 0, source),
+                    attr(EMBED_MODE, 0, ""),
+                    attr(EP_CACHE_CONTEXT, 0, bin_name),
                 ],
             }],
         }),
