@@ -50,7 +50,10 @@ fn check_binary(data: &[u8]) -> bool {
         if let StoredGraph::Program(_) = graph {
             assert!(binary.program(&name).is_ok_and(|p| p.is_some()));
         } else {
-            assert_clean(&binary.program(&name).expect_err("a generic graph is no program"), &[ErrorKind::InvalidGraph]);
+            assert_clean(
+                &binary.program(&name).expect_err("a generic graph is no program"),
+                &[ErrorKind::InvalidGraph],
+            );
         }
         run_stored(&graph);
     }

@@ -133,7 +133,11 @@ fn weight<'a>(id: u32, weights: &'a [Constant]) -> Result<&'a Constant> {
 fn named_constant(c: &proto::NamedWeight, weights: &[Constant]) -> Result<NamedConstant> {
     let w = weight(c.weight_id, weights)?;
     if w.packing != Packing::None {
-        crate::bail!(InvalidGraph, "weight {} is packed, a constant must be plain", c.weight_id);
+        crate::bail!(
+            InvalidGraph,
+            "weight {} is packed, a constant must be plain",
+            c.weight_id
+        );
     }
     Ok(NamedConstant {
         name: c.name.clone(),
@@ -392,4 +396,3 @@ pub fn describe_generic(g: &GenericGraph) -> String {
         bytes(&mut g.packed.iter().map(|p| p.data.byte_len())),
     )
 }
-

@@ -26,16 +26,18 @@ mod reader;
 mod writer;
 
 #[cfg(test)]
+mod generic_tests;
+#[cfg(test)]
 mod props;
 #[cfg(test)]
 mod tests;
 
 pub use compat::{check_compatibility, compatibility_info, Compatibility};
+pub use generic::{describe_generic, MAX_RANK};
 #[cfg(test)]
 pub use models::model_naming;
 pub use models::{binary_stamp, names_binary, stamped_checksum, OnnxModelError};
 pub use peek::{peek, peek_checksum, Peek};
-pub use generic::{describe_generic, MAX_RANK};
 pub use reader::{ContextBinary, StoredGraph};
 pub use writer::ContextBuilder;
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use prost::Message;
 
-use super::header::Header;
 use super::generic::{self, describe_generic};
+use super::header::Header;
 use super::{convert, describe_program, proto};
 use crate::compiler::generic::GenericGraph;
 use crate::error::{Error, Result};
