@@ -333,9 +333,9 @@ fn generic_graph(
     }
 }
 
-fn write_generic(graphs: &[GenericGraph], program: Option<&Spec>, target: Target) -> Vec<u8> {
+fn write_generic(graphs: &[GenericGraph], with_program: Option<&Spec>, target: Target) -> Vec<u8> {
     let mut b = ContextBuilder::new(target);
-    if let Some(s) = program {
+    if let Some(s) = with_program {
         b.add_graph("program", &program(s, target)).expect("add_graph");
     }
     for (i, g) in graphs.iter().enumerate() {
