@@ -30,6 +30,8 @@ mod generic_tests;
 #[cfg(test)]
 mod props;
 #[cfg(test)]
+mod proto_doc;
+#[cfg(test)]
 mod tests;
 
 pub use compat::{check_compatibility, compatibility_info, Compatibility};
