@@ -124,7 +124,7 @@ pub(crate) fn generic_graph(info: &proto::GenericInfo, target: Target, weights: 
     Ok(g)
 }
 
-fn weight<'a>(id: u32, weights: &'a [Constant]) -> Result<&'a Constant> {
+fn weight(id: u32, weights: &[Constant]) -> Result<&Constant> {
     weights
         .get(id as usize)
         .ok_or_else(|| Error::invalid_graph(format!("weight id {id} is out of range ({} weights)", weights.len())))

@@ -295,7 +295,8 @@ fn add_generic_refusals() {
         e.kind == ErrorKind::InvalidArgument && e.message.contains("compiled for x86_64-avx2"),
         "{e}"
     );
-    let bad: Vec<(Box<dyn Fn(&mut GenericGraph)>, &str)> = vec![
+    type Change = Box<dyn Fn(&mut GenericGraph)>;
+    let bad: Vec<(Change, &str)> = vec![
         (Box::new(|g| g.constants[0].shape.push(2)), "do not hold"),
         (
             Box::new(|g| g.constants[1].name = g.constants[0].name.clone()),

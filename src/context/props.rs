@@ -279,7 +279,10 @@ fn desc() -> impl Strategy<Value = GraphDesc> {
 
 /// Constants `c0, c1, ...` of random types and shapes; every 2-D float one
 /// with `pack` set is also packed (as `[k, n]`, or `[n, k]` with `trans_b`).
-fn weights() -> impl Strategy<Value = Vec<(DType, Vec<usize>, Vec<u8>, Option<bool>)>> {
+/// A constant: type, shape, bytes, and whether (and how: `trans_b`) to pack it.
+type RandomWeight = (DType, Vec<usize>, Vec<u8>, Option<bool>);
+
+fn weights() -> impl Strategy<Value = Vec<RandomWeight>> {
     let one = (
         prop::sample::select(DType::ALL.to_vec()),
         prop::collection::vec(1usize..6, 0..3),
@@ -298,11 +301,7 @@ fn weights() -> impl Strategy<Value = Vec<(DType, Vec<usize>, Vec<u8>, Option<bo
     prop::collection::vec(one, 0..5)
 }
 
-fn generic_graph(
-    desc: GraphDesc,
-    weights: &[(DType, Vec<usize>, Vec<u8>, Option<bool>)],
-    target: Target,
-) -> GenericGraph {
+fn generic_graph(desc: GraphDesc, weights: &[RandomWeight], target: Target) -> GenericGraph {
     let mut constants = Vec::new();
     let mut packed = Vec::new();
     for (i, (dtype, shape, bytes, pack)) in weights.iter().enumerate() {
@@ -364,7 +363,8 @@ proptest! {
             }
         }
         // Each distinct weight (type, shape, packing, bytes) once, whichever graph has it.
-        let mut distinct: Vec<(DType, Vec<usize>, Option<bool>, &[u8])> = Vec::new();
+        type Key<'a> = (DType, Vec<usize>, Option<bool>, &'a [u8]);
+        let mut distinct: Vec<Key> = Vec::new();
         for g in &graphs {
             let plain = g.constants.iter().map(|c| (c.dtype, c.shape.clone(), None, c.data.as_bytes()));
             let packed = g.packed.iter().map(|p| (DType::F32, vec![p.k, p.n], Some(true), p.data.as_bytes()));

@@ -111,11 +111,8 @@ fn rust_schema(src: &str) -> Schema {
             continue;
         }
         if line == "}" {
-            if current.as_ref().is_some_and(|(_, oneof)| *oneof) {
-                current = None;
-            } else if current.is_some() {
-                current = None;
-            } else {
+            // Closes a struct or enum, else the module of a oneof.
+            if current.take().is_none() {
                 module = None;
             }
             continue;
