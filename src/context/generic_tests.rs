@@ -168,6 +168,9 @@ fn generic_graphs_round_trip_beside_programs() {
         assert_eq!(ctx.format_version(), 2);
         assert_eq!(ctx.graph_names(), ["a", "bert", "odd"]);
         assert!(matches!(ctx.stored_graph("a"), Some(StoredGraph::Program(_))));
+        for name in ["a", "bert"] {
+            assert_eq!(ctx.stored_graph(name).unwrap().target(), target);
+        }
         assert!(ctx.stored_graph("nope").is_none());
         assert_same_generic(&generic(&ctx, "bert"), &want_bert);
         assert_same_generic(&generic(&ctx, "odd"), &want_odd);

@@ -26,6 +26,14 @@ pub enum StoredGraph {
 }
 
 impl StoredGraph {
+    /// The target the graph was compiled (or its weights packed) for.
+    pub fn target(&self) -> Target {
+        match self {
+            StoredGraph::Program(p) => p.target(),
+            StoredGraph::Generic(g) => g.target,
+        }
+    }
+
     /// One line about the graph (see [`describe_program`], [`describe_generic`]).
     pub fn describe(&self) -> String {
         match self {
