@@ -325,7 +325,10 @@ fn compatibility_answers_per_device() {
         sys::OrtCompiledModelCompatibility_EP_UNSUPPORTED
     );
     assert_eq!(
-        verdict(&host(), &info(host_target).replace("format=1", "format=99")),
+        verdict(
+            &host(),
+            &info(host_target).replace(&format!("format={}", kiln_ep::context::FORMAT_VERSION), "format=99")
+        ),
         sys::OrtCompiledModelCompatibility_EP_UNSUPPORTED
     );
     if host_target == Target::Avx512 {

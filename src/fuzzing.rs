@@ -5,7 +5,8 @@
 //! [`Error`]. Not part of kiln's API.
 //!
 //! Input formats (what `fuzz/make_corpus.py` writes):
-//! - [`context_binary`]: the bytes of a `<model>_kiln.bin`.
+//! - [`context_binary`]: the bytes of a `<model>_kiln.bin` (programs and
+//!   shape-generic graphs; the latter are imported and compiled as at run time).
 //! - [`ep_context_attrs`]: `flags:u8` (bit 0 embed_mode, 1 main_context,
 //!   2 partition_name, 3 ep_cache_context present), `embed_mode:i64le`,
 //!   `main_context:i64le`, `partition_name` (u8 length + bytes), then the rest
@@ -15,7 +16,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 
-use crate::context::{recompute_checksum, ContextBinary};
+use crate::compiler::generic::GenericGraph;
+use crate::context::{recompute_checksum, ContextBinary, StoredGraph};
 use crate::ep::epcontext::reader::resolve_inside;
 use crate::ep::epcontext::schema::{BinarySource, ContextAttrs, RawContextAttrs};
 use crate::error::{Error, ErrorKind};
@@ -45,10 +47,68 @@ fn check_binary(data: &[u8]) -> bool {
     let Some(binary) = parse_binary(data) else { return false };
     let _ = binary.describe();
     for name in binary.graph_names() {
-        let program = binary.program(&name).expect("program lookup").expect("listed graph");
-        run_on_zeros(&program);
+        let graph = binary.stored_graph(&name).expect("listed graph");
+        if let StoredGraph::Program(_) = graph {
+            assert!(binary.program(&name).is_ok_and(|p| p.is_some()));
+        } else {
+            assert_clean(
+                &binary.program(&name).expect_err("a generic graph is no program"),
+                &[ErrorKind::InvalidGraph],
+            );
+        }
+        run_stored(&graph);
     }
     true
+}
+
+/// Runs a program on zeros; a shape-generic graph is first imported from its
+/// stored description and constants and compiled, as at run time.
+fn run_stored(graph: &StoredGraph) {
+    match graph {
+        StoredGraph::Program(p) => run_on_zeros(p),
+        StoredGraph::Generic(g) => {
+            if let Some(program) = compile_generic(g) {
+                run_on_zeros(&program);
+            }
+        }
+    }
+}
+
+/// The generic graph `g` imported and compiled for its target, or `None`
+/// after a clean refusal (or if its constants are too large to copy).
+fn compile_generic(g: &GenericGraph) -> Option<Program> {
+    if g.constants.iter().map(|c| c.data.byte_len()).sum::<usize>() > RUN_LIMIT_BYTES {
+        return None;
+    }
+    let constants: HashMap<String, TensorValue> = g
+        .constants
+        .iter()
+        .map(|c| {
+            let t = TensorValue {
+                elem_type: c.dtype.onnx_code(),
+                shape: c.shape.clone(),
+                bytes: c.data.as_bytes().to_vec(),
+            };
+            (c.name.clone(), t)
+        })
+        .collect();
+    // As a first run would: the inputs' unknown dims at a small size.
+    let mut desc = g.desc.clone();
+    for name in &g.desc.inputs {
+        if let Some(dims) = desc.values.get_mut(name).and_then(|v| v.dims.as_mut()) {
+            dims.iter_mut().filter(|d| **d < 0).for_each(|d| *d = 2);
+        }
+    }
+    let ir = crate::ir::import(&desc, &constants)
+        .map_err(|e| assert_clean(&e, IMPORT_REFUSALS))
+        .ok()?;
+    let huge = |v: &crate::ir::Value| v.ty.checked_numel().is_none_or(|n| n > COMPILE_LIMIT_ELEMS);
+    if ir.values.iter().any(huge) {
+        return None;
+    }
+    crate::compiler::compile(&ir, g.target)
+        .map_err(|e| assert_clean(&e, IMPORT_REFUSALS))
+        .ok()
 }
 
 /// Parses; asserts a refusal is an `InvalidGraph` with a message.
@@ -177,12 +237,12 @@ pub fn ep_context_attrs(data: &[u8]) -> bool {
             let Some(binary) = payload.and_then(|p| parse_binary(&p)) else {
                 return false;
             };
-            match binary.program(&attrs.partition_name) {
-                Ok(Some(p)) => {
-                    run_on_zeros(&p);
+            match binary.stored_graph(&attrs.partition_name) {
+                Some(g) => {
+                    run_stored(&g);
                     true
                 }
-                _ => false,
+                None => false,
             }
         }
     }

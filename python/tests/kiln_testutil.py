@@ -421,7 +421,11 @@ def metadata(model) -> Dict[str, str]:
     return {p.key: p.value for p in m.metadata_props}
 
 
-def compat_info(target: str, version: str = kiln.__version__, fmt: int = 1) -> str:
+# The context binary format this kiln writes (`context::FORMAT_VERSION`).
+CONTEXT_FORMAT = 2
+
+
+def compat_info(target: str, version: str = kiln.__version__, fmt: int = CONTEXT_FORMAT) -> str:
     return f"kiln;format={fmt};version={version};target={target}"
 
 

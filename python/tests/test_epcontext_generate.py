@@ -23,7 +23,7 @@ import kiln_testutil as tu
 
 KILN = kiln.EP_NAME
 SOURCE = b"KilnExecutionProvider"
-SDK_VERSION = b"kiln 0.1.0 (context format 1)"
+SDK_VERSION = b"kiln 0.1.0 (context format 2)"
 
 
 # --------------------------------------------------------------------------
@@ -475,7 +475,7 @@ def test_weights_move_from_model_to_binary(weighty, kiln_virtual, tmp_path, rout
     assert len(tu.ep_context_nodes(m)) == 2
     assert weighty["weight_bytes"] <= len(data) < w.nbytes * 2, len(data)
     h, info = tu.parse_ctx_binary(data)
-    assert h.magic == tu.CTX_MAGIC and h.version == 1 and h.header_size == 64
+    assert h.magic == tu.CTX_MAGIC and h.version == tu.CONTEXT_FORMAT and h.header_size == 64
     assert h.metadata_offset == 64
     assert h.data_offset % 64 == 0 and h.data_offset == (64 + h.metadata_length + 63) // 64 * 64
     assert len(data) == h.data_offset + h.data_length

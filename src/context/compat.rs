@@ -26,7 +26,7 @@ pub enum Compatibility {
     Unsupported,
 }
 
-/// e.g. `kiln;format=1;version=0.1.0;target=x86_64-avx512`.
+/// e.g. `kiln;format=2;version=0.1.0;target=x86_64-avx512`.
 pub fn compatibility_info(target: Target) -> String {
     format!(
         "kiln;format={FORMAT_VERSION};version={KILN_VERSION};target={}",
@@ -37,8 +37,9 @@ pub fn compatibility_info(target: Target) -> String {
 /// The verdict on a compatibility string for a device whose best target is
 /// `device_best`, and why:
 /// not kiln's or unparsable, a format this kiln cannot read, or a target the
-/// device cannot run: Unsupported; a target below the device's best, or an
-/// older kiln: PreferRecompilation; otherwise Optimal.
+/// device cannot run: Unsupported; a target below the device's best, an
+/// older format (readable, but without shape-generic graphs) or an older
+/// kiln: PreferRecompilation; otherwise Optimal.
 pub fn check_compatibility(info: &str, device_best: Target) -> (Compatibility, String) {
     use Compatibility::*;
     let fields = match Fields::parse(info) {
@@ -68,6 +69,13 @@ pub fn check_compatibility(info: &str, device_best: Target) -> (Compatibility, S
         let why = format!(
             "compiled for {} but the device supports {device_best}; recompiling would be faster",
             fields.target
+        );
+        return (PreferRecompilation, why);
+    }
+    if fields.format < FORMAT_VERSION {
+        let why = format!(
+            "written in context format {} and this kiln writes {FORMAT_VERSION}; recompiling may be better",
+            fields.format
         );
         return (PreferRecompilation, why);
     }
@@ -208,14 +216,14 @@ mod tests {
     fn info_round_trips_as_optimal() {
         for t in Target::ALL {
             let s = compatibility_info(t);
-            assert_eq!(s, info(1, KILN_VERSION, t.name()));
+            assert_eq!(s, info(FORMAT_VERSION, KILN_VERSION, t.name()));
             let (c, why) = check_compatibility(&s, t);
             assert_eq!(c, Optimal, "{why}");
             assert!(why.contains(t.name()), "{why}");
         }
         assert_eq!(
             compatibility_info(Target::Avx512),
-            format!("kiln;format=1;version={KILN_VERSION};target=x86_64-avx512")
+            format!("kiln;format=2;version={KILN_VERSION};target=x86_64-avx512")
         );
     }
 
@@ -243,32 +251,42 @@ mod tests {
 
     #[test]
     fn unreadable_format_is_unsupported() {
-        for f in [0, 2, u32::MAX] {
+        for f in [0, 3, u32::MAX] {
             let (c, why) = check_compatibility(&info(f, KILN_VERSION, "x86_64-generic"), Target::Generic);
             assert_eq!(c, Unsupported);
             assert!(
-                why.contains(&format!("format {f}")) && why.contains("reads 1 to 1"),
+                why.contains(&format!("format {f}")) && why.contains("reads 1 to 2"),
                 "{why}"
             );
         }
     }
 
     #[test]
+    fn older_readable_format_prefers_recompilation() {
+        let (c, why) = check_compatibility(&info(1, KILN_VERSION, "x86_64-generic"), Target::Generic);
+        assert_eq!(c, PreferRecompilation);
+        assert!(why.contains("context format 1") && why.contains("writes 2"), "{why}");
+        // an unsupported target still wins
+        let (c, _) = check_compatibility(&info(1, KILN_VERSION, "x86_64-avx512"), Target::Avx2);
+        assert_eq!(c, Unsupported);
+    }
+
+    #[test]
     fn targets_decide_between_all_three() {
         let at =
-            |compiled: Target, device: Target| check_compatibility(&info(1, KILN_VERSION, compiled.name()), device).0;
+            |compiled: Target, device: Target| check_compatibility(&info(2, KILN_VERSION, compiled.name()), device).0;
         assert_eq!(at(Target::Avx512, Target::Avx2), Unsupported);
         assert_eq!(at(Target::Avx2, Target::Generic), Unsupported);
         assert_eq!(at(Target::Avx2, Target::Avx512), PreferRecompilation);
         assert_eq!(at(Target::Generic, Target::Avx2), PreferRecompilation);
         assert_eq!(at(Target::Avx2, Target::Avx2), Optimal);
-        let (_, why) = check_compatibility(&info(1, KILN_VERSION, "x86_64-avx512"), Target::Generic);
+        let (_, why) = check_compatibility(&info(2, KILN_VERSION, "x86_64-avx512"), Target::Generic);
         assert!(why.contains("x86_64-avx512") && why.contains("x86_64-generic"), "{why}");
     }
 
     #[test]
     fn older_kiln_prefers_recompilation_newer_is_fine() {
-        let at = |v: &str| check_compatibility(&info(1, v, "x86_64-generic"), Target::Generic);
+        let at = |v: &str| check_compatibility(&info(2, v, "x86_64-generic"), Target::Generic);
         let (c, why) = at("0.0.9");
         assert_eq!(c, PreferRecompilation);
         assert!(why.contains("0.0.9"), "{why}");
@@ -277,13 +295,13 @@ mod tests {
         assert_eq!(at("0.1.1").0, Optimal);
         assert_eq!(at("1.0.0-rc.1").0, Optimal);
         // Unsupported target wins over an old version.
-        let (c, _) = check_compatibility(&info(1, "0.0.1", "x86_64-avx512"), Target::Avx2);
+        let (c, _) = check_compatibility(&info(2, "0.0.1", "x86_64-avx512"), Target::Avx2);
         assert_eq!(c, Unsupported);
     }
 
     #[test]
     fn extra_fields_and_order_do_not_matter() {
-        let s = format!("kiln;target=x86_64-avx2;packing=none;version={KILN_VERSION};format=1");
+        let s = format!("kiln;target=x86_64-avx2;packing=none;version={KILN_VERSION};format=2");
         assert_eq!(check_compatibility(&s, Target::Avx2).0, Optimal);
     }
 

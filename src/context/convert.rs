@@ -29,6 +29,7 @@ pub(crate) fn graph_info(name: &str, program: &Program, weight_ids: Vec<u32>) ->
                 })
                 .collect(),
         }),
+        generic: None,
     }
 }
 

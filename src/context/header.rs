@@ -72,7 +72,7 @@ pub(crate) fn recompute_checksum(file: &mut [u8]) -> bool {
 }
 
 impl Header {
-    /// The header of a file with these sections, laid out as format 1 says.
+    /// The header of a file with these sections, laid out as formats 1 and 2 say (the same layout).
     pub fn for_sections(metadata_len: u64, data_len: u64, checksum: u128) -> Result<Header> {
         let data_offset = data_offset_after(metadata_len)
             .filter(|off| off.checked_add(data_len).is_some())
@@ -124,7 +124,7 @@ impl Header {
     }
 
     /// Reads the header from a file's first bytes alone: magic, version,
-    /// header size and the offsets format 1 fixes. What needs the whole file
+    /// header size and the offsets the format fixes. What needs the whole file
     /// (its length, padding, checksum) is left to [`Header::parse`].
     pub fn parse_fixed(file: &[u8]) -> Result<Header> {
         check_magic(file)?;
@@ -155,7 +155,7 @@ impl Header {
         if metadata_offset != HEADER_LEN as u64 {
             crate::bail!(
                 InvalidGraph,
-                "metadata offset is {metadata_offset}, format 1 puts it right after the {HEADER_LEN}-byte header"
+                "metadata offset is {metadata_offset}, the format puts it right after the {HEADER_LEN}-byte header"
             );
         }
         let expected_data = data_offset_after(self.metadata_len);

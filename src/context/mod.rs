@@ -9,7 +9,7 @@
 //! - a 64-byte header ([`header`]): magic, version, section offsets and an
 //!   xxh3-128 checksum;
 //! - prost-encoded metadata ([`proto`]): kiln version, target, weight table,
-//!   graphs with their programs;
+//!   graphs, each a compiled program or (format 2) a shape-generic graph;
 //! - the weights, each 64-byte aligned and stored once per file.
 //!
 //! [`ContextBinary::parse`] checks all of it, so a corrupt or hostile file
@@ -17,6 +17,7 @@
 
 mod compat;
 mod convert;
+mod generic;
 mod header;
 mod peek;
 pub mod proto;
@@ -24,13 +25,18 @@ mod reader;
 mod writer;
 
 #[cfg(test)]
+mod generic_tests;
+#[cfg(test)]
 mod props;
+#[cfg(test)]
+mod proto_doc;
 #[cfg(test)]
 mod tests;
 
 pub use compat::{check_compatibility, compatibility_info, Compatibility};
+pub use generic::{describe_generic, MAX_RANK};
 pub use peek::{peek, peek_checksum, Peek};
-pub use reader::ContextBinary;
+pub use reader::{ContextBinary, StoredGraph};
 pub use writer::ContextBuilder;
 
 use crate::plan::Program;
@@ -46,7 +52,7 @@ pub fn recompute_checksum(file: &mut [u8]) -> bool {
 /// First 8 bytes of every kiln context binary.
 pub const MAGIC: [u8; 8] = *b"KILNCTX\0";
 /// The format version this kiln writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// The oldest format version this kiln reads.
 pub const MIN_READ_VERSION: u32 = 1;
 /// This kiln's version, recorded in every binary it writes.

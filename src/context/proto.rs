@@ -67,8 +67,159 @@ pub struct GraphInfo {
     /// `Constant(i)` of the program is weight `weight_ids[i]` of the file.
     #[prost(uint32, repeated, tag = "4")]
     pub weight_ids: Vec<u32>,
+    /// A static partition's compiled program; exactly one of `program` and `generic`.
     #[prost(message, optional, tag = "5")]
     pub program: Option<ProgramInfo>,
+    /// A shape-generic partition (format 2); `inputs`, `outputs` and
+    /// `weight_ids` are then empty (the graph names its own).
+    #[prost(message, optional, tag = "6")]
+    pub generic: Option<GenericInfo>,
+}
+
+/// A shape-generic partition (`compiler::generic::GenericGraph`): the graph
+/// as ORT described it, with symbolic dims, and its constants and packed
+/// GEMM weights (weights of the file's weight table).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GenericInfo {
+    /// Topological order.
+    #[prost(message, repeated, tag = "1")]
+    pub nodes: Vec<NodeInfo>,
+    /// Every value's type, sorted by name.
+    #[prost(message, repeated, tag = "2")]
+    pub values: Vec<ValueInfo>,
+    #[prost(string, repeated, tag = "3")]
+    pub inputs: Vec<String>,
+    #[prost(string, repeated, tag = "4")]
+    pub outputs: Vec<String>,
+    #[prost(message, repeated, tag = "5")]
+    pub constants: Vec<NamedWeight>,
+    #[prost(message, repeated, tag = "6")]
+    pub packed: Vec<PackedWeight>,
+}
+
+/// An ONNX node (`ir::NodeDesc`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct NodeInfo {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub domain: String,
+    #[prost(string, tag = "3")]
+    pub op_type: String,
+    #[prost(int32, tag = "4")]
+    pub since_version: i32,
+    /// `""` = an omitted optional input.
+    #[prost(string, repeated, tag = "5")]
+    pub inputs: Vec<String>,
+    #[prost(string, repeated, tag = "6")]
+    pub outputs: Vec<String>,
+    /// Sorted by name, each name once.
+    #[prost(message, repeated, tag = "7")]
+    pub attrs: Vec<AttrInfo>,
+}
+
+/// A node attribute (`ir::AttrValue`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AttrInfo {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(oneof = "attr_info::Value", tags = "2, 3, 4, 5, 6, 7, 8, 9")]
+    pub value: Option<attr_info::Value>,
+}
+
+pub mod attr_info {
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Value {
+        #[prost(sint64, tag = "2")]
+        Int(i64),
+        #[prost(message, tag = "3")]
+        Ints(super::Ints),
+        #[prost(float, tag = "4")]
+        Float(f32),
+        #[prost(message, tag = "5")]
+        Floats(super::Floats),
+        #[prost(string, tag = "6")]
+        String(String),
+        #[prost(message, tag = "7")]
+        Strings(super::Strings),
+        #[prost(message, tag = "8")]
+        Tensor(super::TensorValueInfo),
+        /// An attribute kind kiln does not read, described.
+        #[prost(string, tag = "9")]
+        Unsupported(String),
+    }
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Ints {
+    #[prost(sint64, repeated, tag = "1")]
+    pub values: Vec<i64>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Floats {
+    #[prost(float, repeated, tag = "1")]
+    pub values: Vec<f32>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Strings {
+    #[prost(string, repeated, tag = "1")]
+    pub values: Vec<String>,
+}
+
+/// A tensor attribute (`ir::TensorValue`), inline: they are small.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TensorValueInfo {
+    /// ONNX `TensorProto.DataType` of fixed size.
+    #[prost(int32, tag = "1")]
+    pub elem_type: i32,
+    #[prost(uint64, repeated, tag = "2")]
+    pub shape: Vec<u64>,
+    /// Row-major little-endian bytes: element count * element size.
+    #[prost(bytes = "vec", tag = "3")]
+    pub data: Vec<u8>,
+}
+
+/// A value's type as ORT inferred it (`ir::ValueDesc`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ValueInfo {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// ONNX element type; 0 = unknown.
+    #[prost(int32, tag = "2")]
+    pub elem_type: i32,
+    /// Set when the rank is unknown (`dims` and `dim_params` are then empty).
+    #[prost(bool, tag = "3")]
+    pub unknown_rank: bool,
+    /// -1 = an unknown dim.
+    #[prost(sint64, repeated, tag = "4")]
+    pub dims: Vec<i64>,
+    /// Empty, or one per dim (`""` = unnamed).
+    #[prost(string, repeated, tag = "5")]
+    pub dim_params: Vec<String>,
+}
+
+/// A constant the graph reads (`NamedConstant`): a plain weight of the file.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct NamedWeight {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(uint32, tag = "2")]
+    pub weight_id: u32,
+}
+
+/// A constant packed as a GEMM B operand (`PackedConstant`): a weight of
+/// the file with `gemm_packed { k, n }`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PackedWeight {
+    /// The `NamedWeight` it packs: `[k, n]`, or `[n, k]` with `trans_b`.
+    #[prost(string, tag = "1")]
+    pub source: String,
+    #[prost(bool, tag = "2")]
+    pub trans_b: bool,
+    #[prost(uint32, tag = "3")]
+    pub weight_id: u32,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

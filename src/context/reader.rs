@@ -1,18 +1,47 @@
 //! [`ContextBinary`]: parses and validates a context binary held in some
-//! [`Storage`] (a memory-mapped file, or bytes in memory). Programs point
-//! into the storage; nothing is copied.
+//! [`Storage`] (a memory-mapped file, or bytes in memory). Programs and
+//! shape-generic graphs point into the storage; nothing is copied.
 
 use std::sync::Arc;
 
 use prost::Message;
 
+use super::generic::{self, describe_generic};
 use super::header::Header;
 use super::{convert, describe_program, proto};
+use crate::compiler::generic::GenericGraph;
 use crate::error::{Error, Result};
 use crate::ir::DType;
 use crate::kernels::gemm::PackedB;
 use crate::plan::{Constant, Packing, Program, Storage, Weight, STORAGE_ALIGN};
 use crate::target::Target;
+
+/// A graph record of a context binary: a static partition's compiled
+/// program, or a shape-generic graph (format 2) from which a program is
+/// built for each input shape. Cloning shares the weights.
+#[derive(Clone, Debug)]
+pub enum StoredGraph {
+    Program(Program),
+    Generic(GenericGraph),
+}
+
+impl StoredGraph {
+    /// The target the graph was compiled (or its weights packed) for.
+    pub fn target(&self) -> Target {
+        match self {
+            StoredGraph::Program(p) => p.target(),
+            StoredGraph::Generic(g) => g.target,
+        }
+    }
+
+    /// One line about the graph (see [`describe_program`], [`describe_generic`]).
+    pub fn describe(&self) -> String {
+        match self {
+            StoredGraph::Program(p) => describe_program(p),
+            StoredGraph::Generic(g) => describe_generic(g),
+        }
+    }
+}
 
 /// A parsed, fully validated context binary.
 pub struct ContextBinary {
@@ -24,8 +53,9 @@ pub struct ContextBinary {
     target: Target,
     weights: usize,
     weight_bytes: u64,
-    /// In file order; every program already passed `Program::from_parts`.
-    graphs: Vec<(String, Program)>,
+    /// In file order; every program already passed `Program::from_parts`,
+    /// every generic graph the record checks.
+    graphs: Vec<(String, StoredGraph)>,
 }
 
 impl ContextBinary {
@@ -67,9 +97,23 @@ impl ContextBinary {
     }
 
     /// The graph's program, its weights pointing into the storage in place.
-    /// `Ok(None)` if the binary has no graph of that name.
+    /// `Ok(None)` if the binary has no graph of that name;
+    /// `Err(InvalidGraph)` if the graph is shape-generic (see [`ContextBinary::stored_graph`]).
     pub fn program(&self, name: &str) -> Result<Option<Program>> {
-        Ok(self.graphs.iter().find(|(n, _)| n == name).map(|(_, p)| p.clone()))
+        match self.stored_graph(name) {
+            None => Ok(None),
+            Some(StoredGraph::Program(p)) => Ok(Some(p)),
+            Some(StoredGraph::Generic(_)) => Err(Error::invalid_graph(format!(
+                "graph '{name}' is stored shape-generic (format 2), not as a compiled program; \
+                 read it with stored_graph"
+            ))),
+        }
+    }
+
+    /// The graph of that name, of either kind, its weights pointing into the
+    /// storage in place; `None` if the binary has no graph of that name.
+    pub fn stored_graph(&self, name: &str) -> Option<StoredGraph> {
+        self.graphs.iter().find(|(n, _)| n == name).map(|(_, g)| g.clone())
     }
 
     /// Distinct weights stored.
@@ -97,8 +141,8 @@ impl ContextBinary {
             self.weights,
             self.weight_bytes
         );
-        for (name, p) in &self.graphs {
-            s.push_str(&format!("\n  '{name}': {}", describe_program(p)));
+        for (name, g) in &self.graphs {
+            s.push_str(&format!("\n  '{name}': {}", g.describe()));
         }
         s
     }
@@ -136,15 +180,14 @@ fn parse(storage: Arc<dyn Storage>) -> Result<ContextBinary> {
         weight_bytes += w.byte_length;
         constants.push(c);
     }
-    let mut graphs: Vec<(String, Program)> = Vec::with_capacity(meta.graphs.len());
+    let mut graphs: Vec<(String, StoredGraph)> = Vec::with_capacity(meta.graphs.len());
     for g in &meta.graphs {
         if g.name.is_empty() || graphs.iter().any(|(n, _)| *n == g.name) {
             crate::bail!(InvalidGraph, "graph name '{}' is empty or repeated", g.name);
         }
-        let program = convert::program_parts(g, target, &constants)
-            .and_then(Program::from_parts)
+        let stored = stored_graph(g, header.version, target, &constants)
             .map_err(|e| e.context(format_args!("graph '{}'", g.name)))?;
-        graphs.push((g.name.clone(), program));
+        graphs.push((g.name.clone(), stored));
     }
     Ok(ContextBinary {
         format_version: header.version,
@@ -157,6 +200,24 @@ fn parse(storage: Arc<dyn Storage>) -> Result<ContextBinary> {
         graphs,
         storage,
     })
+}
+
+/// Record `g`: a program, or (from format 2 on) a shape-generic graph.
+fn stored_graph(g: &proto::GraphInfo, version: u32, target: Target, weights: &[Constant]) -> Result<StoredGraph> {
+    let Some(info) = &g.generic else {
+        let parts = convert::program_parts(g, target, weights)?;
+        return Program::from_parts(parts).map(StoredGraph::Program);
+    };
+    if version < 2 {
+        crate::bail!(InvalidGraph, "format {version} has no shape-generic graphs");
+    }
+    if g.program.is_some() || !(g.inputs.is_empty() && g.outputs.is_empty() && g.weight_ids.is_empty()) {
+        crate::bail!(
+            InvalidGraph,
+            "a shape-generic graph has a program's fields (program, inputs, outputs or weight ids)"
+        );
+    }
+    generic::generic_graph(info, target, weights).map(StoredGraph::Generic)
 }
 
 /// Weight `w` as a constant viewing the storage in place, after checking

@@ -51,12 +51,12 @@ impl G {
     }
 }
 
-fn row(n: usize, seed: usize) -> Vec<f32> {
+pub(super) fn row(n: usize, seed: usize) -> Vec<f32> {
     (0..n).map(|i| ((i * 37 + seed * 11) % 17) as f32 / 4.0 - 2.0).collect()
 }
 
 /// y = relu(x + c) * 2, c a row constant shared with `graph_b`.
-fn graph_a() -> Graph {
+pub(super) fn graph_a() -> Graph {
     let mut g = G::new("a");
     let x = g.input("x", &[4, 8]);
     let c = g.constant("c", &[8], row(8, 1));
@@ -69,7 +69,7 @@ fn graph_a() -> Graph {
 }
 
 /// t = tanh((x - c) / col), z = x - c: a strided layout, two outputs.
-fn graph_b() -> Graph {
+pub(super) fn graph_b() -> Graph {
     let mut g = G::new("b");
     let x = g.input("x", &[3, 8]);
     let c = g.constant("c", &[8], row(8, 1));
@@ -91,11 +91,11 @@ fn graph_c() -> Graph {
     g.0
 }
 
-fn storage(bytes: &[u8]) -> Arc<dyn Storage> {
+pub(super) fn storage(bytes: &[u8]) -> Arc<dyn Storage> {
     Arc::new(AlignedBytes::copy_from(bytes))
 }
 
-fn parse(bytes: &[u8]) -> crate::error::Result<ContextBinary> {
+pub(super) fn parse(bytes: &[u8]) -> crate::error::Result<ContextBinary> {
     ContextBinary::parse(storage(bytes))
 }
 
@@ -111,7 +111,7 @@ fn sample_bytes() -> Vec<u8> {
     builder(&[graph_a(), graph_b()]).to_bytes().unwrap()
 }
 
-fn run(p: &Program, seed: usize) -> Vec<Vec<f32>> {
+pub(super) fn run(p: &Program, seed: usize) -> Vec<Vec<f32>> {
     let inputs: Vec<Vec<f32>> = p
         .inputs()
         .iter()
@@ -145,7 +145,7 @@ pub(super) fn assert_same_program(got: &Program, want: &Program) {
 }
 
 /// Reassembles a file around tampered metadata with a valid checksum.
-fn tamper(bytes: &[u8], f: impl FnOnce(&mut proto::Metadata)) -> Vec<u8> {
+pub(super) fn tamper(bytes: &[u8], f: impl FnOnce(&mut proto::Metadata)) -> Vec<u8> {
     let header = Header::parse(bytes).unwrap();
     let mut meta = proto::Metadata::decode(&bytes[header.metadata_range()]).unwrap();
     f(&mut meta);
@@ -165,13 +165,13 @@ fn reassemble(metadata: &[u8], data: &[u8]) -> Vec<u8> {
 /// One way to tamper with the metadata.
 type Tamper = Box<dyn Fn(&mut proto::Metadata)>;
 
-fn refused(bytes: &[u8], needle: &str) {
+pub(super) fn refused(bytes: &[u8], needle: &str) {
     let e = parse(bytes).unwrap_err();
     assert_eq!(e.kind, ErrorKind::InvalidGraph, "{e}");
     assert!(e.message.contains(needle), "{needle:?} not in: {e}");
 }
 
-fn metadata_of(bytes: &[u8]) -> (Header, proto::Metadata) {
+pub(super) fn metadata_of(bytes: &[u8]) -> (Header, proto::Metadata) {
     let h = Header::parse(bytes).unwrap();
     let m = proto::Metadata::decode(&bytes[h.metadata_range()]).unwrap();
     (h, m)
@@ -382,7 +382,7 @@ fn every_weight_is_64_byte_aligned_in_the_file() {
 fn header_fields_are_as_documented() {
     let bytes = sample_bytes();
     assert_eq!(&bytes[0..8], b"KILNCTX\0");
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 1);
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 2);
     assert_eq!(u32::from_le_bytes(bytes[12..16].try_into().unwrap()), 64);
     assert_eq!(u64::from_le_bytes(bytes[16..24].try_into().unwrap()), 64);
     let meta_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap());
@@ -405,13 +405,13 @@ fn bad_magic() {
 
 #[test]
 fn unreadable_versions_say_which_are_read() {
-    for (v, word) in [(0u32, "older"), (2, "newer"), (u32::MAX, "newer")] {
+    for (v, word) in [(0u32, "older"), (3, "newer"), (u32::MAX, "newer")] {
         let mut bytes = sample_bytes();
         bytes[8..12].copy_from_slice(&v.to_le_bytes());
         let e = parse(&bytes).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidGraph);
         assert!(e.message.contains(&format!("format version {v} is {word}")), "{e}");
-        assert!(e.message.contains("versions 1 to 1"), "{e}");
+        assert!(e.message.contains("versions 1 to 2"), "{e}");
     }
 }
 

@@ -1,5 +1,5 @@
-//! [`ContextBuilder`]: collects compiled graphs, stores each distinct weight
-//! once, and writes the binary.
+//! [`ContextBuilder`]: collects compiled graphs (programs and shape-generic
+//! graphs), stores each distinct weight once, and writes the binary.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -8,7 +8,8 @@ use prost::Message;
 use xxhash_rust::xxh3::xxh3_128;
 
 use super::header::{align_up, checksum, Header};
-use super::{convert, proto, WriteStats, KILN_VERSION};
+use super::{convert, generic, proto, StoredGraph, WriteStats, KILN_VERSION};
+use crate::compiler::generic::GenericGraph;
 use crate::error::{Error, Result};
 use crate::ir::DType;
 use crate::plan::{Constant, Packing, Program, Weight, STORAGE_ALIGN};
@@ -69,20 +70,7 @@ impl ContextBuilder {
     /// or already present or the program's target differs; `Err(InvalidGraph)`
     /// if the program does not validate.
     pub fn add_graph(&mut self, name: &str, program: &Program) -> Result<()> {
-        if name.is_empty() {
-            crate::bail!(InvalidArgument, "a graph in a kiln context binary needs a name");
-        }
-        if self.graphs.iter().any(|g| g.name == name) {
-            crate::bail!(InvalidArgument, "graph '{name}' is already in this kiln context binary");
-        }
-        if program.target() != self.target {
-            crate::bail!(
-                InvalidArgument,
-                "graph '{name}' was compiled for {} but this kiln context binary is for {}",
-                program.target(),
-                self.target
-            );
-        }
+        self.check_new(name, program.target())?;
         // A file must never hold a program its reader would refuse.
         program
             .validate()
@@ -93,6 +81,66 @@ impl ContextBuilder {
             self.weight_bytes_referenced += c.data.byte_len() as u64;
         }
         self.graphs.push(convert::graph_info(name, program, ids));
+        Ok(())
+    }
+
+    /// Adds the shape-generic graph `g` under `name` (format 2): its
+    /// description inline, its constants and packed weights in the weight
+    /// table, shared with equal weights of any graph. Errors as for
+    /// [`ContextBuilder::add_graph`]; `Err(InvalidGraph)` if `g` is not one a
+    /// reader accepts (constant sizes, packed sizes, names, attributes).
+    pub fn add_generic(&mut self, name: &str, g: &GenericGraph) -> Result<()> {
+        self.check_new(name, g.target)?;
+        generic::check_for_write(g).map_err(|e| e.context(format_args!("graph '{name}'")))?;
+        let mut constant_ids = Vec::with_capacity(g.constants.len());
+        for c in &g.constants {
+            let c = Constant::plain(c.dtype, &c.shape, c.data.clone());
+            constant_ids.push(self.intern(&c)?);
+            self.weight_bytes_referenced += c.data.byte_len() as u64;
+        }
+        let mut packed_ids = Vec::with_capacity(g.packed.len());
+        for p in &g.packed {
+            let c = Constant {
+                dtype: DType::F32,
+                shape: [p.k, p.n].into(),
+                data: p.data.clone(),
+                packing: Packing::GemmB { k: p.k, n: p.n },
+            };
+            packed_ids.push(self.intern(&c)?);
+            self.weight_bytes_referenced += c.data.byte_len() as u64;
+        }
+        self.graphs.push(proto::GraphInfo {
+            name: name.to_string(),
+            generic: Some(generic::generic_info(g, &constant_ids, &packed_ids)),
+            ..Default::default()
+        });
+        Ok(())
+    }
+
+    /// Adds either kind of graph (see [`ContextBuilder::add_graph`] and
+    /// [`ContextBuilder::add_generic`]).
+    pub fn add_stored(&mut self, name: &str, graph: &StoredGraph) -> Result<()> {
+        match graph {
+            StoredGraph::Program(p) => self.add_graph(name, p),
+            StoredGraph::Generic(g) => self.add_generic(name, g),
+        }
+    }
+
+    /// `Err(InvalidArgument)` if `name` is empty or taken or `target` is not the file's.
+    fn check_new(&self, name: &str, target: Target) -> Result<()> {
+        if name.is_empty() {
+            crate::bail!(InvalidArgument, "a graph in a kiln context binary needs a name");
+        }
+        if self.graphs.iter().any(|g| g.name == name) {
+            crate::bail!(InvalidArgument, "graph '{name}' is already in this kiln context binary");
+        }
+        if target != self.target {
+            crate::bail!(
+                InvalidArgument,
+                "graph '{name}' was compiled for {target} but this kiln context binary is for {}",
+                self.target
+            );
+        }
         Ok(())
     }
 
