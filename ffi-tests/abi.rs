@@ -88,7 +88,6 @@ macro_rules! ort_api_slots {
             ValueInfo_GetValueProducer,
             ValueInfo_GetInitializerValue,
             ValueInfo_IsConstantInitializer,
-            ValueInfo_IsFromOuterScope,
             Graph_GetName,
             Graph_GetModelPath,
             Graph_GetNumInitializers,

@@ -333,7 +333,7 @@ struct OrtApi {
   OrtStatus* (*ValueInfo_GetInitializerValue)(const OrtValueInfo* value_info, const OrtValue** initializer_value); /* 326 */
   void* reserved_327_330[4];
   OrtStatus* (*ValueInfo_IsConstantInitializer)(const OrtValueInfo* value_info, bool* is_constant_initializer); /* 331 */
-  OrtStatus* (*ValueInfo_IsFromOuterScope)(const OrtValueInfo* value_info, bool* is_from_outer_scope); /* 332 */
+  void* reserved_332_332[1];
   OrtStatus* (*Graph_GetName)(const OrtGraph* graph, const char** graph_name); /* 333 */
   OrtStatus* (*Graph_GetModelPath)(const OrtGraph* graph, const ORTCHAR_T** model_path); /* 334 */
   void* reserved_335_341[7];
@@ -450,7 +450,6 @@ KILN_ASSERT_SLOT(OrtApi, GetEpApi, 317);
 KILN_ASSERT_SLOT(OrtApi, ValueInfo_GetValueProducer, 323);
 KILN_ASSERT_SLOT(OrtApi, ValueInfo_GetInitializerValue, 326);
 KILN_ASSERT_SLOT(OrtApi, ValueInfo_IsConstantInitializer, 331);
-KILN_ASSERT_SLOT(OrtApi, ValueInfo_IsFromOuterScope, 332);
 KILN_ASSERT_SLOT(OrtApi, Graph_GetName, 333);
 KILN_ASSERT_SLOT(OrtApi, Graph_GetModelPath, 334);
 KILN_ASSERT_SLOT(OrtApi, Graph_GetNumInitializers, 342);

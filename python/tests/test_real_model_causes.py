@@ -289,11 +289,6 @@ def test_folding_through_identity_and_constant_nodes_at_disable_all(tmp_path, ki
         assert_matches_cpu(path, run, feeds)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kiln cannot yet evaluate Equal at compile time, and its support check takes ORT's inferred "
-    "shapes, which stay unknown ([-1, 3]) below a shape subgraph ORT does not fold at ORT_DISABLE_ALL "
-    "(the attention-mask path of HF BERT exports such as paraphrase-MiniLM): the symbolic importer "
-    "of issue 11 is to fold it and infer the shapes itself"))
 def test_mask_expand_pattern_is_claimed_at_disable_all(tmp_path, kiln_dev):
     """Expand's shape as HF exporters compute it: Where(Equal(shape, -1), ones, shape)."""
     g = h.make_graph(

@@ -147,8 +147,9 @@ def _reload(spec: rc.Spec, path: str, ctx: str, device, level_name: str) -> None
     assert_inputs_keep_symbolic_dims(path, ctx)
     claimed = claimed_at(spec.key, path, device, level_name)
     n_ctx = len(tu.ep_context_nodes(ctx))
-    if claimed["kiln"]:
-        assert n_ctx >= 1, f"kiln claims {claimed['kiln']} node(s) at {level_name} but the _ctx.onnx has no EPContext node"
+    if claimed["kiln_main"]:
+        assert n_ctx >= 1, (f"kiln claims {claimed['kiln_main']} node(s) of the main graph at {level_name} "
+                            "but the _ctx.onnx has no EPContext node")
     run = tu.run_kiln(ctx, device, feeds_seq=feeds_of(spec, path))
     if n_ctx:
         assert run.created_delta("partitions_compiled") == 0, "loading the _ctx.onnx compiled partitions"
@@ -166,7 +167,12 @@ def ctx_dir(tmp_path):
         os.unlink(os.path.join(tmp_path, name))
 
 
-@pytest.mark.parametrize("key", KEYS)
+ORT_WRITES_INVALID = pytest.mark.xfail(
+    strict=True, reason="ORT 1.31.1 writes Silero VAD's nested If bodies with some constants twice and then "
+                        "refuses its own compiled model (not SSA), even with kiln claiming no node: README, Control flow")
+
+
+@pytest.mark.parametrize("key", [pytest.param(k, marks=ORT_WRITES_INVALID) if k == "silero_vad" else k for k in KEYS])
 def test_compile_reload_model_compiler(key, corpus, kiln_dev, ctx_dir):
     """ort.ModelCompiler with its defaults: kiln gets the graph at ORT_DISABLE_ALL."""
     spec, path = rc.spec(key), corpus[key]
@@ -183,8 +189,10 @@ def test_compile_reload_context_enable(key, corpus, kiln_dev, ctx_dir):
     tu.generate_context(path, kiln_dev, file_path=ctx)
     if not os.path.exists(ctx):
         # ORT writes no _ctx.onnx when no node went to kiln (ModelCompiler writes one anyway)
+        # (and kiln claims nothing inside If/Loop bodies while generating EPContext nodes: README)
         claimed = claimed_at(key, path, kiln_dev, "ORT_ENABLE_ALL")
-        assert claimed["kiln"] == 0, f"kiln claims {claimed['kiln']} node(s) at ORT_ENABLE_ALL, but no {ctx} was written"
+        assert claimed["kiln_main"] == 0, (f"kiln claims {claimed['kiln_main']} main-graph node(s) at ORT_ENABLE_ALL, "
+                                           f"but no {ctx} was written")
         return
     _reload(spec, path, ctx, kiln_dev, "ORT_ENABLE_ALL")
 
@@ -201,8 +209,11 @@ def measure(key: str, path: str, device, level_name: str) -> Dict[str, object]:
         try:
             run = tu.run_kiln(path, device, None, opt_level=LEVELS[level_name])
             total = sum(len(nodes) for _ep, nodes in run.assignment)
+            main = {n.name for n in onnx.load(path, load_external_data=False).graph.node}
             _CLAIMED[key, level_name] = {"kiln": len(run.nodes_on(kiln.EP_NAME)), "total": total,
-                                         "partitions": run.subgraphs_on(kiln.EP_NAME)}
+                                         "partitions": run.subgraphs_on(kiln.EP_NAME),
+                                         # EPContext generation claims in the main graph only
+                                         "kiln_main": sum(1 for n, _ in run.nodes_on(kiln.EP_NAME) if n in main)}
         except tu.KilnSessionError as exc:
             _CLAIMED[key, level_name] = {"error": str(exc).splitlines()[0][:300]}
     return _CLAIMED[key, level_name]

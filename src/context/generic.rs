@@ -209,8 +209,6 @@ fn value_desc(v: &proto::ValueInfo) -> Result<ValueDesc> {
         elem_type: v.elem_type,
         dims: (!v.unknown_rank).then(|| v.dims.clone()),
         dim_params: v.dim_params.clone(),
-        // kiln never claims a node reading an enclosing graph's value.
-        outer_scope: false,
     })
 }
 

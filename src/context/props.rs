@@ -258,7 +258,6 @@ fn value_desc() -> impl Strategy<Value = ValueDesc> {
             } else {
                 Vec::new()
             },
-            outer_scope: false,
         })
     })
 }

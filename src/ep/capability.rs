@@ -32,6 +32,9 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
             }
         }
     }
+    if !contexts.is_empty() {
+        return claim_compiled(ep, &nodes, &contexts, support);
+    }
     let mut verdicts = verdicts(ep, &graph, &nodes, &is_context)?;
     let mut pnodes = Vec::with_capacity(nodes.len());
     for (node, verdict) in nodes.iter().zip(&verdicts) {
@@ -93,6 +96,24 @@ fn verdicts(
         }
     }
     Ok(verdicts)
+}
+
+/// A compiled model: kiln takes its EPContext nodes and nothing else. The
+/// other nodes were left to ORT when the model was compiled; compiling some
+/// of them now (ORT may have optimised them since) would put compile work
+/// into loading, which a compiled model exists to avoid.
+fn claim_compiled(ep: &KilnEp, nodes: &[Node<'_>], contexts: &[Node<'_>], support: &mut SupportInfo) -> Result<()> {
+    for node in contexts {
+        support.add_fused(std::slice::from_ref(node), false)?;
+    }
+    ep.logger.info(|| {
+        format!(
+            "GetCapability: a compiled model; kiln claims its {} EPContext node(s) and leaves the other {}              node(s) to ORT (compile the original model again to change that)",
+            contexts.len(),
+            nodes.len() - contexts.len()
+        )
+    });
+    Ok(())
 }
 
 /// Partitions whose every node Compile will accept. The whole-graph check

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use crate::compiler;
 use crate::compiler::generic::{Executable, GenericGraph, Specializer};
+use crate::context::StoredGraph;
 use crate::error::{Error, Result};
 use crate::ffi::compute::{ComputeImpl, KernelContext};
 use crate::ffi::ep::{Compiled, Partition};
@@ -36,10 +37,7 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
         .map(|p| classify(p.graph))
         .collect::<Result<Vec<_>>>()?;
     refuse_recompiling(ep, &sources)?;
-    let mut programs: Vec<Option<Executable>> = load_contexts(ep, partitions, &sources)?
-        .into_iter()
-        .map(|p| p.map(Executable::Fixed))
-        .collect();
+    let mut programs = load_contexts(ep, partitions, &sources)?;
     for (i, (p, s)) in partitions.iter().zip(&sources).enumerate() {
         if matches!(s, Source::Graph) {
             programs[i] = Some(compile_graph(ep, p.graph, p.fused_node)?);
@@ -167,8 +165,8 @@ fn refuse_recompiling(ep: &KilnEp, sources: &[Source<'_>]) -> Result<()> {
     )))
 }
 
-fn load_contexts(ep: &KilnEp, partitions: &[Partition<'_>], sources: &[Source<'_>]) -> Result<Vec<Option<Program>>> {
-    let mut programs: Vec<Option<Program>> = (0..partitions.len()).map(|_| None).collect();
+fn load_contexts(ep: &KilnEp, partitions: &[Partition<'_>], sources: &[Source<'_>]) -> Result<Vec<Option<Executable>>> {
+    let mut programs: Vec<Option<Executable>> = (0..partitions.len()).map(|_| None).collect();
     let (idx, nodes): (Vec<usize>, Vec<&ContextNode<'_>>) = sources
         .iter()
         .enumerate()
@@ -190,18 +188,21 @@ fn load_contexts(ep: &KilnEp, partitions: &[Partition<'_>], sources: &[Source<'_
             start.elapsed().as_secs_f64() * 1e3
         )
     });
-    for ((i, program), cn) in idx.into_iter().zip(loaded).zip(&nodes) {
+    for ((i, graph), cn) in idx.into_iter().zip(loaded).zip(&nodes) {
         ep.logger.info(|| {
             format!(
-                "loaded graph '{}' for node '{}' from its context ({}, {} weight bytes, no compile)",
+                "loaded graph '{}' for node '{}' from its context ({}; {}; no compile)",
                 cn.partition_name,
                 cn.name,
-                program.target().name(),
-                program.constant_bytes()
+                graph.target().name(),
+                graph.describe()
             )
         });
         stats::context_graph_loaded();
-        programs[i] = Some(program);
+        programs[i] = Some(match graph {
+            StoredGraph::Program(p) => Executable::Fixed(p),
+            StoredGraph::Generic(g) => Executable::Generic(Specializer::new(g, shape_cache(ep))?),
+        });
     }
     Ok(programs)
 }
@@ -257,12 +258,15 @@ fn compile_generic(
             generic.summary()
         )
     });
-    let capacity = ep
-        .config
+    Ok(Executable::Generic(Specializer::new(generic, shape_cache(ep))?))
+}
+
+/// Programs each shape-generic partition keeps (the `shape_cache` option).
+fn shape_cache(ep: &KilnEp) -> usize {
+    ep.config
         .kiln
         .shape_cache
-        .unwrap_or(compiler::generic::DEFAULT_SHAPE_CACHE);
-    Ok(Executable::Generic(Specializer::new(generic, capacity)?))
+        .unwrap_or(compiler::generic::DEFAULT_SHAPE_CACHE)
 }
 
 fn value_names(values: Vec<Option<ValueInfo<'_>>>) -> Result<Vec<String>> {

@@ -57,18 +57,16 @@ fn node_desc(node: &Node<'_>, ins: &[Option<ValueInfo<'_>>], outs: &[Option<Valu
 }
 
 fn value_desc(v: &ValueInfo<'_>) -> Result<ValueDesc> {
-    let mut desc = match v.tensor_info()? {
+    let desc = match v.tensor_info()? {
         Some(info) => ValueDesc {
             elem_type: info.elem_type,
             // An unknown rank is not a scalar (ORT describes both with no dims;
             // `has_shape` tells them apart): the importer refuses it.
             dims: info.has_shape.then_some(info.dims),
             dim_params: info.dim_params,
-            outer_scope: false,
         },
         None => ValueDesc::default(),
     };
-    desc.outer_scope = v.is_from_outer_scope()?;
     Ok(desc)
 }
 

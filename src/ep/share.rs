@@ -26,9 +26,9 @@ use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::epcontext::names::Name;
+use crate::context::StoredGraph;
 use crate::context::{ContextBinary, ContextBuilder, WriteStats};
 use crate::error::{Error, Result};
-use crate::plan::Program;
 use crate::target::Target;
 
 /// A group of sessions compiling into one binary.
@@ -73,7 +73,7 @@ pub struct Member<'a> {
     pub folder: &'a Path,
     /// The output model's file name, recorded in the binary.
     pub ctx_name: &'a str,
-    pub graphs: &'a [(String, &'a Program)],
+    pub graphs: &'a [(String, StoredGraph)],
     /// `ep.stop_share_ep_contexts=1`: this session ends the group.
     pub stop: bool,
 }
@@ -120,7 +120,7 @@ fn add_graphs(
                 group.name.name
             )));
         }
-        next.add_graph(name, program)?;
+        next.add_stored(name, program)?;
     }
     next.add_context_model(member.ctx_name);
     let written = if member.stop {

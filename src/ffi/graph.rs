@@ -424,16 +424,6 @@ impl<'a> ValueInfo<'a> {
         Ok(yes)
     }
 
-    /// Whether the value belongs to an enclosing graph (a subgraph of `If`,
-    /// `Loop` or `Scan` reading its parent's value).
-    pub fn is_from_outer_scope(&self) -> Result<bool> {
-        let api = Api::get();
-        let mut yes = false;
-        // SAFETY: live value info, valid out-pointer.
-        unsafe { check(ort!(api.ort, ValueInfo_IsFromOuterScope(self.0, &mut yes)))? };
-        Ok(yes)
-    }
-
     /// Copies a constant initializer of any element type (ORT frees its copy
     /// after Compile); `None` when the value has no initializer.
     pub fn copy_initializer(&self) -> Result<Option<TensorBytes>> {

@@ -36,9 +36,6 @@ pub struct ValueDesc {
     /// The ONNX `dim_param` of each dim ("" when it has none, or empty when
     /// ORT named none): dims with the same name are the same symbol.
     pub dim_params: Vec<String>,
-    /// An enclosing graph's value read inside a subgraph: ORT does not pass
-    /// it to a fused node, so kiln's nodes cannot read it.
-    pub outer_scope: bool,
 }
 
 impl ValueDesc {
@@ -47,7 +44,6 @@ impl ValueDesc {
             elem_type,
             dims: Some(dims.to_vec()),
             dim_params: Vec::new(),
-            outer_scope: false,
         }
     }
 
@@ -57,7 +53,6 @@ impl ValueDesc {
             elem_type,
             dims: Some(dims.to_vec()),
             dim_params: dim_params.iter().map(|s| s.to_string()).collect(),
-            outer_scope: false,
         }
     }
 

@@ -274,11 +274,6 @@ impl<'a> Importer<'a> {
             return Ok(id);
         }
         let constant = self.consts.is_constant(name);
-        if !constant && self.desc.values.get(name).is_some_and(|v| v.outer_scope) {
-            return Err(format!(
-                "'{name}' belongs to the enclosing graph, which ORT does not pass to kiln"
-            ));
-        }
         if !constant && !self.check_only {
             return Err(format!(
                 "'{name}' is neither a partition input, a constant nor produced before"

@@ -8,14 +8,15 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use super::Session;
-use crate::context::ContextBinary;
+use crate::context::{ContextBinary, StoredGraph};
 use crate::ep::options::ContextStorage;
 use crate::error::{Error, Result};
 use crate::ffi::graph::{Graph, Node, ValueInfo};
 use crate::ffi::mmap::{copy_file, map_file};
 use crate::ir::onnx_type_name;
-use crate::plan::{AlignedBytes, Program, Storage, TensorSpec};
+use crate::plan::{AlignedBytes, Storage, TensorSpec};
 use crate::stats;
+use crate::target::Target;
 
 use super::schema::{
     binary_source, origin, BinarySource, ContextAttrs, RawContextAttrs, EMBED_MODE, EMBED_MODE_DEFAULT,
@@ -231,9 +232,9 @@ fn parse(storage: Arc<dyn Storage>) -> Result<Arc<ContextBinary>> {
 
 /// Rebuilds the program of every EPContext node: primary nodes first, so
 /// `main_context=0` nodes find their graph in the binaries those opened.
-pub fn load_all(ep: &Session<'_>, base: Option<&Path>, nodes: &[&ContextNode<'_>]) -> Result<Vec<Program>> {
+pub fn load_all(ep: &Session<'_>, base: Option<&Path>, nodes: &[&ContextNode<'_>]) -> Result<Vec<StoredGraph>> {
     let mut loaded = ep.binaries.lock();
-    let mut programs: Vec<Option<Program>> = (0..nodes.len()).map(|_| None).collect();
+    let mut programs: Vec<Option<StoredGraph>> = (0..nodes.len()).map(|_| None).collect();
     let order = (0..nodes.len())
         .filter(|&i| nodes[i].main_context != 0)
         .chain((0..nodes.len()).filter(|&i| nodes[i].main_context == 0));
@@ -251,7 +252,7 @@ fn load_one(
     base: Option<&Path>,
     cn: &ContextNode<'_>,
     loaded: &mut LoadedBinaries,
-) -> Result<Program> {
+) -> Result<StoredGraph> {
     let binary = if cn.main_context == 0 {
         loaded.find(&cn.partition_name).cloned().ok_or_else(|| {
             cn.fail(format!(
@@ -262,22 +263,62 @@ fn load_one(
     } else {
         open_binary(ep, base, cn, loaded)?
     };
-    let program = binary
-        .program(&cn.partition_name)
-        .map_err(|e| cn.fail(e))?
-        .ok_or_else(|| {
-            cn.fail(format!(
-                "graph '{}' is not in its context binary (it holds: {})",
-                cn.partition_name,
-                binary.graph_names().join(", ")
-            ))
-        })?;
+    let graph = binary.stored_graph(&cn.partition_name).ok_or_else(|| {
+        cn.fail(format!(
+            "graph '{}' is not in its context binary (it holds: {})",
+            cn.partition_name,
+            binary.graph_names().join(", ")
+        ))
+    })?;
     if cn.main_context != 0 && cn.embed_mode == 0 {
         check_stamp(cn, &binary)?;
     }
-    check_runnable(ep, cn, &program)?;
-    check_io(cn, &program)?;
-    Ok(program)
+    check_runnable(ep, cn, graph.target())?;
+    let (inputs, outputs) = expected_io(&graph);
+    check_io(cn, &inputs, &outputs)?;
+    Ok(graph)
+}
+
+/// What a graph's inputs and outputs must be: name, element type and dims
+/// (`None`: any shape; -1: any size), for `check_io`.
+struct Expected {
+    name: String,
+    elem_type: i32,
+    dims: Option<Vec<i64>>,
+}
+
+fn expected_io(graph: &StoredGraph) -> (Vec<Expected>, Vec<Expected>) {
+    match graph {
+        StoredGraph::Program(p) => {
+            let of = |specs: &[TensorSpec]| {
+                specs
+                    .iter()
+                    .map(|s| Expected {
+                        name: s.name.clone(),
+                        elem_type: s.elem_type,
+                        dims: Some(s.shape.iter().map(|&d| d as i64).collect()),
+                    })
+                    .collect()
+            };
+            (of(p.inputs()), of(p.outputs()))
+        }
+        StoredGraph::Generic(g) => {
+            let of = |names: &[String]| {
+                names
+                    .iter()
+                    .map(|n| {
+                        let v = g.desc.values.get(n).cloned().unwrap_or_default();
+                        Expected {
+                            name: n.clone(),
+                            elem_type: v.elem_type,
+                            dims: v.dims,
+                        }
+                    })
+                    .collect()
+            };
+            (of(&g.desc.inputs), of(&g.desc.outputs))
+        }
+    }
 }
 
 /// The binary a primary node names: its payload, or a file beside the model.
@@ -331,14 +372,14 @@ fn check_stamp(cn: &ContextNode<'_>, binary: &ContextBinary) -> Result<()> {
     }
 }
 
-fn check_runnable(ep: &Session<'_>, cn: &ContextNode<'_>, program: &Program) -> Result<()> {
-    if program.target().can_run_on(ep.host) {
+fn check_runnable(ep: &Session<'_>, cn: &ContextNode<'_>, target: Target) -> Result<()> {
+    if target.can_run_on(ep.host) {
         return Ok(());
     }
     Err(cn.fail(format!(
         "graph '{}' was compiled for {}, which this host cannot run (best: {}); recompile the model for this machine",
         cn.partition_name,
-        program.target().name(),
+        target.name(),
         ep.host.name()
     )))
 }
@@ -347,10 +388,10 @@ fn check_runnable(ep: &Session<'_>, cn: &ContextNode<'_>, program: &Program) -> 
 /// for: same names, element types and static shapes. Compute writes each
 /// output as the compiled program's type into a buffer ORT sizes by the
 /// node's type, so an edited type must never get this far.
-fn check_io(cn: &ContextNode<'_>, program: &Program) -> Result<()> {
+fn check_io(cn: &ContextNode<'_>, inputs: &[Expected], outputs: &[Expected]) -> Result<()> {
     let sides = [
-        ("input", cn.node.inputs()?, program.inputs()),
-        ("output", cn.node.outputs()?, program.outputs()),
+        ("input", cn.node.inputs()?, inputs),
+        ("output", cn.node.outputs()?, outputs),
     ];
     for (what, values, specs) in sides {
         if values.len() != specs.len() {
@@ -381,13 +422,7 @@ fn check_io(cn: &ContextNode<'_>, program: &Program) -> Result<()> {
 /// that value at that other position too: ORT's common subexpression
 /// elimination (`ORT_ENABLE_BASIC` and up) merges two equal values an
 /// EPContext node reads (two `Shape`s of one tensor) into one.
-fn check_name(
-    cn: &ContextNode<'_>,
-    what: &str,
-    i: usize,
-    names: &[Option<String>],
-    specs: &[TensorSpec],
-) -> Result<()> {
+fn check_name(cn: &ContextNode<'_>, what: &str, i: usize, names: &[Option<String>], specs: &[Expected]) -> Result<()> {
     let Some(name) = names[i].as_deref() else {
         return Ok(());
     };
@@ -409,10 +444,12 @@ fn type_text(elem_type: i32, dims: &[i64]) -> String {
     format!("{} [{}]", onnx_type_name(elem_type), dims.join(", "))
 }
 
-fn check_value(cn: &ContextNode<'_>, what: &str, v: &ValueInfo<'_>, spec: &TensorSpec) -> Result<()> {
+fn check_value(cn: &ContextNode<'_>, what: &str, v: &ValueInfo<'_>, spec: &Expected) -> Result<()> {
     let name = v.name()?;
-    let expected: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
-    let expected_text = type_text(spec.elem_type, &expected);
+    let expected_text = match &spec.dims {
+        Some(dims) => type_text(spec.elem_type, dims),
+        None => format!("{} of any shape", onnx_type_name(spec.elem_type)),
+    };
     let mismatch = |found: &str, cause: &str| {
         cn.fail(format!(
             "{what} '{name}': found {found}, expected {expected_text} as graph '{}' was compiled ({cause})",
@@ -430,13 +467,19 @@ fn check_value(cn: &ContextNode<'_>, what: &str, v: &ValueInfo<'_>, spec: &Tenso
     // no mismatch: kiln may know more than ORT did when it wrote the model
     // (it folds shape subgraphs ORT did not), and Compute checks every
     // tensor's actual shape against the program anyway.
-    if !info.has_shape {
+    let Some(expected) = spec.dims.as_ref().filter(|_| info.has_shape) else {
         return Ok(());
-    }
+    };
     if info.dims.len() != expected.len() {
         return Err(mismatch(&found, "rank differs"));
     }
-    if info.dims.iter().zip(&expected).any(|(&d, &e)| d >= 0 && d != e) {
+    // A symbolic dim (-1) of a shape-generic graph takes any size.
+    if info
+        .dims
+        .iter()
+        .zip(expected)
+        .any(|(&d, &e)| d >= 0 && e >= 0 && d != e)
+    {
         return Err(mismatch(&found, "shape differs"));
     }
     Ok(())

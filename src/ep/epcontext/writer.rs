@@ -13,10 +13,9 @@ use super::schema::{
 };
 use super::Session;
 use crate::compiler::generic::Executable;
-use crate::context::{ContextBuilder, FORMAT_VERSION};
+use crate::context::{ContextBuilder, StoredGraph, FORMAT_VERSION};
 use crate::error::{Error, Result};
 use crate::ffi::ep::{AttrValue, EpContextNode};
-use crate::plan::Program;
 
 /// A compiled partition on its way into an EPContext node.
 pub struct Generated<'a> {
@@ -30,14 +29,12 @@ pub struct Generated<'a> {
 }
 
 impl Generated<'_> {
-    /// The compiled program (static partitions).
-    fn program(&self) -> Result<&Program> {
+    /// What the context binary stores: the compiled program of a static
+    /// partition, or a shape-generic partition's graph and packed weights.
+    fn stored(&self) -> StoredGraph {
         match self.exe {
-            Executable::Fixed(p) => Ok(p),
-            Executable::Generic(_) => Err(Error::not_implemented(format!(
-                "partition '{}' is shape-generic, which this kiln cannot write to a context binary yet",
-                self.fused_name
-            ))),
+            Executable::Fixed(p) => StoredGraph::Program(p.clone()),
+            Executable::Generic(s) => StoredGraph::Generic(s.generic().clone()),
         }
     }
 }
@@ -63,7 +60,7 @@ pub fn generate(ep: &Session<'_>, model_path: Option<&Path>, parts: &[Generated<
     if ep.config.context.embed_mode {
         for ((node, part), name) in nodes.iter_mut().zip(parts).zip(&names) {
             let mut builder = ContextBuilder::new(ep.target);
-            builder.add_graph(name, part.program()?)?;
+            builder.add_stored(name, &part.stored())?;
             node.attributes.push((EMBED_MODE, AttrValue::Int(1)));
             node.attributes.push((MAIN_CONTEXT, AttrValue::Int(1)));
             node.attributes
@@ -114,7 +111,7 @@ fn write_own(
     let mut builder = ContextBuilder::new(ep.target);
     builder.add_context_model(&out.ctx_name);
     for (part, name) in parts.iter().zip(names) {
-        builder.add_graph(name, part.program()?)?;
+        builder.add_stored(name, &part.stored())?;
     }
     let staged = files::stage(&out.folder, &name, &builder, &out.ctx_model, ep.config.compile_only)?;
     let checksum = staged.stats.checksum;
@@ -130,12 +127,7 @@ fn write_shared(
     parts: &[Generated<'_>],
     names: &[String],
 ) -> Result<(String, Option<u128>)> {
-    let graphs: Vec<(String, &Program)> = names
-        .iter()
-        .cloned()
-        .zip(parts.iter().map(|p| p.program()))
-        .map(|(n, p)| p.map(|p| (n, p)))
-        .collect::<Result<_>>()?;
+    let graphs: Vec<(String, StoredGraph)> = names.iter().cloned().zip(parts.iter().map(|p| p.stored())).collect();
     let mut staged = None;
     let member = crate::ep::share::Member {
         target: ep.target,
