@@ -82,6 +82,7 @@ bench: build venv corpus
 # The real-model corpus through kiln and the CPU EP: bench/results/real.md.
 bench-real: build venv corpus
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/real.py
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/dynamic_shapes.py
 
 # Fuzzing (docs/reliability.md): each target for FUZZ_SECONDS, one at a time;
 # crash inputs land in fuzz/regressions/<target>/, which `make test` replays.
