@@ -80,18 +80,7 @@ fn compile_generic(g: &GenericGraph) -> Option<Program> {
     if g.constants.iter().map(|c| c.data.byte_len()).sum::<usize>() > RUN_LIMIT_BYTES {
         return None;
     }
-    let constants: HashMap<String, TensorValue> = g
-        .constants
-        .iter()
-        .map(|c| {
-            let t = TensorValue {
-                elem_type: c.dtype.onnx_code(),
-                shape: c.shape.clone(),
-                bytes: c.data.as_bytes().to_vec(),
-            };
-            (c.name.clone(), t)
-        })
-        .collect();
+    let constants = g.constant_values();
     // As a first run would: the inputs' unknown dims at a small size.
     let mut desc = g.desc.clone();
     for name in &g.desc.inputs {

@@ -27,6 +27,17 @@ pub struct NamedConstant {
     pub data: Weight,
 }
 
+impl NamedConstant {
+    /// A copy as the ORT-neutral constant the importer folds with.
+    pub fn to_tensor_value(&self) -> TensorValue {
+        TensorValue {
+            elem_type: self.dtype.onnx_code(),
+            shape: self.shape.clone(),
+            bytes: self.data.as_bytes().to_vec(),
+        }
+    }
+}
+
 /// A constant packed once as a GEMM B operand (`kernels::gemm::PackedB`
 /// for `target`): `source` names the [`NamedConstant`] it packs, `trans_b`
 /// whether that constant is `[n, k]` rather than `[k, n]`.
@@ -351,11 +362,7 @@ impl ConstantSource for Source<'_> {
     }
 
     fn constant(&self, name: &str) -> Result<Option<TensorValue>> {
-        Ok(self.get(name).map(|c| TensorValue {
-            elem_type: c.dtype.onnx_code(),
-            shape: c.shape.clone(),
-            bytes: c.data.as_bytes().to_vec(),
-        }))
+        Ok(self.get(name).map(NamedConstant::to_tensor_value))
     }
 
     fn weight(&self, name: &str) -> Option<Weight> {
@@ -423,6 +430,15 @@ impl Executable {
 }
 
 impl GenericGraph {
+    /// Every constant, copied, by name (for tools and tests that import the
+    /// graph themselves).
+    pub fn constant_values(&self) -> HashMap<String, TensorValue> {
+        self.constants
+            .iter()
+            .map(|c| (c.name.clone(), c.to_tensor_value()))
+            .collect()
+    }
+
     /// Weight bytes held: constants plus their packed forms.
     pub fn constant_bytes(&self) -> usize {
         let c: usize = self.constants.iter().map(|c| c.data.byte_len()).sum();

@@ -1,8 +1,6 @@
 //! Format 2: shape-generic graph records (round trips, sharing weights with
 //! programs, hostile records, writer refusals), and reading format 1.
 
-use std::collections::HashMap;
-
 use super::header::Header;
 use super::tests::{graph_a, graph_b, metadata_of, parse, refused, storage, tamper};
 use super::*;
@@ -212,18 +210,7 @@ fn a_stored_generic_graph_imports_and_runs_like_the_original() {
     b.add_generic("mlp", &generic_of(&d, Target::Generic, false)).unwrap();
     let ctx = parse(&b.to_bytes().unwrap()).unwrap();
     let g = generic(&ctx, "mlp");
-    let consts: HashMap<String, TensorValue> = g
-        .constants
-        .iter()
-        .map(|c| {
-            let t = TensorValue {
-                elem_type: c.dtype.onnx_code(),
-                shape: c.shape.clone(),
-                bytes: c.data.as_bytes().to_vec(),
-            };
-            (c.name.clone(), t)
-        })
-        .collect();
+    let consts = g.constant_values();
     let got = compile(&crate::ir::import(&g.desc, &consts).unwrap(), Target::Generic).unwrap();
     let want = compile(&crate::ir::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap();
     let inputs = random_inputs(&d, 50);

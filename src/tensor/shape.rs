@@ -10,14 +10,7 @@ pub struct ShapeDisplay<'a>(pub &'a [usize]);
 
 impl fmt::Display for ShapeDisplay<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[")?;
-        for (i, d) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{d}")?;
-        }
-        f.write_str("]")
+        write_dims(f, self.0)
     }
 }
 
@@ -26,15 +19,20 @@ pub struct DimsDisplay<'a>(pub &'a [Dim]);
 
 impl fmt::Display for DimsDisplay<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[")?;
-        for (i, d) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{d}")?;
-        }
-        f.write_str("]")
+        write_dims(f, self.0)
     }
+}
+
+/// `[a,b,c]`, without spaces (as ONNX tools print shapes).
+fn write_dims<T: fmt::Display>(f: &mut fmt::Formatter<'_>, dims: &[T]) -> fmt::Result {
+    f.write_str("[")?;
+    for (i, d) in dims.iter().enumerate() {
+        if i > 0 {
+            f.write_str(",")?;
+        }
+        write!(f, "{d}")?;
+    }
+    f.write_str("]")
 }
 
 /// The shape of `a op b` under ONNX multidirectional (NumPy) broadcasting.
