@@ -12,7 +12,9 @@ grow there and then stay. The figures are printed (``-s``) for the README.
 Bounds, and why:
 
 * descriptors and mappings of the binary: back to exactly the baseline (a single leaked
-  descriptor or mapping per session would show as ITERATIONS of them);
+  descriptor or mapping per session would show as ITERATIONS of them); for the refused
+  loads, descriptors are compared from iteration WARMUP on (in the full suite ORT once
+  opened 4 descriptors of its own during the first failing sessions and kept them);
 * RSS between iteration WARMUP and ITERATIONS: under RSS_BOUND_MB. One session of the
   demo model holds ~0.5 MiB of packed weights plus its plan and arena (the binary is
   528 KiB); leaking one session's state per iteration would grow RSS by ~200 MiB over
@@ -188,6 +190,6 @@ def test_failed_loads_leak_nothing(kiln_dev, demo_ctx, tmp_path):
                 f"{marks['end']['fds']}; _kiln.bin mappings {base['bin_mappings']} -> {marks['end']['bin_mappings']}")
         FIGURES.append(line)
         print(line)
-        assert marks["end"]["fds"] == base["fds"], line
+        assert marks["end"]["fds"] == marks["warm"]["fds"], line
         assert marks["end"]["bin_mappings"] == base["bin_mappings"], line
         assert (marks["end"]["rss_kib"] - marks["warm"]["rss_kib"]) / 1024 < RSS_BOUND_MB, line
