@@ -13,8 +13,9 @@ Bounds, and why:
 
 * descriptors and mappings of the binary: back to exactly the baseline (a single leaked
   descriptor or mapping per session would show as ITERATIONS of them); for the refused
-  loads, descriptors are compared from iteration WARMUP on (in the full suite ORT once
-  opened 4 descriptors of its own during the first failing sessions and kept them);
+  loads, descriptors are compared from iteration WARMUP on (in one full-suite run 4
+  descriptors were opened once during the first failing sessions and kept: a one-time
+  open, not a leak, which grows with the iterations);
 * RSS between iteration WARMUP and ITERATIONS: under RSS_BOUND_MB. One session of the
   demo model holds ~0.5 MiB of packed weights plus its plan and arena (the binary is
   528 KiB); leaking one session's state per iteration would grow RSS by ~200 MiB over
