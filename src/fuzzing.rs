@@ -88,7 +88,7 @@ fn compile_generic(g: &GenericGraph) -> Option<Program> {
             dims.iter_mut().filter(|d| **d < 0).for_each(|d| *d = 2);
         }
     }
-    let ir = crate::ir::import(&desc, &constants)
+    let ir = crate::compiler::import(&desc, &constants)
         .map_err(|e| assert_clean(&e, IMPORT_REFUSALS))
         .ok()?;
     let huge = |v: &crate::ir::Value| v.ty.checked_numel().is_none_or(|n| n > COMPILE_LIMIT_ELEMS);
@@ -272,12 +272,12 @@ pub fn decode_attrs(data: &[u8]) -> (RawContextAttrs, Option<Vec<u8>>) {
 /// run on zeros.
 pub fn node_import(data: &[u8]) -> bool {
     let (graph, constants) = decode_graph(data);
-    let support = crate::ir::check_support(&graph, &constants, &[]);
+    let support = crate::compiler::check_support(&graph, &constants, &[]);
     assert_eq!(support.len(), graph.nodes.len());
     for why in support.iter().filter_map(|r| r.as_ref().err()) {
         assert!(!why.is_empty());
     }
-    let ir = match crate::ir::import(&graph, &constants) {
+    let ir = match crate::compiler::import(&graph, &constants) {
         Ok(g) => g,
         Err(e) => {
             assert_clean(&e, IMPORT_REFUSALS);

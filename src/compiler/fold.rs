@@ -80,6 +80,15 @@ pub(crate) fn evaluate(g: &Graph, node: &Node) -> Result<Vec<Tensor>> {
     eval_op(&node.op, &refs, &outs)
 }
 
+/// The importer's folding ([`crate::ir::Fold`]) with [`eval_op`].
+pub struct KernelFold;
+
+impl crate::ir::Fold for KernelFold {
+    fn eval(&self, op: &Op, inputs: &[&Tensor], outputs: &[TensorType]) -> Result<Vec<Tensor>> {
+        eval_op(op, inputs, outputs)
+    }
+}
+
 /// Evaluates `op` on host tensors: compiles the single node for the
 /// baseline target and runs it (the run-time kernels, so folding and
 /// running agree bit for bit).

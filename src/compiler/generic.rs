@@ -306,7 +306,7 @@ impl Specializer {
             v.dims = Some(d.clone());
         }
         let source = Source { g, index: &self.index };
-        let ir = crate::ir::import(&desc, &source)?;
+        let ir = crate::compiler::import(&desc, &source)?;
         super::compile_with_packs(&ir, g.target, &self.packs)
     }
 }

@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 
 use super::generic::{GenericGraph, Specializer};
+use crate::compiler::check_support;
 use crate::ir::tests::{compare, data, reference, run_program, tv_i64, D, T};
-use crate::ir::{check_support, AttrValue, ValueDesc};
+use crate::ir::{AttrValue, ValueDesc};
 use crate::kernels::parallel::Serial;
 use crate::target::Target;
 

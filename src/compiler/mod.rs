@@ -29,6 +29,22 @@ use crate::ir::Graph;
 use crate::plan::Program;
 use crate::target::Target;
 
+/// Imports a partition's description into the IR, folding with kiln's
+/// kernels (see [`crate::ir::import`]).
+pub fn import(graph: &crate::ir::GraphDesc, constants: &dyn crate::ir::ConstantSource) -> Result<Graph> {
+    crate::ir::import(graph, constants, &fold::KernelFold)
+}
+
+/// [`crate::ir::check_support`], folding with kiln's kernels: the support
+/// check GetCapability and Compile share.
+pub fn check_support(
+    graph: &crate::ir::GraphDesc,
+    constants: &dyn crate::ir::ConstantSource,
+    disabled: &[String],
+) -> Vec<std::result::Result<(), String>> {
+    crate::ir::check_support(graph, constants, disabled, &fold::KernelFold)
+}
+
 /// Which optional passes run (all by default).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Passes {

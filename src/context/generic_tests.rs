@@ -211,8 +211,8 @@ fn a_stored_generic_graph_imports_and_runs_like_the_original() {
     let ctx = parse(&b.to_bytes().unwrap()).unwrap();
     let g = generic(&ctx, "mlp");
     let consts = g.constant_values();
-    let got = compile(&crate::ir::import(&g.desc, &consts).unwrap(), Target::Generic).unwrap();
-    let want = compile(&crate::ir::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap();
+    let got = compile(&crate::compiler::import(&g.desc, &consts).unwrap(), Target::Generic).unwrap();
+    let want = compile(&crate::compiler::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap();
     let inputs = random_inputs(&d, 50);
     assert_eq!(
         run_program(&got, &inputs, &Serial),
@@ -224,7 +224,7 @@ fn a_stored_generic_graph_imports_and_runs_like_the_original() {
 fn weights_are_shared_between_programs_and_generic_graphs() {
     let target = Target::Generic;
     let d = mlp();
-    let program = compile(&crate::ir::import(&d.g, &d.consts).unwrap(), target).unwrap();
+    let program = compile(&crate::compiler::import(&d.g, &d.consts).unwrap(), target).unwrap();
     let alone = {
         let mut b = ContextBuilder::new(target);
         b.add_graph("p", &program).unwrap();
@@ -533,7 +533,7 @@ fn format_1_binaries_still_load() {
         ("b", compile(&graph_b(), Target::Generic).unwrap()),
         (
             "mlp",
-            compile(&crate::ir::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap(),
+            compile(&crate::compiler::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap(),
         ),
     ];
     for (name, want) in &fresh {

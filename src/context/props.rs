@@ -90,7 +90,7 @@ fn program(s: &Spec, target: Target) -> Program {
         y = d.node("Transpose", &[&y], vec![("perm", ints(&[1, 0]))]);
     }
     d.output(&y);
-    let ir = crate::ir::import(&d.g, &d.consts).expect("import");
+    let ir = crate::compiler::import(&d.g, &d.consts).expect("import");
     compile(&ir, target).expect("compile")
 }
 

@@ -698,7 +698,7 @@ fn packed_programs_round_trip() {
         let mut b = ContextBuilder::new(target);
         let mut programs = Vec::new();
         for (name, d) in &descs {
-            let ir = crate::ir::import(&d.g, &d.consts).unwrap();
+            let ir = crate::compiler::import(&d.g, &d.consts).unwrap();
             let p = compile(&ir, target).unwrap();
             assert!(p.packed_constants() >= 3);
             b.add_graph(name, &p).unwrap();
@@ -735,7 +735,7 @@ fn packed_programs_round_trip() {
 fn packed_weights_of_another_size_are_refused() {
     use crate::ir::tests::mlp;
     let d = mlp();
-    let p = compile(&crate::ir::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap();
+    let p = compile(&crate::compiler::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap();
     let mut b = ContextBuilder::new(Target::Generic);
     b.add_graph("mlp", &p).unwrap();
     let bytes = b.to_bytes().unwrap();

@@ -8,10 +8,10 @@ use super::describe::{describe, Constants};
 use super::epcontext::{self, schema};
 use super::partition::{partition, PNode};
 use super::KilnEp;
+use crate::compiler;
 use crate::error::Result;
 use crate::ffi::ep::SupportInfo;
 use crate::ffi::graph::{Graph, Node};
-use crate::ir;
 
 /// Claims kiln's EPContext nodes (each its own partition) and every convex
 /// group of other nodes kiln supports.
@@ -89,7 +89,7 @@ fn verdicts(
 ) -> Result<Vec<std::result::Result<(), String>>> {
     let desc = describe(nodes, Vec::new(), Vec::new())?;
     let constants = Constants::of(graph, nodes)?;
-    let mut verdicts = ir::check_support(&desc, &constants, &ep.config.kiln.disabled_ops);
+    let mut verdicts = compiler::check_support(&desc, &constants, &ep.config.kiln.disabled_ops);
     for (v, &ctx) in verdicts.iter_mut().zip(is_context) {
         if ctx {
             *v = Err("an EPContext node is a partition of its own".into());
@@ -136,7 +136,7 @@ fn agreed_partitions(
         for part in &parts {
             let members: Vec<Node<'_>> = part.iter().map(|&i| nodes[i]).collect();
             let desc = describe(&members, Vec::new(), Vec::new())?;
-            let again = ir::check_support(&desc, &constants, &ep.config.kiln.disabled_ops);
+            let again = compiler::check_support(&desc, &constants, &ep.config.kiln.disabled_ops);
             for (&i, v) in part.iter().zip(again) {
                 if let Err(why) = v {
                     verdicts[i] = Err(format!("{why} (checked in its partition alone)"));

@@ -217,7 +217,7 @@ fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Execu
     if !GenericGraph::is_static(&desc) {
         return compile_generic(ep, &name, nodes.len(), desc, &constants).map_err(context);
     }
-    let ir = ir::import(&desc, &constants).map_err(context)?;
+    let ir = compiler::import(&desc, &constants).map_err(context)?;
     let program = compiler::compile(&ir, ep.target).map_err(|e| e.context(format!("compiling '{name}'")))?;
     ep.logger.info(|| {
         format!(
@@ -243,7 +243,7 @@ fn compile_generic(
     desc: ir::GraphDesc,
     constants: &Constants<'_>,
 ) -> Result<Executable> {
-    let verdicts = ir::check_support(&desc, constants, &ep.config.kiln.disabled_ops);
+    let verdicts = compiler::check_support(&desc, constants, &ep.config.kiln.disabled_ops);
     if let Some((node, Err(why))) = desc.nodes.iter().zip(&verdicts).find(|(_, v)| v.is_err()) {
         return Err(Error::invalid_graph(format!(
             "node '{}' ({}): {why}",

@@ -18,7 +18,6 @@ use std::collections::HashMap;
 use super::desc::{ConstantSource, GraphDesc, NodeDesc};
 use super::ops;
 use super::{infer, onnx_type_name, DType, Graph, Op, Tensor, TensorType, ValueId};
-use crate::compiler::eval_op;
 use crate::error::{Error, Result};
 use crate::tensor::Dim;
 
@@ -28,17 +27,29 @@ pub(super) type Why = String;
 /// Constants above this many elements are not read just to fold them.
 pub(super) const FETCH_LIMIT: usize = 1 << 16;
 
+/// Evaluates an IR op on known inputs while importing (shape arithmetic,
+/// small constants). The compiler provides it (`compiler::KernelFold`, the
+/// run-time kernels, so folding and running agree bit for bit): `ir` sits
+/// above the compiler and does not call it.
+pub trait Fold {
+    fn eval(&self, op: &Op, inputs: &[&Tensor], outputs: &[TensorType]) -> Result<Vec<Tensor>>;
+}
+
 /// For each node of `graph` (same order): `Ok` if kiln can run it exactly,
 /// `Err(reason)` if not. `disabled` lists op types the user excluded.
 pub fn check_support(
     graph: &GraphDesc,
     constants: &dyn ConstantSource,
     disabled: &[String],
+    fold: &dyn Fold,
 ) -> Vec<std::result::Result<(), String>> {
     let probes = Probe::for_graph(graph);
     let mut verdicts = vec![Ok(()); graph.nodes.len()];
     for probe in &probes {
-        for (v, r) in verdicts.iter_mut().zip(check_at(graph, constants, disabled, probe)) {
+        for (v, r) in verdicts
+            .iter_mut()
+            .zip(check_at(graph, constants, disabled, probe, fold))
+        {
             if v.is_ok() {
                 *v = r;
             }
@@ -53,8 +64,9 @@ fn check_at(
     constants: &dyn ConstantSource,
     disabled: &[String],
     probe: &Probe,
+    fold: &dyn Fold,
 ) -> Vec<std::result::Result<(), String>> {
-    let mut imp = Importer::new(graph, constants, true);
+    let mut imp = Importer::new(graph, constants, true, fold);
     imp.probe = Some(probe);
     graph
         .nodes
@@ -152,8 +164,8 @@ impl Probe {
 
 /// Builds the IR of one partition: `graph.inputs`/`outputs` in the fused
 /// node's order; constant initializers come from `constants`.
-pub fn import(graph: &GraphDesc, constants: &dyn ConstantSource) -> Result<Graph> {
-    let mut imp = Importer::new(graph, constants, false);
+pub fn import(graph: &GraphDesc, constants: &dyn ConstantSource, fold: &dyn Fold) -> Result<Graph> {
+    let mut imp = Importer::new(graph, constants, false, fold);
     for name in &graph.inputs {
         let ty = imp
             .desc_type(name)
@@ -177,6 +189,7 @@ pub(super) struct Importer<'a> {
     /// Sizes for unknown dims of values the checked nodes read (check only).
     probe: Option<&'a Probe>,
     consts: &'a dyn ConstantSource,
+    fold: &'a dyn Fold,
     check_only: bool,
     g: Graph,
     ids: HashMap<String, ValueId>,
@@ -194,9 +207,10 @@ pub(super) fn tensor_of(t: &super::desc::TensorValue) -> std::result::Result<Ten
 }
 
 impl<'a> Importer<'a> {
-    fn new(desc: &'a GraphDesc, consts: &'a dyn ConstantSource, check_only: bool) -> Self {
+    fn new(desc: &'a GraphDesc, consts: &'a dyn ConstantSource, check_only: bool, fold: &'a dyn Fold) -> Self {
         Importer {
             desc,
+            fold,
             probe: None,
             consts,
             check_only,
@@ -433,7 +447,10 @@ impl<'a> Importer<'a> {
             self.data.insert(id, Tensor::i64(&[end - start], dims));
         } else if known.len() == inputs.len() && small && !inputs.is_empty() {
             let refs: Vec<&Tensor> = known.iter().collect();
-            let t = eval_op(&op, &refs, std::slice::from_ref(&ty)).map_err(|e| e.message)?;
+            let t = self
+                .fold
+                .eval(&op, &refs, std::slice::from_ref(&ty))
+                .map_err(|e| e.message)?;
             self.data
                 .insert(id, t.into_iter().next().ok_or("folding produced nothing")?);
         } else {

@@ -14,7 +14,7 @@ use std::fmt;
 pub use crate::kernels::gemm::Activation;
 pub use crate::kernels::{BinaryOp, ReduceKind, UnaryOp};
 pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc, NO_CONSTANTS};
-pub use import::{check_support, import};
+pub use import::{check_support, import, Fold};
 pub use ops::SUPPORTED_OPS;
 pub use tensor::{Tensor, TensorData};
 

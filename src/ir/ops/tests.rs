@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::{families, lookup, SUPPORTED_OPS};
-use crate::ir::check_support;
+use crate::compiler::check_support;
 use crate::ir::desc::{GraphDesc, NodeDesc, NO_CONSTANTS};
 
 /// kiln's verdict on one `op_type` node with no inputs and output `y`.

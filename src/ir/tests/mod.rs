@@ -10,7 +10,7 @@ pub(crate) use reference::T;
 
 use super::desc::*;
 use super::*;
-use crate::compiler::compile;
+use crate::compiler::{check_support, compile, import};
 use crate::kernels::parallel::{ScopedThreads, Serial};
 use crate::plan::{Program, TensorMut, TensorRef};
 use crate::target::Target;

@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 
 use super::*;
+use crate::compiler::import;
 
 fn config() -> Config {
     Config {
