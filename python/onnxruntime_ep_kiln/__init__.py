@@ -233,7 +233,8 @@ def create_session(model, device=None, options: Optional[Dict[str, str]] = None,
                    sess_options: Optional[ort.SessionOptions] = None, **kwargs) -> ort.InferenceSession:
     """An InferenceSession on a kiln device (default: :func:`host_device`).
 
-    ``options`` are kiln's EP options (``target``, ``disabled_ops``). Unlike a
+    ``options`` are kiln's EP options (``target``, ``disabled_ops``, ``context_storage``,
+    ``shape_cache``; see the README). Unlike a
     plain ``ort.InferenceSession``, errors from kiln are raised: ORT's Python
     wrapper otherwise catches a failed EP creation (e.g. a bad option), prints
     "EP Error ... Falling back" and silently runs everything on the CPU EP.
