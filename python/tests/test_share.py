@@ -508,3 +508,26 @@ def test_a_stop_session_on_a_model_kiln_does_not_claim_ends_the_group(kiln_dev, 
     if not written:
         group.open, group.folder = True, str(out)  # the fixture ends it
     assert written
+
+
+def test_a_group_of_dynamic_batch_models_shares_one_binary(kiln_dev, group, tmp_path):
+    """Shape-generic partitions (format 2) in a sharing group: two dynamic-batch MLPs
+    compiled into one binary, loaded by sharing sessions without compiling, each run at
+    two batch sizes against the CPU EP."""
+    import models_lib as ml
+
+    cases = [ml.mlp(2, 64, 1, "relu", "gemm", dynamic_batch=True, seed=s, name=f"dyn_mlp{s}") for s in (1, 2)]
+    src = tmp_path / "src"
+    paths = [c.save(str(src)) for c in cases]
+    out = tmp_path / "out"
+    for i, p in enumerate(paths):
+        group.add(p, ctx_path(out, p), stop=i == 1)
+    assert sorted(f for f in os.listdir(out) if f.endswith("_kiln.bin")) == ["dyn_mlp1_kiln.bin"]
+    for case, p in zip(cases, paths):
+        feeds = [case.feeds(b, batch=b) for b in (1, 3)]
+        run = tu.run_kiln(ctx_path(out, p), kiln_dev, feeds_seq=feeds, config={SHARE: "1"})
+        assert run.created_delta("partitions_compiled") == 0
+        assert run.run_delta("shapes_specialized") == 2
+        for f, outs in zip(feeds, run.all_outputs):
+            names, want = tu.run_cpu(p, f)
+            tu.assert_outputs_close(names, want, outs)
