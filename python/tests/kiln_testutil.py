@@ -643,3 +643,14 @@ def compile_copy(model: str, device, folder) -> Tuple[str, str]:
     ctx = os.path.join(str(folder), f"{stem}_ctx.onnx")
     compile_model(src, device, embed=False, output=ctx)
     return src, ctx
+
+
+def run_threads(worker, n: int) -> None:
+    """Runs ``worker(t)`` for t in 0..n, each on its own thread, and waits for all."""
+    import threading
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()

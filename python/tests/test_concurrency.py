@@ -107,11 +107,7 @@ most threads that were inside ``run`` at once)."""
         except Exception as exc:  # noqa: BLE001 - reported by the test
             errors.append(f"thread {t}: {type(exc).__name__}: {exc}")
 
-    ts = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join()
+    tu.run_threads(worker, threads)
     return results, errors, in_run[1]
 
 
@@ -223,11 +219,7 @@ def test_sharing_group_sessions_created_run_and_dropped_from_threads(kiln_dev, s
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(f"thread {t}: {type(exc).__name__}: {exc}")
 
-    ts = [threading.Thread(target=worker, args=(t,)) for t in range(THREADS)]
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join()
+    tu.run_threads(worker, THREADS)
     assert not errors, errors[:5]
     after = tu.stats()
     n = THREADS * sessions_per_thread
@@ -267,11 +259,7 @@ def test_concurrent_first_loads_of_a_shared_binary_map_it_once(kiln_dev, model_d
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(f"{type(exc).__name__}: {exc}")
 
-        ts = [threading.Thread(target=worker) for _ in range(THREADS)]
-        for th in ts:
-            th.start()
-        for th in ts:
-            th.join()
+        tu.run_threads(lambda _t: worker(), THREADS)
         assert not errors, errors[:3]
         assert len(held) == THREADS
         counts.append(mappings(binary))

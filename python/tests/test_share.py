@@ -467,11 +467,7 @@ def test_sessions_created_and_destroyed_from_several_threads(kiln_dev, shared_se
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(f"thread {t}: {type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    tu.run_threads(worker, 4)
     assert not errors, errors
     keep.clear()
     gc.collect()
