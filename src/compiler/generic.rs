@@ -7,7 +7,7 @@
 //! it for each new input shape signature at run time (see `ep::compile`),
 //! reusing the packed weights.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
@@ -77,14 +77,6 @@ impl PackedWeights {
     /// The packed form of `source` for a `[k, n]` product, if packed before.
     pub fn get(&self, source: &Weight, trans_b: bool, k: usize, n: usize) -> Option<Weight> {
         self.by_source.get(&key(source, trans_b, k, n)).cloned()
-    }
-
-    pub fn len(&self) -> usize {
-        self.by_source.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_source.is_empty()
     }
 }
 
@@ -234,19 +226,18 @@ impl Lru {
 impl Specializer {
     /// `capacity`: how many input shape signatures keep their program.
     pub fn new(generic: GenericGraph, capacity: usize) -> Result<Specializer> {
-        let index = generic
+        let index: HashMap<String, usize> = generic
             .constants
             .iter()
             .enumerate()
             .map(|(i, c)| (c.name.clone(), i))
             .collect();
         let mut packs = PackedWeights::default();
-        let by_name: HashMap<&str, &NamedConstant> = generic.constants.iter().map(|c| (c.name.as_str(), c)).collect();
         for p in &generic.packed {
-            let c = by_name
-                .get(p.source.as_str())
+            let &i = index
+                .get(&p.source)
                 .ok_or_else(|| Error::invalid_graph(format!("packed weight of '{}' names no constant", p.source)))?;
-            packs.insert(&c.data, p.trans_b, p.k, p.n, p.data.clone());
+            packs.insert(&generic.constants[i].data, p.trans_b, p.k, p.n, p.data.clone());
         }
         Ok(Specializer {
             generic,
@@ -392,13 +383,6 @@ impl Executable {
         }
     }
 
-    pub fn target(&self) -> Target {
-        match self {
-            Executable::Fixed(p) => p.target(),
-            Executable::Generic(s) => s.generic.target,
-        }
-    }
-
     /// One line for logs and EPContext notes.
     pub fn summary(&self) -> String {
         match self {
@@ -420,13 +404,6 @@ impl Executable {
             Executable::Generic(_) => None,
         }
     }
-
-    pub fn constant_bytes(&self) -> usize {
-        match self {
-            Executable::Fixed(p) => p.constant_bytes(),
-            Executable::Generic(s) => s.generic.constant_bytes(),
-        }
-    }
 }
 
 impl GenericGraph {
@@ -439,13 +416,9 @@ impl GenericGraph {
             .collect()
     }
 
-    /// Weight bytes held: constants plus their packed forms.
-    pub fn constant_bytes(&self) -> usize {
-        let c: usize = self.constants.iter().map(|c| c.data.byte_len()).sum();
-        c + self.packed.iter().map(|p| p.data.byte_len()).sum::<usize>()
-    }
-
-    /// e.g. `shape-generic over batch_size, sequence_length; 212 nodes; 24 packed weights; 87 MB`.
+    /// One line for logs, EPContext notes and tools, e.g. `shape-generic for
+    /// x86_64-avx2 over batch, seq; ops MatMul x1, Relu x1; 2 nodes; 1
+    /// constant(s) of 64 bytes; 1 packed weight(s) of 128 bytes`.
     pub fn summary(&self) -> String {
         let mut symbols: Vec<String> = Vec::new();
         for name in &self.desc.inputs {
@@ -458,17 +431,25 @@ impl GenericGraph {
                 }
             }
         }
+        let mut ops: BTreeMap<&str, usize> = BTreeMap::new();
+        for n in &self.desc.nodes {
+            *ops.entry(n.op_type.as_str()).or_default() += 1;
+        }
+        let ops: Vec<String> = ops.iter().map(|(op, n)| format!("{op} x{n}")).collect();
         format!(
-            "shape-generic over {}; {} nodes; {} constants; {} packed weights; {} weight bytes",
+            "shape-generic for {} over {}; ops {}; {} nodes; {} constant(s) of {} bytes; {} packed weight(s) of {} bytes",
+            self.target,
             if symbols.is_empty() {
                 "no dims".to_string()
             } else {
                 symbols.join(", ")
             },
+            ops.join(", "),
             self.desc.nodes.len(),
             self.constants.len(),
+            self.constants.iter().map(|c| c.data.byte_len()).sum::<usize>(),
             self.packed.len(),
-            self.constant_bytes()
+            self.packed.iter().map(|p| p.data.byte_len()).sum::<usize>(),
         )
     }
 

@@ -375,24 +375,3 @@ pub(crate) fn check_for_write(g: &GenericGraph) -> Result<()> {
     let ids = vec![0; g.constants.len().max(g.packed.len())];
     desc(&generic_info(g, &ids, &ids)).map(|_| ())
 }
-
-/// One line about a shape-generic graph, e.g. for `ContextBinary::describe`:
-/// `shape-generic for x86_64-avx2; ops MatMul x1, Relu x1; 2 nodes; 1 constant(s) of 64 bytes; 1 packed weight(s) of 128 bytes`.
-pub fn describe_generic(g: &GenericGraph) -> String {
-    let mut ops: BTreeMap<&str, usize> = BTreeMap::new();
-    for n in &g.desc.nodes {
-        *ops.entry(n.op_type.as_str()).or_default() += 1;
-    }
-    let ops: Vec<String> = ops.iter().map(|(op, n)| format!("{op} x{n}")).collect();
-    let bytes = |ws: &mut dyn Iterator<Item = usize>| ws.sum::<usize>();
-    format!(
-        "shape-generic for {}; ops {}; {} nodes; {} constant(s) of {} bytes; {} packed weight(s) of {} bytes",
-        g.target,
-        ops.join(", "),
-        g.desc.nodes.len(),
-        g.constants.len(),
-        bytes(&mut g.constants.iter().map(|c| c.data.byte_len())),
-        g.packed.len(),
-        bytes(&mut g.packed.iter().map(|p| p.data.byte_len())),
-    )
-}

@@ -34,7 +34,7 @@ mod proto_doc;
 mod tests;
 
 pub use compat::{check_compatibility, compatibility_info, Compatibility};
-pub use generic::{describe_generic, MAX_RANK};
+pub use generic::MAX_RANK;
 pub use peek::{peek, peek_checksum, Peek};
 pub use reader::{ContextBinary, StoredGraph};
 pub use writer::ContextBuilder;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use prost::Message;
 
-use super::generic::{self, describe_generic};
+use super::generic;
 use super::header::Header;
 use super::{convert, describe_program, proto};
 use crate::compiler::generic::GenericGraph;
@@ -34,11 +34,11 @@ impl StoredGraph {
         }
     }
 
-    /// One line about the graph (see [`describe_program`], [`describe_generic`]).
+    /// One line about the graph (see [`describe_program`], `GenericGraph::summary`).
     pub fn describe(&self) -> String {
         match self {
             StoredGraph::Program(p) => describe_program(p),
-            StoredGraph::Generic(g) => describe_generic(g),
+            StoredGraph::Generic(g) => g.summary(),
         }
     }
 }
