@@ -12,6 +12,7 @@ use crate::compiler;
 use crate::error::Result;
 use crate::ffi::ep::SupportInfo;
 use crate::ffi::graph::{Graph, Node};
+use crate::ir;
 
 /// Claims kiln's EPContext nodes (each its own partition) and every convex
 /// group of other nodes kiln supports.
@@ -35,7 +36,9 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
     if !contexts.is_empty() {
         return claim_compiled(ep, &nodes, &contexts, support);
     }
-    let mut verdicts = verdicts(ep, &graph, &nodes, &is_context)?;
+    let desc = describe(&nodes, Vec::new(), Vec::new())?;
+    let constants = Constants::of(&graph, &nodes)?;
+    let mut verdicts = verdicts(ep, &desc, &constants, &is_context);
     let mut pnodes = Vec::with_capacity(nodes.len());
     for (node, verdict) in nodes.iter().zip(&verdicts) {
         pnodes.push(PNode {
@@ -43,7 +46,7 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
             producers: producers(node, &index)?,
         });
     }
-    let parts = agreed_partitions(ep, &graph, &nodes, &mut pnodes, &mut verdicts)?;
+    let parts = agreed_partitions(ep, &desc, &constants, &mut pnodes, &mut verdicts);
     log_left_out(ep, &nodes, &verdicts, &is_context);
     for part in &parts {
         let members: Vec<Node<'_>> = part.iter().map(|&i| nodes[i]).collect();
@@ -83,19 +86,17 @@ fn leave_subgraph(ep: &KilnEp, graph: &Graph<'_>, nodes: usize) -> Result<()> {
 /// Whether kiln can run each node (EPContext nodes never join partitions).
 fn verdicts(
     ep: &KilnEp,
-    graph: &Graph<'_>,
-    nodes: &[Node<'_>],
+    desc: &ir::GraphDesc,
+    constants: &Constants<'_>,
     is_context: &[bool],
-) -> Result<Vec<std::result::Result<(), String>>> {
-    let desc = describe(nodes, Vec::new(), Vec::new())?;
-    let constants = Constants::of(graph, nodes)?;
-    let mut verdicts = compiler::check_support(&desc, &constants, &ep.config.kiln.disabled_ops);
+) -> Vec<std::result::Result<(), String>> {
+    let mut verdicts = compiler::check_support(desc, constants, &ep.config.kiln.disabled_ops);
     for (v, &ctx) in verdicts.iter_mut().zip(is_context) {
         if ctx {
             *v = Err("an EPContext node is a partition of its own".into());
         }
     }
-    Ok(verdicts)
+    verdicts
 }
 
 /// A compiled model: kiln takes its EPContext nodes and nothing else. The
@@ -108,7 +109,8 @@ fn claim_compiled(ep: &KilnEp, nodes: &[Node<'_>], contexts: &[Node<'_>], suppor
     }
     ep.logger.info(|| {
         format!(
-            "GetCapability: a compiled model; kiln claims its {} EPContext node(s) and leaves the other {}              node(s) to ORT (compile the original model again to change that)",
+            "GetCapability: a compiled model; kiln claims its {} EPContext node(s) and leaves the other {} \
+             node(s) to ORT (compile the original model again to change that)",
             contexts.len(),
             nodes.len() - contexts.len()
         )
@@ -124,19 +126,16 @@ fn claim_compiled(ep: &KilnEp, nodes: &[Node<'_>], contexts: &[Node<'_>], suppor
 /// nothing changes (each round leaves out at least one node).
 fn agreed_partitions(
     ep: &KilnEp,
-    graph: &Graph<'_>,
-    nodes: &[Node<'_>],
+    desc: &ir::GraphDesc,
+    constants: &Constants<'_>,
     pnodes: &mut [PNode],
     verdicts: &mut [std::result::Result<(), String>],
-) -> Result<Vec<Vec<usize>>> {
-    let constants = Constants::of(graph, nodes)?;
+) -> Vec<Vec<usize>> {
     loop {
         let parts = partition(pnodes);
         let mut changed = false;
         for part in &parts {
-            let members: Vec<Node<'_>> = part.iter().map(|&i| nodes[i]).collect();
-            let desc = describe(&members, Vec::new(), Vec::new())?;
-            let again = compiler::check_support(&desc, &constants, &ep.config.kiln.disabled_ops);
+            let again = compiler::check_support(&desc.subset(part), constants, &ep.config.kiln.disabled_ops);
             for (&i, v) in part.iter().zip(again) {
                 if let Err(why) = v {
                     verdicts[i] = Err(format!("{why} (checked in its partition alone)"));
@@ -146,7 +145,7 @@ fn agreed_partitions(
             }
         }
         if !changed {
-            return Ok(parts);
+            return parts;
         }
     }
 }

@@ -113,6 +113,26 @@ pub struct GraphDesc {
     pub outputs: Vec<String>,
 }
 
+impl GraphDesc {
+    /// The nodes at `indices` (ascending, so still topological) with the
+    /// types of every value they touch: one partition, as it would be
+    /// described on its own.
+    pub fn subset(&self, indices: &[usize]) -> GraphDesc {
+        let nodes: Vec<NodeDesc> = indices.iter().map(|&i| self.nodes[i].clone()).collect();
+        let mut values = HashMap::new();
+        for name in nodes.iter().flat_map(|n| n.inputs.iter().chain(&n.outputs)) {
+            if let Some(v) = self.values.get(name) {
+                values.entry(name.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        GraphDesc {
+            nodes,
+            values,
+            ..GraphDesc::default()
+        }
+    }
+}
+
 /// A [`ConstantSource`] without constants.
 pub struct NoConstants;
 

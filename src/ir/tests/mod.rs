@@ -836,3 +836,23 @@ fn a_large_constant_of_shape_runs_as_an_expand() {
         p.constant_bytes()
     );
 }
+
+#[test]
+fn a_subset_keeps_its_nodes_and_the_types_they_touch() {
+    let mut d = D::new(17);
+    let x = d.input("x", 1, &[2, 3]);
+    let r = d.node("Relu", &[&x], vec![]);
+    let t = d.node("Tanh", &[&r], vec![]);
+    let s = d.node("Sigmoid", &[&t], vec![]);
+    d.g.values.insert(t.clone(), ValueDesc::new(1, &[2, 3]));
+    let sub = d.g.subset(&[1]);
+    assert_eq!(sub.nodes.len(), 1);
+    assert_eq!(sub.nodes[0].op_type, "Tanh");
+    let mut names: Vec<&String> = sub.values.keys().collect();
+    names.sort();
+    assert_eq!(names, vec![&t], "only Tanh's typed values: not x, not {s}");
+    assert_eq!(
+        check_support(&sub, &d.consts, &[]),
+        vec![Err("'Relu_1_0' has no type information".into())]
+    );
+}
