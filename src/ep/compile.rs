@@ -213,12 +213,14 @@ fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Execu
     let desc = describe(&nodes, value_names(fused.inputs()?)?, value_names(fused.outputs()?)?)?;
     let constants = Constants::of(&graph, &nodes)?;
     let context = |e: Error| e.context(format!("kiln cannot compile partition '{name}'"));
-    stats::partition_compiled(nodes.len());
     if !GenericGraph::is_static(&desc) {
-        return compile_generic(ep, &name, nodes.len(), desc, &constants).map_err(context);
+        let exe = compile_generic(ep, &name, nodes.len(), desc, &constants).map_err(context)?;
+        stats::partition_compiled(nodes.len());
+        return Ok(exe);
     }
     let ir = compiler::import(&desc, &constants).map_err(context)?;
     let program = compiler::compile(&ir, ep.target).map_err(|e| e.context(format!("compiling '{name}'")))?;
+    stats::partition_compiled(nodes.len());
     ep.logger.info(|| {
         format!(
             "compiled partition '{name}' ({} nodes) for {}: {} ({} steps, {} arena bytes, {} constant bytes)",
