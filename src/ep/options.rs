@@ -18,6 +18,11 @@ pub struct KilnOptions {
     pub target: Option<Target>,
     /// Op types kiln must leave to other EPs (as spelled in `ir::SUPPORTED_OPS`).
     pub disabled_ops: Vec<String>,
+    /// Which supported nodes kiln claims (`claim`).
+    pub claim: ClaimPolicy,
+    /// Op types kiln claims wherever it can run them, whatever the cost rule
+    /// says (`force_ops`; `disabled_ops` wins over it).
+    pub force_ops: Vec<String>,
     /// How a loaded context binary is held in memory.
     pub context_storage: ContextStorage,
     /// How many input shape signatures each shape-generic partition keeps a
@@ -52,6 +57,29 @@ impl ContextStorage {
     }
 }
 
+/// `claim`: which of the nodes kiln can run it takes from ORT.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ClaimPolicy {
+    /// Only partitions that kiln's cost rule says run faster in kiln than
+    /// left to ORT (see `ep::cost`).
+    #[default]
+    Cost,
+    /// Every node kiln can run (for experiments and op tests).
+    All,
+}
+
+impl ClaimPolicy {
+    pub const NAMES: [&'static str; 2] = ["cost", "all"];
+
+    pub fn parse(value: &str) -> Option<ClaimPolicy> {
+        match value.trim() {
+            "cost" => Some(ClaimPolicy::Cost),
+            "all" => Some(ClaimPolicy::All),
+            _ => None,
+        }
+    }
+}
+
 /// One option: its key, what it accepts, and its default on a device.
 pub struct OptionSpec {
     pub key: &'static str,
@@ -65,6 +93,14 @@ pub const OPTIONS: &[OptionSpec] = &[
     },
     OptionSpec {
         key: "disabled_ops",
+        accepts: op_names,
+    },
+    OptionSpec {
+        key: "claim",
+        accepts: claim_names,
+    },
+    OptionSpec {
+        key: "force_ops",
         accepts: op_names,
     },
     OptionSpec {
@@ -87,6 +123,10 @@ fn parse_shape_cache(value: &str) -> Option<usize> {
         .parse::<usize>()
         .ok()
         .filter(|n| (1..=MAX_SHAPE_CACHE).contains(n))
+}
+
+fn claim_names() -> String {
+    ClaimPolicy::NAMES.join(", ")
 }
 
 fn storage_names() -> String {
@@ -123,6 +163,8 @@ impl KilnOptions {
             match name {
                 "target" => options.target = Some(Target::parse(value).ok_or_else(|| bad_value(name, value))?),
                 "disabled_ops" => options.disabled_ops = parse_ops(value).ok_or_else(|| bad_value(name, value))?,
+                "claim" => options.claim = ClaimPolicy::parse(value).ok_or_else(|| bad_value(name, value))?,
+                "force_ops" => options.force_ops = parse_ops(value).ok_or_else(|| bad_value(name, value))?,
                 "context_storage" => {
                     options.context_storage = ContextStorage::parse(value).ok_or_else(|| bad_value(name, value))?
                 }
@@ -246,6 +288,27 @@ mod tests {
         assert!(c.context.enable && !c.context.embed_mode && c.context.share && c.compile_only);
         assert_eq!(c.context.file_path.as_deref(), Some("out/m_ctx.onnx"));
         assert_eq!(c.context.node_name_prefix, "p_");
+    }
+
+    #[test]
+    fn claim_policy_and_forced_ops() {
+        let c = parse(&[]).unwrap();
+        assert_eq!((c.kiln.claim, c.kiln.force_ops.len()), (ClaimPolicy::Cost, 0));
+        let c = parse(&[
+            ("ep.kilnexecutionprovider.claim", "all"),
+            ("ep.kilnexecutionprovider.force_ops", "relu,Add"),
+        ])
+        .unwrap();
+        assert_eq!(c.kiln.claim, ClaimPolicy::All);
+        assert_eq!(c.kiln.force_ops, vec!["Relu".to_string(), "Add".to_string()]);
+        let e = parse(&[("ep.kilnexecutionprovider.claim", "some")]).unwrap_err();
+        assert!(
+            e.message.contains("'claim'") && e.message.contains("cost, all"),
+            "{}",
+            e.message
+        );
+        let e = parse(&[("ep.kilnexecutionprovider.force_ops", "Conv2")]).unwrap_err();
+        assert!(e.message.contains("'force_ops'"), "{}", e.message);
     }
 
     #[test]
