@@ -104,6 +104,8 @@ macro_rules! ort_api_slots {
             Node_GetInputs,
             Node_GetNumOutputs,
             Node_GetOutputs,
+            Node_GetNumImplicitInputs,
+            Node_GetImplicitInputs,
             Node_GetNumAttributes,
             Node_GetAttributes,
             Node_GetAttributeByName,

@@ -352,7 +352,8 @@ struct OrtApi {
   OrtStatus* (*Node_GetInputs)(const OrtNode* node, const OrtValueInfo** inputs, size_t num_inputs); /* 354 */
   OrtStatus* (*Node_GetNumOutputs)(const OrtNode* node, size_t* num_outputs); /* 355 */
   OrtStatus* (*Node_GetOutputs)(const OrtNode* node, const OrtValueInfo** outputs, size_t num_outputs); /* 356 */
-  void* reserved_357_358[2];
+  OrtStatus* (*Node_GetNumImplicitInputs)(const OrtNode* node, size_t* num_implicit_inputs); /* 357 */
+  OrtStatus* (*Node_GetImplicitInputs)(const OrtNode* node, const OrtValueInfo** implicit_inputs, size_t num_implicit_inputs); /* 358 */
   OrtStatus* (*Node_GetNumAttributes)(const OrtNode* node, size_t* num_attributes); /* 359 */
   OrtStatus* (*Node_GetAttributes)(const OrtNode* node, const OrtOpAttr** attributes, size_t num_attributes); /* 360 */
   OrtStatus* (*Node_GetAttributeByName)(const OrtNode* node, const char* attribute_name, const OrtOpAttr** attribute); /* 361 */
@@ -466,6 +467,8 @@ KILN_ASSERT_SLOT(OrtApi, Node_GetNumInputs, 353);
 KILN_ASSERT_SLOT(OrtApi, Node_GetInputs, 354);
 KILN_ASSERT_SLOT(OrtApi, Node_GetNumOutputs, 355);
 KILN_ASSERT_SLOT(OrtApi, Node_GetOutputs, 356);
+KILN_ASSERT_SLOT(OrtApi, Node_GetNumImplicitInputs, 357);
+KILN_ASSERT_SLOT(OrtApi, Node_GetImplicitInputs, 358);
 KILN_ASSERT_SLOT(OrtApi, Node_GetNumAttributes, 359);
 KILN_ASSERT_SLOT(OrtApi, Node_GetAttributes, 360);
 KILN_ASSERT_SLOT(OrtApi, Node_GetAttributeByName, 361);

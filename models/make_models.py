@@ -120,7 +120,8 @@ def make_split() -> onnx.ModelProto:
     return _model(
         graph,
         "Supported chain -> Sin (CPU) -> supported chain, plus Floor (CPU) -> supported "
-        "chain: kiln gets 3 partitions, the CPU EP runs Sin and Floor.",
+        "chain: three kiln groups, two after merging the independent ones; the CPU EP "
+        "runs Sin and Floor.",
     )
 
 

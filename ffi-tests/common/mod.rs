@@ -316,8 +316,14 @@ impl SessionOptions {
         self
     }
 
-    /// Appends the EP of `devices` with EP options `options`.
+    /// Appends the EP of `devices` with EP options `options`, plus `claim=all`
+    /// unless `options` sets `claim`: these tests use toy graphs that kiln's
+    /// default cost rule would leave to ORT.
     pub fn with_devices(self, env: &Env, devices: &[&EpDevice], options: &[(&str, &str)]) -> OrtResult<SessionOptions> {
+        let mut options = options.to_vec();
+        if !options.iter().any(|(k, _)| *k == "claim") {
+            options.push(("claim", "all"));
+        }
         let ptrs: Vec<_> = devices.iter().map(|d| d.ptr).collect();
         let keys: Vec<CString> = options.iter().map(|(k, _)| cstring(k)).collect();
         let vals: Vec<CString> = options.iter().map(|(_, v)| cstring(v)).collect();

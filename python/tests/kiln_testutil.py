@@ -134,6 +134,19 @@ class KilnRun:
         return sum(1 for ep, _ in self.assignment if ep == ep_name)
 
 
+#: kiln options the helpers below add unless a test sets them: ``claim=all``
+#: takes every node kiln can run. The tests of kernels, formats and the ABI
+#: use toy graphs (a lone Add, a small MatMul) that the default cost rule
+#: (``claim=cost``) rightly leaves to ORT; tests of the rule pass ``claim``.
+TEST_OPTIONS = {"claim": "all"}
+
+
+def with_test_options(options: Optional[Dict[str, str]]) -> Dict[str, str]:
+    merged = dict(TEST_OPTIONS)
+    merged.update(options or {})
+    return merged
+
+
 def _session_options(devices: Sequence, options: Optional[Dict[str, str]],
                      config: Optional[Dict[str, str]], opt_level=None, threads: Optional[int] = None) -> ort.SessionOptions:
     so = ort.SessionOptions()
@@ -144,7 +157,7 @@ def _session_options(devices: Sequence, options: Optional[Dict[str, str]],
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     for k, v in (config or {}).items():
         so.add_session_config_entry(k, v)
-    so.add_provider_for_devices(list(devices), dict(options or {}))
+    so.add_provider_for_devices(list(devices), with_test_options(options))
     return so
 
 
@@ -328,7 +341,7 @@ def kiln_session_options(device, config: Optional[Dict[str, str]] = None,
     so = ort.SessionOptions()
     for k, v in (config or {}).items():
         so.add_session_config_entry(k, v)
-    so.add_provider_for_devices([device], dict(options or {}))
+    so.add_provider_for_devices([device], with_test_options(options))
     return so
 
 

@@ -200,7 +200,7 @@ for i in range(3):
     dev = [d for d in ort.get_ep_devices() if d.ep_name == "KilnExecutionProvider"][0]
     so = ort.SessionOptions()
     so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    so.add_provider_for_devices([dev], {})
+    so.add_provider_for_devices([dev], {"claim": "all"})
     sess = ort.InferenceSession(model, so, enable_fallback=0)
     y = sess.run(None, x)[0]
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)

@@ -35,14 +35,15 @@ def test_repeated_runs_call_kiln_each_time(models, kiln_dev):
 def test_split(models, kiln_dev):
     run = tu.check_against_cpu(models["split"], kiln_dev)
     assert run.created_delta("partitions_compiled") >= 2
-    # split.onnx is built to give exactly three kiln groups
-    assert run.created_delta("partitions_compiled") == 3
+    # split.onnx gives three kiln groups; the chains before Sin and after
+    # Floor are independent, so they are merged into one partition
+    assert run.created_delta("partitions_compiled") == 2
     assert run.created_delta("nodes_compiled") == 7
     assert run.run_delta("compute_calls") >= 2
     assert sorted(op for _, op in run.nodes_on(CPU)) == ["Floor", "Sin"]
     assert sorted(op for _, op in run.nodes_on(KILN)) == sorted(
         ["Add", "Relu", "Mul", "Tanh", "Sub", "Neg", "Abs"])
-    assert run.subgraphs_on(KILN) == 3
+    assert run.subgraphs_on(KILN) == 2
 
 
 def test_all_ops(models, kiln_dev):

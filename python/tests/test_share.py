@@ -318,7 +318,7 @@ ABANDON = textwrap.dedent("""
         for k, v in {"ep.share_ep_contexts": "1", "ep.context_enable": "1", "ep.context_embed_mode": "0",
                      "ep.context_file_path": os.path.join(out, f"m{i}_ctx.onnx")}.items():
             so.add_session_config_entry(k, v)
-        so.add_provider_for_devices([dev], {})
+        so.add_provider_for_devices([dev], {"claim": "all"})
         ort.InferenceSession(m, so, enable_fallback=0)
     print(sorted(os.listdir(out)), flush=True)
     if sys.argv[2] == "_exit":

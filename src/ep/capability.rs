@@ -4,9 +4,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::cost::CostRule;
 use super::describe::{describe, Constants};
 use super::epcontext::{self, schema};
-use super::partition::{partition, PNode};
+use super::options::ClaimPolicy;
+use super::partition::{merge, partition, PNode};
 use super::KilnEp;
 use crate::compiler;
 use crate::error::Result;
@@ -39,6 +41,15 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
     let desc = describe(&nodes, Vec::new(), Vec::new())?;
     let constants = Constants::of(&graph, &nodes)?;
     let mut verdicts = verdicts(ep, &desc, &constants, &is_context);
+    let mut rule = (ep.config.kiln.claim == ClaimPolicy::Cost)
+        .then(|| CostRule::new(&desc, &constants, &ep.config.kiln.force_ops));
+    if let Some(rule) = &rule {
+        for (i, v) in verdicts.iter_mut().enumerate() {
+            if let (Ok(()), Some(why)) = (&v, rule.quantized(i)) {
+                *v = Err(why);
+            }
+        }
+    }
     let mut pnodes = Vec::with_capacity(nodes.len());
     for (node, verdict) in nodes.iter().zip(&verdicts) {
         pnodes.push(PNode {
@@ -46,7 +57,7 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
             producers: producers(node, &index)?,
         });
     }
-    let parts = agreed_partitions(ep, &desc, &constants, &mut pnodes, &mut verdicts);
+    let parts = claimed_partitions(ep, &desc, &constants, &mut pnodes, &mut verdicts, rule.as_mut());
     log_left_out(ep, &nodes, &verdicts, &is_context);
     for part in &parts {
         let members: Vec<Node<'_>> = part.iter().map(|&i| nodes[i]).collect();
@@ -118,6 +129,34 @@ fn claim_compiled(ep: &KilnEp, nodes: &[Node<'_>], contexts: &[Node<'_>], suppor
     Ok(())
 }
 
+/// The partitions kiln claims: those Compile will accept, and (with
+/// `claim=cost`) that the cost rule says pay off. Each round leaves at
+/// least one node to ORT, so this ends.
+fn claimed_partitions(
+    ep: &KilnEp,
+    desc: &ir::GraphDesc,
+    constants: &Constants<'_>,
+    pnodes: &mut [PNode],
+    verdicts: &mut [std::result::Result<(), String>],
+    mut rule: Option<&mut CostRule<'_>>,
+) -> Vec<Vec<usize>> {
+    loop {
+        let parts = agreed_partitions(ep, desc, constants, pnodes, verdicts);
+        let Some(rule) = rule.as_deref_mut() else {
+            return parts;
+        };
+        let claimed: Vec<bool> = pnodes.iter().map(|p| p.supported).collect();
+        let left = rule.judge(&parts, &claimed);
+        if left.is_empty() {
+            return parts;
+        }
+        for (i, why) in left {
+            verdicts[i] = Err(why);
+            pnodes[i].supported = false;
+        }
+    }
+}
+
 /// Partitions whose every node Compile will accept. The whole-graph check
 /// sees a value another partition produces with the type kiln infers for
 /// it; Compile sees only what ORT says of it (often less: unknown dims or
@@ -132,7 +171,7 @@ fn agreed_partitions(
     verdicts: &mut [std::result::Result<(), String>],
 ) -> Vec<Vec<usize>> {
     loop {
-        let parts = partition(pnodes);
+        let parts = merge(pnodes, partition(pnodes));
         let mut changed = false;
         for part in &parts {
             let again = compiler::check_support(&desc.subset(part), constants, &ep.config.kiln.disabled_ops);
@@ -190,7 +229,8 @@ fn claim_context(ep: &KilnEp, node: &Node<'_>) -> Result<bool> {
 
 fn producers(node: &Node<'_>, index: &HashMap<*const crate::ffi::sys::OrtNode, usize>) -> Result<Vec<usize>> {
     let mut out = Vec::new();
-    for input in node.inputs()?.into_iter().flatten() {
+    let explicit = node.inputs()?.into_iter().flatten();
+    for input in explicit.chain(node.implicit_inputs()?) {
         if let Some(p) = input.producer()? {
             out.extend(index.get(&p.as_ptr()));
         }

@@ -76,7 +76,7 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
     for (((p, program), ep_context), source) in partitions.iter().zip(programs).zip(ep_context).zip(&sources) {
         let fused_inputs = value_names(p.fused_node.inputs()?)?;
         let inputs = input_order(&fused_inputs, &feeds(source, &program)?)?;
-        let outputs = output_order(p.fused_node, &program)?;
+        let outputs = output_order(p.fused_node, &produces(source, &program)?)?;
         compiled.push(Compiled {
             compute: Box::new(Runner {
                 name: p.fused_node.name()?,
@@ -121,13 +121,22 @@ fn input_order(fused_inputs: &[String], feeds: &[String]) -> Result<Vec<usize>> 
         .collect()
 }
 
+/// The value each program output is: for a loaded EPContext node, its own
+/// outputs (matched to the program by position, like its inputs; their
+/// names may differ from the compiled ones, e.g. after `onnx.compose`
+/// prefixed them); for a compiled graph, the program's outputs themselves.
+fn produces(source: &Source<'_>, exe: &Executable) -> Result<Vec<String>> {
+    match source {
+        Source::Context(cn) => value_names(cn.node.outputs()?),
+        Source::Graph => Ok(exe.output_names()),
+    }
+}
+
 /// For each kernel output, the program output it is. ORT orders a fused
-/// node's outputs itself: for a graph kiln compiled from that node they match
-/// the program's order, but a reloaded EPContext node's fused node may list
-/// them differently, so match by name.
-fn output_order(fused: Node<'_>, exe: &Executable) -> Result<Vec<usize>> {
+/// node's outputs itself (a reloaded EPContext node's fused node may list
+/// them differently from the EPContext node), so match by name.
+fn output_order(fused: Node<'_>, specs: &[String]) -> Result<Vec<usize>> {
     let names = value_names(fused.outputs()?)?;
-    let specs = exe.output_names();
     if names.len() != specs.len() {
         return Err(Error::invalid_graph(format!(
             "the fused node has {} outputs, its compiled graph {}",

@@ -3,6 +3,7 @@
 
 mod capability;
 mod compile;
+mod cost;
 mod describe;
 pub mod epcontext;
 pub mod options;

@@ -125,6 +125,162 @@ fn collect(groups: &mut Groups, group_of: &[Option<usize>]) -> Vec<Vec<usize>> {
     parts
 }
 
+/// Merges partitions wherever the union stays convex: two partitions can be
+/// one when no path leads from one to the other through any third node
+/// (an ORT node or another partition). Fewer partitions cost fewer calls
+/// and edge crossings; the greedy grouping above misses e.g. independent
+/// branches that never meet at a supported node.
+pub fn merge(nodes: &[PNode], parts: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
+    let mut parts = split_cycles(nodes, parts);
+    while let Some((a, b)) = mergeable_pair(nodes, &parts) {
+        let moved = std::mem::take(&mut parts[b]);
+        parts[a].extend(moved);
+        parts[a].sort_unstable();
+        parts.remove(b);
+    }
+    parts
+}
+
+/// Partitions that are each convex can still wait on each other (A feeds
+/// an ORT node feeding B while B feeds one feeding A): ORT could run
+/// neither. The greedy grouping can produce such pairs; their nodes are
+/// split into single-node partitions here, which `merge` regroups safely.
+fn split_cycles(nodes: &[PNode], parts: Vec<Vec<usize>>) -> Vec<Vec<usize>> {
+    let dag = Condensed::new(nodes, &parts);
+    if dag.acyclic {
+        return parts;
+    }
+    let mut out = Vec::new();
+    for (p, part) in parts.into_iter().enumerate() {
+        if dag.ordered[p] {
+            out.push(part);
+        } else {
+            out.extend(part.into_iter().map(|i| vec![i]));
+        }
+    }
+    out.sort_by_key(|p| p[0]);
+    out
+}
+
+/// The first pair of partitions (a < b) whose union is convex, preferring
+/// a pair joined by an edge.
+fn mergeable_pair(nodes: &[PNode], parts: &[Vec<usize>]) -> Option<(usize, usize)> {
+    if parts.len() < 2 {
+        return None;
+    }
+    let dag = Condensed::new(nodes, parts);
+    let indirect: Vec<Bits> = (0..parts.len()).map(|p| dag.indirect(p)).collect();
+    let ok = |a: usize, b: usize| !indirect[a].has(b) && !indirect[b].has(a);
+    let linked = (0..parts.len())
+        .flat_map(|a| dag.succ[a].iter().map(move |&b| (a, b)))
+        .filter(|&(_, b)| b < parts.len())
+        .find(|&(a, b)| ok(a, b));
+    let pairs = (0..parts.len()).flat_map(|a| (a + 1..parts.len()).map(move |b| (a, b)));
+    linked
+        .map(|(a, b)| (a.min(b), a.max(b)))
+        .or_else(|| pairs.into_iter().find(|&(a, b)| ok(a, b)))
+}
+
+#[derive(Clone)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn new(len: usize) -> Bits {
+        Bits(vec![0; len.div_ceil(64)])
+    }
+    fn set(&mut self, i: usize) {
+        self.0[i / 64] |= 1 << (i % 64);
+    }
+    fn has(&self, i: usize) -> bool {
+        self.0[i / 64] & (1 << (i % 64)) != 0
+    }
+    fn union(&mut self, other: &Bits) {
+        self.0.iter_mut().zip(&other.0).for_each(|(a, b)| *a |= b);
+    }
+}
+
+/// The graph with each partition contracted to one node: partition `p` is
+/// node `p`, graph node `i` outside every partition is `parts.len() + i`.
+struct Condensed {
+    succ: Vec<Vec<usize>>,
+    /// Strict descendants of each condensed node (only meaningful when acyclic).
+    below: Vec<Bits>,
+    acyclic: bool,
+    /// Whether each node got a place in a topological order (false: on or
+    /// behind a cycle).
+    ordered: Vec<bool>,
+}
+
+impl Condensed {
+    fn new(nodes: &[PNode], parts: &[Vec<usize>]) -> Condensed {
+        let count = parts.len() + nodes.len();
+        let mut id: Vec<usize> = (0..nodes.len()).map(|i| parts.len() + i).collect();
+        for (p, part) in parts.iter().enumerate() {
+            part.iter().for_each(|&i| id[i] = p);
+        }
+        let mut succ = vec![Vec::new(); count];
+        for (i, node) in nodes.iter().enumerate() {
+            for &p in &node.producers {
+                if id[p] != id[i] && !succ[id[p]].contains(&id[i]) {
+                    succ[id[p]].push(id[i]);
+                }
+            }
+        }
+        let order = topological(&succ);
+        let mut ordered = vec![false; count];
+        order.iter().for_each(|&v| ordered[v] = true);
+        let below = descendants(&succ, &order);
+        Condensed {
+            acyclic: order.len() == count,
+            succ,
+            below,
+            ordered,
+        }
+    }
+
+    /// Condensed nodes reachable from `p` through at least one other node.
+    fn indirect(&self, p: usize) -> Bits {
+        let mut out = Bits::new(self.succ.len());
+        for &w in &self.succ[p] {
+            out.union(&self.below[w]);
+        }
+        out
+    }
+}
+
+/// Kahn's order of a graph given by successor lists (shorter than the graph
+/// when it has a cycle).
+fn topological(succ: &[Vec<usize>]) -> Vec<usize> {
+    let mut indegree = vec![0usize; succ.len()];
+    succ.iter().flatten().for_each(|&w| indegree[w] += 1);
+    let mut order: Vec<usize> = (0..succ.len()).filter(|&v| indegree[v] == 0).collect();
+    let mut next = 0;
+    while next < order.len() {
+        for &w in &succ[order[next]] {
+            indegree[w] -= 1;
+            if indegree[w] == 0 {
+                order.push(w);
+            }
+        }
+        next += 1;
+    }
+    order
+}
+
+/// Strict descendants of every node in `order` (a topological order).
+fn descendants(succ: &[Vec<usize>], order: &[usize]) -> Vec<Bits> {
+    let mut below = vec![Bits::new(succ.len()); succ.len()];
+    for &v in order.iter().rev() {
+        let mut bits = Bits::new(succ.len());
+        for &w in &succ[v] {
+            bits.set(w);
+            bits.union(&below[w]);
+        }
+        below[v] = bits;
+    }
+    below
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +366,46 @@ mod tests {
     }
 
     #[test]
+    fn independent_partitions_merge() {
+        // 0 -> 1(unsupported) -> 3 ; 2 is independent of both sides.
+        let g = [n(true, &[]), n(false, &[0]), n(true, &[]), n(true, &[1])];
+        let parts = merge(&g, partition(&g));
+        assert_eq!(parts, vec![vec![0, 2], vec![3]]);
+        assert_convex(&g, &parts);
+    }
+
+    #[test]
+    fn partitions_waiting_on_each_other_are_regrouped() {
+        // The greedy grouping gives [1, 2, 8, 9] and [4, 7]: 1 -> 3(ORT) -> 7
+        // and 4 -> 6(ORT) -> 8, so neither could run first.
+        let g = [
+            n(false, &[]),
+            n(true, &[0]),
+            n(true, &[0]),
+            n(false, &[0, 1]),
+            n(true, &[]),
+            n(false, &[1, 2, 3]),
+            n(false, &[4]),
+            n(true, &[1, 3, 4]),
+            n(true, &[1, 2, 6]),
+            n(true, &[8]),
+            n(false, &[0, 2, 4, 5, 7]),
+        ];
+        let greedy = partition(&g);
+        assert!(!Condensed::new(&g, &greedy).acyclic);
+        let parts = merge(&g, greedy);
+        assert!(Condensed::new(&g, &parts).acyclic, "{parts:?}");
+        assert_convex(&g, &parts);
+        assert_eq!(parts.iter().map(Vec::len).sum::<usize>(), 6);
+    }
+
+    #[test]
+    fn partitions_linked_through_ort_stay_apart() {
+        let g = [n(true, &[]), n(false, &[0]), n(true, &[1])];
+        assert_eq!(merge(&g, partition(&g)), vec![vec![0], vec![2]]);
+    }
+
+    #[test]
     fn randomised_graphs_stay_convex_and_cover_supported_nodes() {
         let mut seed = 0x2545_f491_u64;
         let mut rnd = move |m: u64| {
@@ -230,6 +426,14 @@ mod tests {
             assert_convex(&g, &parts);
             let covered: usize = parts.iter().map(Vec::len).sum();
             assert_eq!(covered, g.iter().filter(|x| x.supported).count());
+            let merged = merge(&g, parts.clone());
+            assert_convex(&g, &merged);
+            if Condensed::new(&g, &parts).acyclic {
+                assert!(merged.len() <= parts.len());
+            }
+            assert_eq!(merged.iter().map(Vec::len).sum::<usize>(), covered);
+            assert!(mergeable_pair(&g, &merged).is_none());
+            assert!(Condensed::new(&g, &merged).acyclic, "{merged:?} wait on each other");
         }
     }
 }

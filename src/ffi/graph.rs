@@ -148,6 +148,19 @@ impl<'a> Node<'a> {
         Ok(optional_values(raw))
     }
 
+    /// Outer-scope values the node's subgraphs (an `If`/`Loop`/`Scan` body)
+    /// read: dependencies as real as its inputs when grouping nodes.
+    pub fn implicit_inputs(&self) -> Result<Vec<ValueInfo<'a>>> {
+        let api = Api::get();
+        // SAFETY: a live node; `fetch` passes a valid count pointer, then a
+        // buffer of exactly that many elements.
+        let raw = fetch(
+            |n| unsafe { ort!(api.ort, Node_GetNumImplicitInputs(self.0, n)) },
+            |buf, n| unsafe { ort!(api.ort, Node_GetImplicitInputs(self.0, buf, n)) },
+        )?;
+        Ok(optional_values(raw).into_iter().flatten().collect())
+    }
+
     pub fn outputs(&self) -> Result<Vec<Option<ValueInfo<'a>>>> {
         let api = Api::get();
         let raw = fetch(

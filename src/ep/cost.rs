@@ -1,0 +1,230 @@
+//! kiln's claim rule (`claim=cost`, the default): which of the nodes kiln
+//! can run it should take from ORT. ORT-free: works on the graph's
+//! description and node indices.
+//!
+//! kiln only pays off where it does work ORT does not do as well: a matrix
+//! product with a constant weight (packed once, bias and activation fused
+//! into its epilogue) over more than a handful of rows, or a recurrent op.
+//! Everything else (elementwise, data movement, shape arithmetic) runs at
+//! the same speed in both, so taking it costs a partition call and the
+//! copies at its edges, and can break a fusion ORT would have done. Hence:
+//!
+//! 1. Nodes of a quantize/dequantize group (an input from `DequantizeLinear`,
+//!    or an output into `QuantizeLinear`) stay with ORT, which runs the group
+//!    as one int8 kernel.
+//! 2. An activation or affine op right after a convolution or matrix
+//!    product ORT runs (its only consumer) stays with ORT, which fuses it.
+//! 3. A partition (after merging) is claimed only if it holds an *anchor*:
+//!    `MatMul`/`Gemm` with a constant weight of at least 64×64 and, as far
+//!    as the shapes tell, at least 16 rows (a leading batch dim of unknown
+//!    size counts as 1, a symbolic sequence dim as many), or `LSTM`/`GRU`.
+//!
+//! Op types in the `force_ops` option are exempt from all three.
+
+use std::collections::HashMap;
+
+use crate::ir::{ConstantSource, GraphDesc, NodeDesc};
+
+/// Rows a matrix product needs before kiln's packed GEMM beats ORT's.
+const MIN_ROWS: i64 = 16;
+/// The smallest constant weight (k × n) worth packing.
+const MIN_WEIGHT: i64 = 64 * 64;
+
+/// Ops whose work kiln does better than ORT (rule 3), besides matrix products.
+const RECURRENT: [&str; 2] = ["LSTM", "GRU"];
+/// ORT-run ops that absorb a following activation or affine op (rule 2).
+const FUSING_PRODUCERS: [&str; 6] = ["Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedGemm"];
+/// Ops ORT fuses into such a producer (activation, bias, scale, residual).
+const FUSIBLE: [&str; 11] = [
+    "Relu",
+    "Clip",
+    "Sigmoid",
+    "Tanh",
+    "LeakyRelu",
+    "HardSigmoid",
+    "HardSwish",
+    "Add",
+    "Mul",
+    "Sub",
+    "Div",
+];
+
+/// The graph as the rule reads it: who produces and who consumes each value.
+pub struct CostRule<'a> {
+    desc: &'a GraphDesc,
+    constants: &'a dyn ConstantSource,
+    forced: &'a [String],
+    producer: HashMap<&'a str, usize>,
+    consumers: HashMap<&'a str, Vec<usize>>,
+    /// Nodes rule 2 left to ORT, as fused into an ORT producer: a node after
+    /// them may be fused too (`Conv → Add → Relu`).
+    fused_into_ort: Vec<bool>,
+}
+
+impl<'a> CostRule<'a> {
+    pub fn new(desc: &'a GraphDesc, constants: &'a dyn ConstantSource, forced: &'a [String]) -> Self {
+        let mut producer = HashMap::new();
+        let mut consumers: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, node) in desc.nodes.iter().enumerate() {
+            for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+                producer.insert(out.as_str(), i);
+            }
+            for input in node.inputs.iter().filter(|o| !o.is_empty()) {
+                consumers.entry(input.as_str()).or_default().push(i);
+            }
+        }
+        CostRule {
+            desc,
+            constants,
+            forced,
+            producer,
+            consumers,
+            fused_into_ort: vec![false; desc.nodes.len()],
+        }
+    }
+
+    fn forced(&self, i: usize) -> bool {
+        self.forced.iter().any(|op| *op == self.desc.nodes[i].op_type)
+    }
+
+    /// Rule 1, before partitioning: why node `i` stays with ORT, if it does.
+    pub fn quantized(&self, i: usize) -> Option<String> {
+        if self.forced(i) {
+            return None;
+        }
+        let node = &self.desc.nodes[i];
+        let from_dq = node
+            .inputs
+            .iter()
+            .any(|v| self.producer_op(v) == Some("DequantizeLinear"));
+        let into_q = node
+            .outputs
+            .iter()
+            .flat_map(|v| self.consumers_of(v))
+            .any(|&c| self.desc.nodes[c].op_type == "QuantizeLinear");
+        (from_dq || into_q).then(|| {
+            "left to ORT by the cost rule: part of a quantize/dequantize group, which ORT runs as one int8 kernel"
+                .to_string()
+        })
+    }
+
+    /// Rules 2 and 3 on the current partitions (`claimed[i]`: node `i` is in
+    /// one): the nodes to leave to ORT, with the reason. Empty when every
+    /// partition stays as it is.
+    pub fn judge(&mut self, parts: &[Vec<usize>], claimed: &[bool]) -> Vec<(usize, String)> {
+        let fused = self.fused_by_ort(parts, claimed);
+        if !fused.is_empty() {
+            return fused;
+        }
+        let mut out = Vec::new();
+        for part in parts {
+            if part.iter().any(|&i| self.forced(i) || self.is_anchor(i)) {
+                continue;
+            }
+            let why = format!(
+                "left to ORT by the cost rule: its partition ({} node(s)) has no work kiln runs faster than ORT \
+                 (a MatMul/Gemm with a constant weight over {MIN_ROWS}+ rows, LSTM, GRU)",
+                part.len()
+            );
+            out.extend(part.iter().map(|&i| (i, why.clone())));
+        }
+        out
+    }
+
+    /// Rule 2: claimed nodes ORT would fuse into the ORT-run op before them.
+    fn fused_by_ort(&mut self, parts: &[Vec<usize>], claimed: &[bool]) -> Vec<(usize, String)> {
+        let mut out = Vec::new();
+        for &i in parts.iter().flatten() {
+            if self.forced(i) || !FUSIBLE.contains(&self.desc.nodes[i].op_type.as_str()) {
+                continue;
+            }
+            if let Some(p) = self.fusing_producer(i, claimed) {
+                self.fused_into_ort[i] = true;
+                let why = format!(
+                    "left to ORT by the cost rule: ORT fuses it into the {} before it",
+                    self.desc.nodes[p].op_type
+                );
+                out.push((i, why));
+            }
+        }
+        out
+    }
+
+    /// The ORT-run node whose only consumer is node `i` and that fuses it.
+    fn fusing_producer(&self, i: usize, claimed: &[bool]) -> Option<usize> {
+        let node = &self.desc.nodes[i];
+        node.inputs
+            .iter()
+            .filter(|v| !v.is_empty() && !self.constants.is_constant(v))
+            .filter_map(|v| Some((v, *self.producer.get(v.as_str())?)))
+            .find(|&(v, p)| {
+                let op = self.desc.nodes[p].op_type.as_str();
+                !claimed[p]
+                    && (FUSING_PRODUCERS.contains(&op) || self.fused_into_ort[p])
+                    && self.consumers_of(v).len() == 1
+            })
+            .map(|(_, p)| p)
+    }
+
+    /// Rule 3: whether node `i` is work kiln runs faster than ORT.
+    fn is_anchor(&self, i: usize) -> bool {
+        let node = &self.desc.nodes[i];
+        match node.op_type.as_str() {
+            "MatMul" | "Gemm" => self.pays_as_gemm(node),
+            op => RECURRENT.contains(&op),
+        }
+    }
+
+    /// A matrix product with a constant weight big enough to pack, over
+    /// enough rows.
+    fn pays_as_gemm(&self, node: &NodeDesc) -> bool {
+        let (Some(a), Some(b)) = (node.inputs.first(), node.inputs.get(1)) else {
+            return false;
+        };
+        if !self.constants.is_constant(b) {
+            return false;
+        }
+        let weight = self.known_dims(b).map_or(0, |d| d.iter().product::<i64>());
+        let trans_a = matches!(node.attrs.get("transA"), Some(crate::ir::AttrValue::Int(1)));
+        weight >= MIN_WEIGHT && self.rows_at_least(a, trans_a) >= MIN_ROWS
+    }
+
+    /// A lower bound of the rows (m) of matrix operand `a`: unknown leading
+    /// (batch) dims count as 1, an unknown dim after them as `MIN_ROWS`.
+    fn rows_at_least(&self, a: &str, transposed: bool) -> i64 {
+        let Some(dims) = self.desc.values.get(a).and_then(|v| v.dims.clone()) else {
+            return MIN_ROWS;
+        };
+        let row_dims: &[i64] = match (dims.len(), transposed) {
+            (0 | 1, _) => return 1,
+            (2, true) => &dims[1..],
+            (n, _) => &dims[..n - 1],
+        };
+        row_dims
+            .iter()
+            .enumerate()
+            .map(|(j, &d)| match d {
+                d if d >= 0 => d,
+                _ if j == 0 => 1,
+                _ => MIN_ROWS,
+            })
+            .product()
+    }
+
+    fn known_dims(&self, value: &str) -> Option<Vec<i64>> {
+        let dims = self.desc.values.get(value)?.dims.clone()?;
+        dims.iter().all(|&d| d >= 0).then_some(dims)
+    }
+
+    fn producer_op(&self, value: &str) -> Option<&str> {
+        let p = *self.producer.get(value)?;
+        Some(self.desc.nodes[p].op_type.as_str())
+    }
+
+    fn consumers_of(&self, value: &str) -> &[usize] {
+        self.consumers.get(value).map_or(&[], Vec::as_slice)
+    }
+}
+
+#[cfg(test)]
+mod tests;

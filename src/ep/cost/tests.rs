@@ -1,0 +1,148 @@
+use std::collections::HashMap;
+
+use super::*;
+use crate::ir::{TensorValue, ValueDesc};
+
+fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> NodeDesc {
+    NodeDesc {
+        name: outputs[0].to_string(),
+        domain: String::new(),
+        op_type: op.to_string(),
+        since_version: 17,
+        inputs: inputs.iter().map(|s| s.to_string()).collect(),
+        outputs: outputs.iter().map(|s| s.to_string()).collect(),
+        attrs: Default::default(),
+    }
+}
+
+fn graph(nodes: Vec<NodeDesc>, values: &[(&str, &[i64])]) -> GraphDesc {
+    GraphDesc {
+        nodes,
+        values: values
+            .iter()
+            .map(|(n, d)| (n.to_string(), ValueDesc::new(1, d)))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn weights(names: &[&str]) -> HashMap<String, TensorValue> {
+    let empty = TensorValue {
+        elem_type: 1,
+        shape: vec![],
+        bytes: vec![],
+    };
+    names.iter().map(|n| (n.to_string(), empty.clone())).collect()
+}
+
+fn reasons(out: &[(usize, String)]) -> Vec<usize> {
+    out.iter().map(|(i, _)| *i).collect()
+}
+
+#[test]
+fn a_matmul_over_a_symbolic_sequence_is_an_anchor() {
+    let g = graph(
+        vec![node("MatMul", &["x", "w"], &["y"]), node("Relu", &["y"], &["z"])],
+        &[("x", &[-1, -1, 256]), ("w", &[256, 256])],
+    );
+    let c = weights(&["w"]);
+    let mut rule = CostRule::new(&g, &c, &[]);
+    assert!(rule.judge(&[vec![0, 1]], &[true, true]).is_empty());
+}
+
+#[test]
+fn a_batch_only_gemv_or_a_small_weight_is_not_an_anchor() {
+    for (x, w) in [(&[-1i64, 256][..], &[256i64, 256][..]), (&[64, 16][..], &[16, 16][..])] {
+        let g = graph(vec![node("MatMul", &["x", "w"], &["y"])], &[("x", x), ("w", w)]);
+        let c = weights(&["w"]);
+        let mut rule = CostRule::new(&g, &c, &[]);
+        let out = rule.judge(&[vec![0]], &[true]);
+        assert_eq!(reasons(&out), vec![0], "x {x:?} w {w:?}");
+        assert!(out[0].1.contains("no work kiln runs faster"), "{}", out[0].1);
+    }
+}
+
+#[test]
+fn a_matmul_of_two_runtime_operands_is_not_an_anchor() {
+    let g = graph(
+        vec![node("MatMul", &["x", "w"], &["y"])],
+        &[("x", &[64, 256]), ("w", &[256, 256])],
+    );
+    let mut rule = CostRule::new(&g, &crate::ir::NO_CONSTANTS, &[]);
+    assert_eq!(reasons(&rule.judge(&[vec![0]], &[true])), vec![0]);
+}
+
+#[test]
+fn elementwise_partitions_go_to_ort_unless_forced() {
+    let g = graph(
+        vec![node("Add", &["x", "x"], &["y"]), node("Floor", &["y"], &["z"])],
+        &[("x", &[4, 4])],
+    );
+    let mut rule = CostRule::new(&g, &crate::ir::NO_CONSTANTS, &[]);
+    assert_eq!(reasons(&rule.judge(&[vec![0, 1]], &[true, true])), vec![0, 1]);
+    let forced = ["Floor".to_string()];
+    let mut rule = CostRule::new(&g, &crate::ir::NO_CONSTANTS, &forced);
+    assert!(rule.judge(&[vec![0, 1]], &[true, true]).is_empty());
+}
+
+#[test]
+fn activations_after_an_ort_conv_chain_stay_with_ort() {
+    // Conv (ORT) -> Add(bias) -> Relu -> MatMul (an anchor).
+    let g = graph(
+        vec![
+            node("Conv", &["x", "k"], &["c"]),
+            node("Add", &["c", "b"], &["a"]),
+            node("Relu", &["a"], &["r"]),
+            node("MatMul", &["r", "w"], &["y"]),
+        ],
+        &[("r", &[1, 64, 128]), ("w", &[128, 128])],
+    );
+    let c = weights(&["k", "b", "w"]);
+    let mut rule = CostRule::new(&g, &c, &[]);
+    let mut claimed = vec![false, true, true, true];
+    let first = rule.judge(&[vec![1, 2, 3]], &claimed);
+    assert_eq!(reasons(&first), vec![1]);
+    assert!(first[0].1.contains("fuses it into the Conv"), "{}", first[0].1);
+    claimed[1] = false;
+    assert_eq!(reasons(&rule.judge(&[vec![2, 3]], &claimed)), vec![2]);
+    claimed[2] = false;
+    assert!(rule.judge(&[vec![3]], &claimed).is_empty());
+}
+
+#[test]
+fn an_activation_whose_producer_has_other_consumers_is_kept() {
+    let g = graph(
+        vec![
+            node("Conv", &["x", "k"], &["c"]),
+            node("Relu", &["c"], &["r"]),
+            node("MatMul", &["r", "w"], &["y"]),
+            node("Identity", &["c"], &["d"]),
+        ],
+        &[("r", &[1, 64, 128]), ("w", &[128, 128])],
+    );
+    let c = weights(&["k", "w"]);
+    let mut rule = CostRule::new(&g, &c, &[]);
+    assert!(rule.judge(&[vec![1, 2]], &[false, true, true, false]).is_empty());
+}
+
+#[test]
+fn quantize_dequantize_groups_stay_with_ort() {
+    let g = graph(
+        vec![
+            node("DequantizeLinear", &["q", "s", "z"], &["x"]),
+            node("MatMul", &["x", "w"], &["y"]),
+            node("Relu", &["y"], &["r"]),
+            node("QuantizeLinear", &["r", "s", "z"], &["o"]),
+            node("Sigmoid", &["y"], &["t"]),
+        ],
+        &[],
+    );
+    let rule = CostRule::new(&g, &crate::ir::NO_CONSTANTS, &[]);
+    let left: Vec<usize> = (0..5).filter(|&i| rule.quantized(i).is_some()).collect();
+    assert_eq!(left, vec![1, 2]);
+    assert!(rule.quantized(1).unwrap().contains("quantize/dequantize group"));
+    let forced = ["MatMul".to_string()];
+    assert!(CostRule::new(&g, &crate::ir::NO_CONSTANTS, &forced)
+        .quantized(1)
+        .is_none());
+}
