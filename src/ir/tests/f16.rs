@@ -151,3 +151,30 @@ fn float16_constants_fold_in_shape_arithmetic() {
     assert_eq!(got[0][3..6], [tenth; 3]);
     assert_eq!(got[0][..3], [0x0000, 0x3c00, 0x4000]);
 }
+
+#[test]
+fn casts_beside_float16_nodes_left_to_ort_stay_with_ort() {
+    // x -> Cast(f16) -> Add(f16) -> Cast(f32) -> Relu: ORT computes the Add
+    // in float and drops the Cast pairs it owns, so both Casts stay with it.
+    let mut d = D::new(17);
+    let x = d.input("x", 1, &[2, 3]);
+    let h = cast(&mut d, &x, 10);
+    let a = d.node("Add", &[&h, &h], vec![]);
+    let f = cast(&mut d, &a, 1);
+    let r = d.node("Relu", &[&f], vec![]);
+    let t = d.node("Transpose", &[&h], vec![]);
+    for v in [&h, &a] {
+        // ORT types every value; the rule reads which ones are float16.
+        d.g.values.insert(v.clone(), ValueDesc::new(10, &[2, 3]));
+    }
+    d.output(&r);
+    d.output(&t);
+    let res = reasons(&d);
+    for k in [0, 2] {
+        let e = res[k].clone().unwrap_err();
+        assert!(e.contains("its float16 side meets node"), "{e}");
+    }
+    assert!(res[1].is_err());
+    assert_eq!(res[3], Ok(()), "Relu on float is kiln's");
+    assert_eq!(res[4], Ok(()), "Transpose only moves float16");
+}
