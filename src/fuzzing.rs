@@ -160,6 +160,7 @@ enum Buf {
     I64(Vec<i64>),
     I32(Vec<i32>),
     Bool(Vec<u8>),
+    F16(Vec<u16>),
 }
 
 impl Buf {
@@ -169,6 +170,7 @@ impl Buf {
             Some(DType::I64) => Buf::I64(vec![0; n]),
             Some(DType::I32) => Buf::I32(vec![0; n]),
             Some(DType::Bool) => Buf::Bool(vec![0; n]),
+            Some(DType::F16) => Buf::F16(vec![0; n]),
             _ => Buf::F32(vec![0.0; n]),
         }
     }
@@ -179,6 +181,7 @@ impl Buf {
             Buf::I64(v) => TensorRef::I64(v),
             Buf::I32(v) => TensorRef::I32(v),
             Buf::Bool(v) => TensorRef::Bool(v),
+            Buf::F16(v) => TensorRef::F16(v),
         }
     }
 
@@ -188,6 +191,7 @@ impl Buf {
             Buf::I64(v) => TensorMut::I64(v),
             Buf::I32(v) => TensorMut::I32(v),
             Buf::Bool(v) => TensorMut::Bool(v),
+            Buf::F16(v) => TensorMut::F16(v),
         }
     }
 }

@@ -120,6 +120,7 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor], outputs: &[TensorType]) -> Result<Ve
             TensorData::I64(v) => TensorMut::I64(v),
             TensorData::I32(v) => TensorMut::I32(v),
             TensorData::Bool(v) => TensorMut::Bool(v),
+            TensorData::F16(v) => TensorMut::F16(v),
         })
         .collect();
     program.run(Target::Generic, &[], &mut views, &Serial)?;

@@ -33,7 +33,7 @@ pub struct WeightInfo {
     pub offset: u64,
     #[prost(uint64, tag = "2")]
     pub byte_length: u64,
-    /// ONNX `TensorProto.DataType` code: 1 float, 6 int32, 7 int64, 9 bool.
+    /// ONNX `TensorProto.DataType` code: 1 float, 6 int32, 7 int64, 9 bool, 10 float16.
     #[prost(int32, tag = "3")]
     pub dtype: i32,
     #[prost(uint64, repeated, tag = "4")]

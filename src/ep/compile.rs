@@ -441,6 +441,7 @@ fn tensor_ref<'a>(elem_type: i32, bytes: &'a [u8], name: &str) -> Result<TensorR
             sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT => TensorRef::F32(&[]),
             sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 => TensorRef::I64(&[]),
             sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 => TensorRef::I32(&[]),
+            sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 => TensorRef::F16(&[]),
             _ => TensorRef::Bool(&[]),
         });
     }
@@ -455,6 +456,9 @@ fn tensor_ref<'a>(elem_type: i32, bytes: &'a [u8], name: &str) -> Result<TensorR
             TensorRef::I32(bytemuck::try_cast_slice(bytes).map_err(|_| misaligned(name))?)
         }
         sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL => TensorRef::Bool(bytes),
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 => {
+            TensorRef::F16(bytemuck::try_cast_slice(bytes).map_err(|_| misaligned(name))?)
+        }
         _ => {
             return Err(Error::invalid_argument(format!(
                 "tensor '{name}' has element type {elem_type}, which kiln does not run"
@@ -470,6 +474,7 @@ fn tensor_mut<'a>(elem_type: i32, bytes: &'a mut [u8], name: &str) -> Result<Ten
             sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT => TensorMut::F32(&mut []),
             sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 => TensorMut::I64(&mut []),
             sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 => TensorMut::I32(&mut []),
+            sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 => TensorMut::F16(&mut []),
             _ => TensorMut::Bool(&mut []),
         });
     }
@@ -484,6 +489,9 @@ fn tensor_mut<'a>(elem_type: i32, bytes: &'a mut [u8], name: &str) -> Result<Ten
             TensorMut::I32(bytemuck::try_cast_slice_mut(bytes).map_err(|_| misaligned(name))?)
         }
         sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL => TensorMut::Bool(bytes),
+        sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 => {
+            TensorMut::F16(bytemuck::try_cast_slice_mut(bytes).map_err(|_| misaligned(name))?)
+        }
         _ => {
             return Err(Error::invalid_argument(format!(
                 "tensor '{name}' has element type {elem_type}, which kiln does not run"

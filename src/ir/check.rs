@@ -7,6 +7,11 @@ use crate::kernels::BinaryOp;
 
 type Why = String;
 
+/// Why kiln moves and casts float16 but computes nothing on it.
+pub(crate) const F16_ARITHMETIC: &str = "kiln leaves float16 arithmetic to ORT (ORT's CPU EP computes \
+     float16 ops in float over the groups of nodes it casts together, so kiln's result node by node \
+     would differ); kiln claims float16 Casts and data movement only";
+
 fn shape(s: &[usize]) -> ShapeDisplay<'_> {
     ShapeDisplay(s)
 }
@@ -54,6 +59,9 @@ pub fn matmul_dims(a: &[usize], b: &[usize], attrs: &MatMulAttrs) -> Result<MatM
 fn expect_dtype(what: &str, t: &TensorType, allowed: &[DType]) -> Result<(), Why> {
     if allowed.contains(&t.dtype) {
         return Ok(());
+    }
+    if t.dtype == DType::F16 {
+        return Err(format!("{what} is float16: {F16_ARITHMETIC}"));
     }
     let names: Vec<&str> = allowed.iter().map(|d| d.name()).collect();
     Err(format!("{what} is {}, expected {}", t.dtype, names.join(" or ")))

@@ -55,7 +55,58 @@ pub fn check_support(
             }
         }
     }
+    leave_f16_casts_beside_ort(graph, &mut verdicts);
     verdicts
+}
+
+/// A Cast whose float16 side touches a node left to ORT stays with ORT too.
+/// ORT's CPU EP runs most float16 ops by casting their inputs to float and
+/// their outputs back, then drops each `float -> float16 -> float` pair of
+/// Casts it owns, so ORT alone computes such a node on unrounded floats.
+/// Were kiln to run the model's Cast, the pair would not be ORT's to drop
+/// and the values would be rounded to float16 in between: a different result.
+fn leave_f16_casts_beside_ort(graph: &GraphDesc, verdicts: &mut [std::result::Result<(), String>]) {
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    let mut consumers: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, n) in graph.nodes.iter().enumerate() {
+        for o in n.outputs.iter().filter(|o| !o.is_empty()) {
+            producer.insert(o, i);
+        }
+        for x in n.inputs.iter().filter(|x| !x.is_empty()) {
+            consumers.entry(x).or_default().push(i);
+        }
+    }
+    let is_f16 = |name: &str| {
+        graph
+            .values
+            .get(name)
+            .is_some_and(|v| v.elem_type == DType::F16.onnx_code())
+    };
+    let left: Vec<bool> = verdicts.iter().map(|v| v.is_err()).collect();
+    for (i, n) in graph.nodes.iter().enumerate() {
+        if n.op_type != "Cast" || left[i] {
+            continue;
+        }
+        let (Some(x), Some(y)) = (n.inputs.first(), n.outputs.first()) else {
+            continue;
+        };
+        let beside = |name: &str| {
+            let from = producer.get(name).filter(|&&p| left[p]);
+            let to = consumers.get(name).and_then(|c| c.iter().find(|&&c| left[c]));
+            from.or(to).map(|&k| graph.nodes[k].name.clone())
+        };
+        let ort_node = match (is_f16(x), is_f16(y)) {
+            (true, _) => beside(x),
+            (_, true) => beside(y),
+            _ => None,
+        };
+        if let Some(other) = ort_node {
+            verdicts[i] = Err(format!(
+                "its float16 side meets node '{other}', which ORT runs: ORT's CPU EP drops the Cast \
+                 pairs around float16 ops it computes in float, which it cannot do with a Cast kiln runs"
+            ));
+        }
+    }
 }
 
 /// One pass of [`check_support`] with the graph's unknown dims at `probe`'s sizes.

@@ -2,6 +2,7 @@
 
 use super::{DType, ShapeDisplay, TensorType};
 use crate::error::{Error, Result};
+use crate::kernels::half::{f16_to_f32, f32_to_f16};
 use crate::plan::Weight;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -11,6 +12,8 @@ pub enum TensorData {
     I32(Vec<i32>),
     /// 0 or 1 per element.
     Bool(Vec<u8>),
+    /// float16 bit patterns.
+    F16(Vec<u16>),
 }
 
 /// A tensor held in memory, row-major.
@@ -50,6 +53,8 @@ impl Tensor {
             DType::I64 => TensorData::I64(vec![value as i64; n]),
             DType::I32 => TensorData::I32(vec![value as i32; n]),
             DType::Bool => TensorData::Bool(vec![u8::from(value != 0.0); n]),
+            // Through f32, as ORT's casts to float16 go.
+            DType::F16 => TensorData::F16(vec![f32_to_f16(value as f32); n]),
         };
         Tensor {
             shape: ty.shape.clone(),
@@ -63,6 +68,7 @@ impl Tensor {
             TensorData::I64(_) => DType::I64,
             TensorData::I32(_) => DType::I32,
             TensorData::Bool(_) => DType::Bool,
+            TensorData::F16(_) => DType::F16,
         }
     }
 
@@ -76,6 +82,7 @@ impl Tensor {
             TensorData::I64(v) => v.len(),
             TensorData::I32(v) => v.len(),
             TensorData::Bool(v) => v.len(),
+            TensorData::F16(v) => v.len(),
         }
     }
 
@@ -86,6 +93,7 @@ impl Tensor {
             TensorData::I64(v) => bytemuck::cast_slice(v).to_vec(),
             TensorData::I32(v) => bytemuck::cast_slice(v).to_vec(),
             TensorData::Bool(v) => v.clone(),
+            TensorData::F16(v) => bytemuck::cast_slice(v).to_vec(),
         }
     }
 
@@ -131,6 +139,12 @@ impl Tensor {
                     .collect(),
             ),
             DType::Bool => TensorData::Bool(bytes.iter().map(|&b| u8::from(b != 0)).collect()),
+            DType::F16 => TensorData::F16(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| u16::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            ),
         };
         Ok(Tensor {
             shape: shape.to_vec(),
@@ -138,13 +152,13 @@ impl Tensor {
         })
     }
 
-    /// Integer (or bool) contents as i64; `None` for f32.
+    /// Integer (or bool) contents as i64; `None` for f32 and float16.
     pub fn as_i64s(&self) -> Option<Vec<i64>> {
         match &self.data {
             TensorData::I64(v) => Some(v.clone()),
             TensorData::I32(v) => Some(v.iter().map(|&x| x as i64).collect()),
             TensorData::Bool(v) => Some(v.iter().map(|&x| x as i64).collect()),
-            TensorData::F32(_) => None,
+            TensorData::F32(_) | TensorData::F16(_) => None,
         }
     }
 
@@ -155,6 +169,7 @@ impl Tensor {
             TensorData::I64(v) => v.iter().map(|&x| x as f64).collect(),
             TensorData::I32(v) => v.iter().map(|&x| x as f64).collect(),
             TensorData::Bool(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::F16(v) => v.iter().map(|&x| f16_to_f32(x) as f64).collect(),
         }
     }
 

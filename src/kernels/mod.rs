@@ -12,6 +12,7 @@
 
 mod elementwise;
 pub mod gemm;
+pub mod half;
 pub mod layout;
 pub mod math;
 pub mod movement;
@@ -119,13 +120,14 @@ impl ReduceKind {
 }
 
 /// A read-only tensor of one of the element types that cross kiln's
-/// boundary (bool as one byte, 0 or 1).
+/// boundary (bool as one byte, 0 or 1; float16 as its bit pattern).
 #[derive(Clone, Copy, Debug)]
 pub enum TensorRef<'a> {
     F32(&'a [f32]),
     I64(&'a [i64]),
     I32(&'a [i32]),
     Bool(&'a [u8]),
+    F16(&'a [u16]),
 }
 
 /// A writable tensor, see [`TensorRef`].
@@ -135,6 +137,7 @@ pub enum TensorMut<'a> {
     I64(&'a mut [i64]),
     I32(&'a mut [i32]),
     Bool(&'a mut [u8]),
+    F16(&'a mut [u16]),
 }
 
 impl TensorRef<'_> {
@@ -145,6 +148,7 @@ impl TensorRef<'_> {
             TensorRef::I64(_) => 7,
             TensorRef::I32(_) => 6,
             TensorRef::Bool(_) => 9,
+            TensorRef::F16(_) => 10,
         }
     }
 
@@ -154,6 +158,7 @@ impl TensorRef<'_> {
             TensorRef::I64(s) => s.len(),
             TensorRef::I32(s) => s.len(),
             TensorRef::Bool(s) => s.len(),
+            TensorRef::F16(s) => s.len(),
         }
     }
 
@@ -167,6 +172,7 @@ impl TensorRef<'_> {
             TensorRef::I64(s) => bytemuck::cast_slice(s),
             TensorRef::I32(s) => bytemuck::cast_slice(s),
             TensorRef::Bool(s) => s,
+            TensorRef::F16(s) => bytemuck::cast_slice(s),
         }
     }
 }
@@ -178,6 +184,7 @@ impl TensorMut<'_> {
             TensorMut::I64(_) => 7,
             TensorMut::I32(_) => 6,
             TensorMut::Bool(_) => 9,
+            TensorMut::F16(_) => 10,
         }
     }
 
@@ -187,6 +194,7 @@ impl TensorMut<'_> {
             TensorMut::I64(s) => s.len(),
             TensorMut::I32(s) => s.len(),
             TensorMut::Bool(s) => s.len(),
+            TensorMut::F16(s) => s.len(),
         }
     }
 
@@ -200,6 +208,7 @@ impl TensorMut<'_> {
             TensorMut::I64(s) => bytemuck::cast_slice_mut(s),
             TensorMut::I32(s) => bytemuck::cast_slice_mut(s),
             TensorMut::Bool(s) => s,
+            TensorMut::F16(s) => bytemuck::cast_slice_mut(s),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Data movement: strided copies (transpose, slice, concat, split, expand),
 //! gather, cast and `Where`. These are memory-bound, so they are built once
 //! (no per-ISA variants) and are generic over the element's bit pattern: the
-//! plan hands them `u8`/`u32`/`u64` views for 1-, 4- and 8-byte elements.
+//! plan hands them `u8`/`u16`/`u32`/`u64` views for 1-, 2-, 4- and 8-byte
+//! elements.
 
 use crate::error::{Error, Result};
 

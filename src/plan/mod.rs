@@ -21,7 +21,7 @@ pub use crate::tensor::{AlignedBytes, HugePageBytes, Storage, Weight, STORAGE_AL
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{self, Activation, Bias, Epilogue, PackedB};
 use crate::kernels::parallel::Parallel;
-use crate::kernels::{self, movement, BinaryOp, CopyPlan, Isa, Layout, ReduceKind, UnaryOp, Where3};
+use crate::kernels::{self, half, movement, BinaryOp, CopyPlan, Isa, Layout, ReduceKind, UnaryOp, Where3};
 use crate::target::Target;
 use crate::tensor::ShapeDisplay;
 
@@ -603,6 +603,11 @@ macro_rules! by_size {
                 let ($s, $d) = ($src, $dst);
                 $body
             }
+            2 => {
+                let $s: &[u16] = bytemuck::try_cast_slice($src).map_err(|_| cast_err())?;
+                let $d: &mut [u16] = bytemuck::try_cast_slice_mut($dst).map_err(|_| cast_err())?;
+                $body
+            }
             4 => {
                 let $s: &[u32] = bytemuck::try_cast_slice($src).map_err(|_| cast_err())?;
                 let $d: &mut [u32] = bytemuck::try_cast_slice_mut($dst).map_err(|_| cast_err())?;
@@ -634,7 +639,7 @@ impl Memory<'_, '_, '_> {
                 DType::F32 => kernels::binary(isa, *op, layout, src.f32(*a)?, src.f32(*b)?, as_f32_mut(dst)?, par),
                 DType::I64 => kernels::binary_i64(isa, *op, layout, src.typed(*a)?, src.typed(*b)?, typed_mut(dst)?),
                 DType::I32 => kernels::binary_i32(isa, *op, layout, src.typed(*a)?, src.typed(*b)?, typed_mut(dst)?),
-                DType::Bool => Err(cast_err()),
+                DType::Bool | DType::F16 => Err(cast_err()),
             },
             Step::Copy { src: s, .. } => {
                 let s = src.get(*s)?;
@@ -733,6 +738,7 @@ impl Memory<'_, '_, '_> {
                 }
                 match size {
                     1 => movement::where_select(layout, c, xs, ys, dst),
+                    2 => movement::where_select::<u16>(layout, c, cast_ref(xs)?, cast_ref(ys)?, typed_mut(dst)?),
                     4 => movement::where_select::<u32>(layout, c, cast_ref(xs)?, cast_ref(ys)?, typed_mut(dst)?),
                     _ => movement::where_select::<u64>(layout, c, cast_ref(xs)?, cast_ref(ys)?, typed_mut(dst)?),
                 }
@@ -883,13 +889,17 @@ fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) -> Result<()> {
             DType::F32 => cast_ref::<f32>(src)?.iter().map(|&x| x as f64).collect(),
             DType::I32 => cast_ref::<i32>(src)?.iter().map(|&x| x as f64).collect(),
             DType::Bool => src.iter().map(|&x| (x != 0) as u8 as f64).collect(),
-            DType::I64 => unreachable!("handled by the caller"),
+            DType::I64 | DType::F16 => unreachable!("handled by the caller"),
         })
     }
     if src.len() / from.size() != dst.len() / to.size() {
         return Err(cast_err());
     }
     match (from, to) {
+        (DType::F16, DType::F16) => dst.copy_from_slice(src),
+        (DType::F16, DType::F32) => half::f16_to_f32_slice(cast_ref(src)?, typed_mut(dst)?),
+        (DType::F32, DType::F16) => half::f32_to_f16_slice(cast_ref(src)?, typed_mut(dst)?),
+        (DType::F16, _) | (_, DType::F16) => cast_through_f32(from, to, src, dst)?,
         (DType::I64, _) => {
             let s = cast_ref::<i64>(src)?;
             match to {
@@ -897,6 +907,7 @@ fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) -> Result<()> {
                 DType::I32 => s.iter().zip(typed_mut::<i32>(dst)?).for_each(|(&x, d)| *d = x as i32),
                 DType::F32 => s.iter().zip(typed_mut::<f32>(dst)?).for_each(|(&x, d)| *d = x as f32),
                 DType::Bool => s.iter().zip(dst.iter_mut()).for_each(|(&x, d)| *d = u8::from(x != 0)),
+                DType::F16 => unreachable!("matched above"),
             }
         }
         (DType::F32, DType::F32) => dst.copy_from_slice(src),
@@ -909,8 +920,27 @@ fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) -> Result<()> {
                 DType::I32 => v.iter().zip(typed_mut::<i32>(dst)?).for_each(|(&x, d)| *d = x as i32),
                 DType::I64 => v.iter().zip(typed_mut::<i64>(dst)?).for_each(|(&x, d)| *d = x as i64),
                 DType::Bool => v.iter().zip(dst.iter_mut()).for_each(|(&x, d)| *d = u8::from(x != 0.0)),
+                DType::F16 => unreachable!("matched above"),
             }
         }
+    }
+    Ok(())
+}
+
+/// A cast between float16 and a type other than float goes through float,
+/// as ORT's CPU EP casts (int64 -> float -> float16; float16 -> float ->
+/// int32, NaN and inf giving i32::MIN), a block at a time.
+fn cast_through_f32(from: DType, to: DType, src: &[u8], dst: &mut [u8]) -> Result<()> {
+    const BLOCK: usize = 256;
+    let mut buf = [0f32; BLOCK];
+    let n = src.len() / from.size();
+    for start in (0..n).step_by(BLOCK) {
+        let len = BLOCK.min(n - start);
+        let f = &mut buf[..len];
+        let s = &src[start * from.size()..(start + len) * from.size()];
+        let d = &mut dst[start * to.size()..(start + len) * to.size()];
+        cast(from, DType::F32, s, bytemuck::cast_slice_mut(f))?;
+        cast(DType::F32, to, bytemuck::cast_slice(f), d)?;
     }
     Ok(())
 }

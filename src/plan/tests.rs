@@ -201,8 +201,8 @@ fn bad_sizes_and_specs() {
     p.outputs[0].name.clear();
     refused(p, "empty name");
     let mut p = parts();
-    p.outputs[0].elem_type = 10;
-    refused(p, "float16");
+    p.outputs[0].elem_type = 11;
+    refused(p, "double");
     let mut p = parts();
     p.constants[0].shape = vec![3].into();
     refused(p, "constant 0");

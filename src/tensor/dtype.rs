@@ -3,7 +3,8 @@
 use std::fmt;
 
 /// An element type kiln can hold. Compute is f32; the integer types and
-/// bool carry shapes, indices and masks.
+/// bool carry shapes, indices and masks; float16 crosses partition edges
+/// and is cast and moved, never computed on (see `ir::check`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -11,10 +12,12 @@ pub enum DType {
     I32,
     /// One byte per element, 0 or 1.
     Bool,
+    /// IEEE binary16, held as its bit pattern (`u16`).
+    F16,
 }
 
 impl DType {
-    pub const ALL: [DType; 4] = [DType::F32, DType::I64, DType::I32, DType::Bool];
+    pub const ALL: [DType; 5] = [DType::F32, DType::I64, DType::I32, DType::Bool, DType::F16];
 
     pub fn from_onnx(code: i32) -> Option<DType> {
         match code {
@@ -22,6 +25,7 @@ impl DType {
             7 => Some(DType::I64),
             6 => Some(DType::I32),
             9 => Some(DType::Bool),
+            10 => Some(DType::F16),
             _ => None,
         }
     }
@@ -32,6 +36,7 @@ impl DType {
             DType::I64 => 7,
             DType::I32 => 6,
             DType::Bool => 9,
+            DType::F16 => 10,
         }
     }
 
@@ -41,6 +46,7 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::I64 => 8,
             DType::Bool => 1,
+            DType::F16 => 2,
         }
     }
 
@@ -96,7 +102,9 @@ mod tests {
         for t in DType::ALL {
             assert_eq!(DType::from_onnx(t.onnx_code()), Some(t));
         }
-        assert_eq!(DType::from_onnx(10), None);
+        assert_eq!(DType::from_onnx(10), Some(DType::F16));
+        assert_eq!(DType::F16.size(), 2);
+        assert_eq!(DType::from_onnx(16), None);
         assert_eq!(DType::I64.to_string(), "int64");
         assert_eq!(onnx_type_name(10), "float16");
         assert_eq!(onnx_type_name(99), "an unknown type");

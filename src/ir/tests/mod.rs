@@ -1,6 +1,7 @@
 //! IR types, import/check_support, and end-to-end tests (ONNX description →
 //! import → compile → run) against the naive interpreter in `reference`.
 
+mod f16;
 mod props;
 pub(crate) mod reference;
 
@@ -19,7 +20,8 @@ use crate::target::Target;
 fn dtype_codes_and_broadcasting() {
     assert_eq!(DType::from_onnx(1), Some(DType::F32));
     assert_eq!(DType::from_onnx(7), Some(DType::I64));
-    assert_eq!(DType::from_onnx(10), None);
+    assert_eq!(DType::from_onnx(10), Some(DType::F16));
+    assert_eq!(DType::from_onnx(11), None);
     assert_eq!(DType::I64.size(), 8);
     assert_eq!(DType::Bool.to_string(), "bool");
     assert_eq!(onnx_type_name(10), "float16");
@@ -564,13 +566,13 @@ fn check_support_explains_refusals() {
 
     let mut d = D::new(13);
     let x = d.input("x", 1, &[2, 3]);
-    let h = d.input("h", 10, &[2, 3]);
+    let h = d.input("h", 11, &[2, 3]);
     let a = d.node("Add", &[&x, &h], vec![]);
     let r = d.node("Relu", &[&x], vec![]);
     d.output(&a);
     d.output(&r);
     let res = reasons(&d);
-    assert!(res[0].clone().unwrap_err().contains("'h' is float16"), "{res:?}");
+    assert!(res[0].clone().unwrap_err().contains("'h' is double"), "{res:?}");
     assert_eq!(res[1], Ok(()));
     let res = check_support(&d.g, &d.consts, &["Relu".to_string()]);
     assert!(res[1].clone().unwrap_err().contains("disabled"), "{res:?}");
