@@ -17,7 +17,8 @@
 //! 3. A partition (after merging) is claimed only if it holds an *anchor*:
 //!    `MatMul`/`Gemm` with a constant weight of at least 64×64 and, as far
 //!    as the shapes tell, at least 16 rows (a leading batch dim of unknown
-//!    size counts as 1, a symbolic sequence dim as many), or `LSTM`/`GRU`.
+//!    size counts as 1, a symbolic sequence dim as many) or a weight of at
+//!    least 2^20 elements (memory-bound even for one row), or `LSTM`/`GRU`.
 //!
 //! Op types in the `force_ops` option are exempt from all three.
 
@@ -29,6 +30,10 @@ use crate::ir::{ConstantSource, GraphDesc, NodeDesc};
 const MIN_ROWS: i64 = 16;
 /// The smallest constant weight (k × n) worth packing.
 const MIN_WEIGHT: i64 = 64 * 64;
+/// A weight this large (4 MiB of f32) makes even a one-row product
+/// memory-bound, where kiln's packed layout streams faster than ORT's
+/// (AlexNet's and ZFNet's classifier layers).
+const STREAMED_WEIGHT: i64 = 1 << 20;
 
 /// Ops whose work kiln does better than ORT (rule 3), besides matrix products.
 const RECURRENT: [&str; 2] = ["LSTM", "GRU"];
@@ -186,7 +191,7 @@ impl<'a> CostRule<'a> {
         }
         let weight = self.known_dims(b).map_or(0, |d| d.iter().product::<i64>());
         let trans_a = matches!(node.attrs.get("transA"), Some(crate::ir::AttrValue::Int(1)));
-        weight >= MIN_WEIGHT && self.rows_at_least(a, trans_a) >= MIN_ROWS
+        weight >= STREAMED_WEIGHT || (weight >= MIN_WEIGHT && self.rows_at_least(a, trans_a) >= MIN_ROWS)
     }
 
     /// A lower bound of the rows (m) of matrix operand `a`: unknown leading

@@ -63,6 +63,17 @@ fn a_batch_only_gemv_or_a_small_weight_is_not_an_anchor() {
 }
 
 #[test]
+fn a_one_row_product_with_a_huge_weight_is_an_anchor() {
+    let g = graph(
+        vec![node("Gemm", &["x", "w"], &["y"])],
+        &[("x", &[1, 4096]), ("w", &[4096, 4096])],
+    );
+    let c = weights(&["w"]);
+    let mut rule = CostRule::new(&g, &c, &[]);
+    assert!(rule.judge(&[vec![0]], &[true]).is_empty());
+}
+
+#[test]
 fn a_matmul_of_two_runtime_operands_is_not_an_anchor() {
     let g = graph(
         vec![node("MatMul", &["x", "w"], &["y"])],

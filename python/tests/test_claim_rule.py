@@ -1,0 +1,207 @@
+"""kiln's claim rule (EP option ``claim``, default ``cost``; README "Which nodes
+kiln claims"): kiln takes a partition only when it holds work kiln runs faster
+than ORT (a MatMul/Gemm with a packed constant weight over enough rows, or a
+huge weight; LSTM/GRU). Quantize/dequantize groups and activations ORT fuses
+into its own Conv/GEMM stay with ORT; ``force_ops`` and ``claim=all`` override.
+
+Each case runs against the real runtime: ORT's assignment info says who ran
+what, outputs are compared with the CPU EP alone."""
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln_testutil as tu
+import onnxruntime_ep_kiln as kiln
+import real_corpus
+
+KILN = kiln.EP_NAME
+CPU = "CPUExecutionProvider"
+COST = {"claim": "cost"}  # the default, spelled out: kiln_testutil adds claim=all otherwise
+ANCHORS = {"MatMul", "Gemm", "LSTM", "GRU"}
+
+
+def _save(tmp_path, name, nodes, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    path = str(tmp_path / f"{name}.onnx")
+    onnx.save(model, path)
+    return path
+
+
+def _vi(name, shape, dtype=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def _w(name, shape, seed):
+    rng = np.random.default_rng(seed)
+    return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32), name)
+
+
+def ops_on(run, ep):
+    return sorted(op for _, op in run.nodes_on(ep))
+
+
+def elementwise_model(tmp_path):
+    nodes = [helper.make_node("Add", ["x", "x"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             helper.make_node("Tanh", ["r"], ["y"], name="tanh")]
+    return _save(tmp_path, "eltwise", nodes, [_vi("x", [4, 64])], [_vi("y", [4, 64])])
+
+
+def mlp_model(tmp_path, rows="batch_seq"):
+    """x [rows, 256] -> MatMul(256x256) + bias -> Relu -> MatMul -> y."""
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("Add", ["h", "b1"], ["hb"], name="bias1"),
+             helper.make_node("Relu", ["hb"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
+    inits = [_w("w1", (256, 256), 1), _w("w2", (256, 256), 2),
+             numpy_helper.from_array(np.linspace(-1, 1, 256, dtype=np.float32), "b1")]
+    return _save(tmp_path, "mlp", nodes, [_vi("x", [1, rows, 256])], [_vi("y", [1, rows, 256])], inits)
+
+
+def test_elementwise_graph_is_left_to_ort_by_default(kiln_dev, tmp_path):
+    path = elementwise_model(tmp_path)
+    run = tu.check_against_cpu(path, kiln_dev, options=COST)
+    assert ops_on(run, KILN) == []
+    assert run.created_delta("partitions_compiled") == 0
+    # claim=all takes everything kiln can run; force_ops takes the partition of a forced op
+    assert ops_on(tu.check_against_cpu(path, kiln_dev, options={"claim": "all"}), KILN) == ["Add", "Relu", "Tanh"]
+    forced = tu.check_against_cpu(path, kiln_dev, options={"claim": "cost", "force_ops": "Tanh"})
+    assert ops_on(forced, KILN) == ["Add", "Relu", "Tanh"]
+    # disabled_ops wins over force_ops
+    both = tu.check_against_cpu(path, kiln_dev, options={"claim": "cost", "force_ops": "Tanh", "disabled_ops": "Tanh"})
+    assert ops_on(both, KILN) == []
+
+
+def test_the_default_is_the_cost_rule(kiln_dev, tmp_path):
+    """Without any option (not even the tests' claim=all) the rule applies."""
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    so.add_provider_for_devices([kiln_dev], {})
+    sess = ort.InferenceSession(elementwise_model(tmp_path), so, enable_fallback=0)
+    on_kiln = [n for sg in sess.get_provider_graph_assignment_info() if sg.ep_name == KILN for n in sg.get_nodes()]
+    assert on_kiln == []
+
+
+def test_a_matmul_block_over_a_symbolic_sequence_is_claimed_whole(kiln_dev, tmp_path):
+    path = mlp_model(tmp_path)
+    for rows in (3, 40):
+        feeds = {"x": np.random.default_rng(rows).standard_normal((1, rows, 256)).astype(np.float32)}
+        names, want = tu.run_cpu(path, feeds)
+        run = tu.run_fully_on_kiln(path, kiln_dev, feeds, options=COST)
+        tu.assert_outputs_close(names, want, run.outputs)
+        assert run.subgraphs_on(KILN) == 1
+
+
+def test_a_batch_only_gemv_is_left_to_ort(kiln_dev, tmp_path):
+    """x [batch, 256] x W[256, 256]: one row per batch item, where MLAS's GEMV is faster."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    path = _save(tmp_path, "gemv", nodes, [_vi("x", ["batch", 256])], [_vi("y", ["batch", 256])],
+                 [_w("w", (256, 256), 3)])
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 256)).astype(np.float32)}
+    names, want = tu.run_cpu(path, feeds)
+    for options, on_kiln in ((COST, []), ({"claim": "all"}, ["MatMul"])):
+        run = tu.run_kiln(path, kiln_dev, feeds, options=options)
+        tu.assert_outputs_close(names, want, run.outputs)
+        assert ops_on(run, KILN) == on_kiln
+
+
+def conv_relu_matmul(tmp_path):
+    """Conv (ORT) -> Relu -> Reshape -> MatMul (an anchor): ORT fuses the Relu into its Conv."""
+    nodes = [helper.make_node("Conv", ["x", "k"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["f"], name="flat"),
+             helper.make_node("MatMul", ["f", "w"], ["y"], name="mm")]
+    inits = [_w("k", (32, 8, 3, 3), 4), _w("w", (64, 128), 5),
+             numpy_helper.from_array(np.array([1, 32, 64], np.int64), "shape")]
+    return _save(tmp_path, "conv_relu_mm", nodes, [_vi("x", [1, 8, 8, 8])], [_vi("y", [1, 32, 128])], inits)
+
+
+def test_an_activation_after_an_ort_conv_stays_with_ort(kiln_dev, tmp_path, capfd):
+    path = conv_relu_matmul(tmp_path)
+    capfd.readouterr()
+    ort.set_default_logger_severity(0)
+    try:
+        run = tu.check_against_cpu(path, kiln_dev, options=COST)
+    finally:
+        ort.set_default_logger_severity(2)
+    log = capfd.readouterr().err
+    assert ops_on(run, CPU) == ["Conv", "Relu"]
+    assert ops_on(run, KILN) == ["MatMul", "Reshape"]
+    assert "ORT fuses it into the Conv before it" in log, log[-3000:]
+    everything = tu.check_against_cpu(path, kiln_dev, options={"claim": "all"})
+    assert ops_on(everything, KILN) == ["MatMul", "Relu", "Reshape"]
+
+
+def qdq_mlp(tmp_path):
+    """x -> Q -> DQ -> MatMul(DQ(int8 W)) -> Relu -> Q -> DQ -> y: a QDQ model as
+    quantization tools write it. ORT runs the MatMul group as one int8 kernel."""
+    rng = np.random.default_rng(6)
+    wq = rng.integers(-127, 127, (128, 128), dtype=np.int8)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"], name="qx"),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"], name="dqx"),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"], name="dqw"),
+             helper.make_node("MatMul", ["xd", "wd"], ["h"], name="mm"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("QuantizeLinear", ["r", "sy", "zy"], ["yq"], name="qy"),
+             helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"], name="dqy")]
+    inits = [numpy_helper.from_array(wq, "wq"),
+             numpy_helper.from_array(np.array(0.02, np.float32), "sx"),
+             numpy_helper.from_array(np.array(0, np.int8), "zx"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "sw"),
+             numpy_helper.from_array(np.array(0, np.int8), "zw"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "sy"),
+             numpy_helper.from_array(np.array(0, np.int8), "zy")]
+    return _save(tmp_path, "qdq_mlp", nodes, [_vi("x", [64, 128])], [_vi("y", [64, 128])], inits, opset=17)
+
+
+def test_quantize_dequantize_groups_stay_with_ort(kiln_dev, tmp_path):
+    path = qdq_mlp(tmp_path)
+    feeds = tu.make_feeds(path)
+    names, want = tu.run_cpu(path, feeds)
+    run = tu.run_kiln(path, kiln_dev, feeds, options=COST)
+    assert ops_on(run, KILN) == []
+    # ORT ran all of it, as without kiln: the same int8 results, exactly
+    for w, g in zip(want, run.outputs):
+        np.testing.assert_array_equal(g, w)
+    forced = tu.run_kiln(path, kiln_dev, feeds, options={"claim": "cost", "force_ops": "MatMul"})
+    assert "MatMul" in ops_on(forced, KILN)
+
+
+def test_independent_partitions_are_merged(kiln_dev, tmp_path):
+    """Two independent MatMul blocks, separated from a third by an op kiln leaves to
+    ORT: the two independent ones become one partition."""
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm_a"),
+             helper.make_node("MatMul", ["x", "w2"], ["b"], name="mm_b"),
+             helper.make_node("Hardmax", ["a"], ["h"], name="ort_hardmax", axis=-1),
+             helper.make_node("MatMul", ["h", "w3"], ["c"], name="mm_c")]
+    inits = [_w("w1", (128, 128), 7), _w("w2", (128, 128), 8), _w("w3", (128, 128), 9)]
+    path = _save(tmp_path, "branches", nodes, [_vi("x", [32, 128])], [_vi("b", [32, 128]), _vi("c", [32, 128])], inits)
+    run = tu.check_against_cpu(path, kiln_dev, options=COST)
+    assert ops_on(run, CPU) == ["Hardmax"]
+    assert run.subgraphs_on(KILN) == 2  # {mm_a, mm_b} and {mm_c}: mm_c waits on Hardmax
+    groups = sorted(sorted(n for n, _ in nodes) for ep, nodes in run.assignment if ep == KILN)
+    assert groups == [["mm_a", "mm_b"], ["mm_c"]]
+
+
+@pytest.mark.parametrize("key", real_corpus.wheel_model_keys() + ["light_resnet50", "light_bvlc_alexnet"])
+def test_real_models_keep_only_paying_partitions(key, kiln_dev):
+    """On the corpus, every partition the default rule keeps holds an anchor, and the
+    model still matches the CPU EP."""
+    models = real_corpus.all_models(log=lambda *a: None)
+    if key not in models:
+        pytest.skip(f"{key} is not in the corpus on this machine")
+    path = models[key]
+    spec = real_corpus.spec(key)
+    feeds = real_corpus.model_feeds(spec, path, spec.variants[0][1])
+    names, want = tu.run_cpu(path, feeds)
+    run = tu.run_kiln(path, kiln_dev, feeds, options=COST)
+    tu.assert_outputs_close(names, want, run.outputs, rtol=spec.rtol, atol=spec.atol)
+    for ep, nodes in run.assignment:
+        if ep == KILN:
+            ops = {op for _, op in nodes}
+            assert ops & ANCHORS, f"{key}: a kiln partition without an anchor: {sorted(ops)}"
