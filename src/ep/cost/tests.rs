@@ -74,6 +74,17 @@ fn a_one_row_product_with_a_huge_weight_is_an_anchor() {
 }
 
 #[test]
+fn a_weight_computed_from_constants_counts_as_constant() {
+    let g = graph(
+        vec![node("Transpose", &["wt"], &["w"]), node("MatMul", &["x", "w"], &["y"])],
+        &[("x", &[32, 256]), ("w", &[256, 256])],
+    );
+    let c = weights(&["wt"]);
+    let mut rule = CostRule::new(&g, &c, &[]);
+    assert!(rule.judge(&[vec![0, 1]], &[true, true]).is_empty());
+}
+
+#[test]
 fn a_matmul_of_two_runtime_operands_is_not_an_anchor() {
     let g = graph(
         vec![node("MatMul", &["x", "w"], &["y"])],
