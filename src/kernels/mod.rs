@@ -12,6 +12,7 @@
 
 mod elementwise;
 pub mod gemm;
+pub mod index;
 pub mod layout;
 pub mod math;
 pub mod movement;
