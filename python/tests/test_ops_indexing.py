@@ -312,6 +312,22 @@ def test_pad_forms_across_opsets(opset, tmp_path, kiln_dev):
     _check(m, tmp_path, kiln_dev, [{"x": _rand((2, 3, 4), T.FLOAT)}, {"x": _rand((5, 3, 4), T.FLOAT, 1)}])
 
 
+def test_a_reflect_pad_too_large_for_the_run_time_size_is_a_clear_error(tmp_path, kiln_dev):
+    """Claimed at the probe sizes; at a size where the pad exceeds the axis
+    (ORT's CPU EP refuses that input too) the run fails with the reason, and
+    the session still runs other sizes."""
+    nodes = [h.make_node("Pad", ["x", "p"], ["y"], mode="reflect")]
+    m = _model(nodes, [_vi("x", T.FLOAT, [2, "n"])], [_vi("y", T.FLOAT, None)], [_init("p", np.array([0, 3, 0, 0]))])
+    path = _save(m, tmp_path)
+    small = {"x": _rand((2, 2), T.FLOAT)}
+    with pytest.raises(Exception, match="Pad reflect: pre-pad"):
+        tu.run_cpu(path, small)
+    err = tu.expect_error(tu.run_fully_on_kiln, path, kiln_dev, small, options=CLAIM_ALL)
+    assert err.stage == "run"
+    assert "Pad 'reflect' of 3 and 0 on axis 1 of size 2 (at most 1)" in err.message, err.message
+    _check(m, tmp_path, kiln_dev, [{"x": _rand((2, 6), T.FLOAT)}, {"x": _rand((2, 4), T.FLOAT)}])
+
+
 def test_pad_of_an_empty_tensor(tmp_path, kiln_dev):
     nodes = [h.make_node("Pad", ["x", "p"], ["y"])]
     m = _model(nodes, [_vi("x", T.FLOAT, ["n", 2])], [_vi("y", T.FLOAT, None)], [_init("p", np.array([1, 0, 1, 1]))])

@@ -246,3 +246,68 @@ pub fn one_hot<T: Copy>(depth: usize, inner: usize, idx: &[i64], off: T, on: T, 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn gather_elements_reads_along_the_axis_with_negative_indices() {
+        // data [2, 3]; indices [2, 2] along axis 1.
+        let data = [1, 2, 3, 4, 5, 6];
+        let mut out = [0; 4];
+        gather_elements(&[2, 3], &[2, 2], 1, &[0, -1, 2, 1], &data, &mut out).unwrap();
+        assert_eq!(out, [1, 3, 6, 5]);
+        let e = gather_elements(&[2, 3], &[2, 2], 1, &[0, 3, 0, 0], &data, &mut out).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.message.contains("GatherElements index 3 is out of range for an axis of 3"), "{e}");
+    }
+
+    #[test]
+    fn gather_nd_picks_slices_per_batch() {
+        // data [2 batches, 2, 2]: tuples of 1 index pick rows of 2.
+        let data = [1, 2, 3, 4, 5, 6, 7, 8];
+        let mut out = [0; 4];
+        gather_nd(2, &[2], 2, &[1, -2], &data, &mut out).unwrap();
+        assert_eq!(out, [3, 4, 5, 6]);
+        assert!(gather_nd(2, &[2], 2, &[2, 0], &data, &mut out).is_err());
+    }
+
+    #[test]
+    fn scatter_nd_reductions_combine_in_order() {
+        let offsets = scatter_nd_offsets(&[3], &[0, -1, 0]).unwrap();
+        assert_eq!(offsets, [0, 2, 0]);
+        let mut d = [1.0f32, 1.0, 1.0];
+        scatter_nd_reduce(ScatterReduction::Add, &offsets, 1, &[2.0, 3.0, 4.0], &mut d);
+        assert_eq!(d, [7.0, 1.0, 4.0]);
+        let mut d = [5i64, 5, 5];
+        scatter_nd_reduce(ScatterReduction::Max, &offsets, 1, &[9, 3, 7], &mut d);
+        assert_eq!(d, [9, 5, 5]);
+        let mut d = [5i32, 5, 5];
+        scatter_nd_reduce(ScatterReduction::Min, &offsets, 1, &[9, 3, 7], &mut d);
+        assert_eq!(d, [5, 5, 3]);
+        assert!(scatter_nd_offsets(&[3], &[3]).is_err());
+    }
+
+    #[test]
+    fn cumsum_exclusive_and_reverse() {
+        let x = [1, 2, 3];
+        let mut y = [0i64; 3];
+        cumsum(3, 1, false, false, &x, &mut y);
+        assert_eq!(y, [1, 3, 6]);
+        cumsum(3, 1, true, false, &x, &mut y);
+        assert_eq!(y, [0, 1, 3]);
+        cumsum(3, 1, false, true, &x, &mut y);
+        assert_eq!(y, [6, 5, 3]);
+        cumsum(3, 1, true, true, &x, &mut y);
+        assert_eq!(y, [5, 3, 0]);
+    }
+
+    #[test]
+    fn one_hot_counts_negatives_from_the_end_and_skips_out_of_range() {
+        let mut y = [0u32; 9];
+        one_hot(3, 1, &[-1, 3, 1], 0, 7, &mut y);
+        assert_eq!(y, [0, 0, 7, 0, 0, 0, 0, 7, 0]);
+    }
+}
