@@ -216,8 +216,11 @@ def test_gather_nd_symbolic_batch_at_two_shapes(tmp_path, kiln_dev):
     _check(m, tmp_path, kiln_dev, f)
 
 
-@pytest.mark.parametrize("elem", [T.FLOAT, T.INT64, T.INT32])
-@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+SCATTER_TYPES = [(e, r) for e in (T.FLOAT, T.INT64, T.INT32) for r in ("none", "add", "mul", "max", "min")]
+SCATTER_TYPES.append((T.BOOL, "none"))  # reductions need numbers
+
+
+@pytest.mark.parametrize("elem,reduction", SCATTER_TYPES)
 @pytest.mark.parametrize("indices", [
     [[1], [-1]],                 # whole rows
     [[0, 2], [2, -1], [0, 2]],   # single elements (a repeat: combined in order)

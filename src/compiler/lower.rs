@@ -16,7 +16,9 @@ use crate::ir::{matmul_dims, BiasKind, DType, Graph, MatMulAttrs, Node, Op, Valu
 use crate::kernels::gemm::PackedB;
 use crate::kernels::movement::broadcast_strides;
 use crate::kernels::{CopyPlan, Layout, Where3};
-use crate::plan::{BufRef, Constant, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, Step, TensorSpec};
+use crate::plan::{
+    BufRef, Constant, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, Step, TensorSpec,
+};
 use crate::target::Target;
 
 /// Where a representative value lives at run time.
@@ -326,9 +328,11 @@ impl Lowering<'_> {
                 y: self.buf(ins[2])?,
                 dst,
             },
-            Op::GatherElements { .. } | Op::GatherNd { .. } | Op::ScatterNd { .. } | Op::CumSum { .. } | Op::OneHot { .. } => {
-                Step::Index(Box::new(self.index_step(&node.op, ins, out, dst)?))
-            }
+            Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::ScatterNd { .. }
+            | Op::CumSum { .. }
+            | Op::OneHot { .. } => Step::Index(Box::new(self.index_step(&node.op, ins, out, dst)?)),
             Op::Reshape => return Err(internal("an alias reached lowering")),
             Op::Shape { .. } => return Err(internal("Shape was not folded")),
         };

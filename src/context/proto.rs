@@ -255,7 +255,10 @@ pub struct OpCount {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct StepInfo {
-    #[prost(oneof = "step_info::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34")]
+    #[prost(
+        oneof = "step_info::Kind",
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34"
+    )]
     pub kind: Option<step_info::Kind>,
 }
 

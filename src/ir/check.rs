@@ -303,9 +303,11 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
             }
             TensorType::new(DType::I64, &[end - start])
         }
-        Op::GatherElements { .. } | Op::GatherNd { .. } | Op::ScatterNd { .. } | Op::CumSum { .. } | Op::OneHot { .. } => {
-            infer_index(op, ins, given)?
-        }
+        Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::ScatterNd { .. }
+        | Op::CumSum { .. }
+        | Op::OneHot { .. } => infer_index(op, ins, given)?,
     };
     Ok(vec![out])
 }
@@ -318,9 +320,8 @@ fn infer_index(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<
             let (t, idx) = (ins[0], ins[1]);
             expect_dtype("the indices", idx, &[DType::I64, DType::I32])?;
             let rank = t.shape.len();
-            let fits = idx.shape.len() == rank
-                && *axis < rank
-                && (0..rank).all(|a| a == *axis || idx.shape[a] <= t.shape[a]);
+            let fits =
+                idx.shape.len() == rank && *axis < rank && (0..rank).all(|a| a == *axis || idx.shape[a] <= t.shape[a]);
             if !fits {
                 return Err(format!(
                     "indices {} do not fit data {} on axis {axis}",

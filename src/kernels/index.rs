@@ -132,7 +132,14 @@ fn tuple_offset(op: &str, t: &[i64], dims: &[usize], st: &[usize]) -> Result<usi
 /// GatherND: for each of `batch` blocks, each tuple of `dims.len()` (> 0)
 /// indices picks one slice of `slice` elements from that block of `data`
 /// (`dims` then the slice); `dst` holds the picked slices in order.
-pub fn gather_nd<T: Copy>(batch: usize, dims: &[usize], slice: usize, idx: &[i64], data: &[T], dst: &mut [T]) -> Result<()> {
+pub fn gather_nd<T: Copy>(
+    batch: usize,
+    dims: &[usize],
+    slice: usize,
+    idx: &[i64],
+    data: &[T],
+    dst: &mut [T],
+) -> Result<()> {
     let k = dims.len();
     let st = strides(dims);
     let block = dims.iter().product::<usize>() * slice;
@@ -201,14 +208,7 @@ pub fn scatter_nd_reduce<T: Num>(r: ScatterReduction, offsets: &[usize], slice: 
 
 /// Running sums along `len` of `[outer, len, inner]`; `exclusive` leaves
 /// out the element itself, `reverse` sums from the end.
-pub fn cumsum<T: Num>(
-    len: usize,
-    inner: usize,
-    exclusive: bool,
-    reverse: bool,
-    src: &[T],
-    dst: &mut [T],
-) {
+pub fn cumsum<T: Num>(len: usize, inner: usize, exclusive: bool, reverse: bool, src: &[T], dst: &mut [T]) {
     if len == 0 || inner == 0 {
         return;
     }
@@ -261,7 +261,11 @@ mod tests {
         assert_eq!(out, [1, 3, 6, 5]);
         let e = gather_elements(&[2, 3], &[2, 2], 1, &[0, 3, 0, 0], &data, &mut out).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
-        assert!(e.message.contains("GatherElements index 3 is out of range for an axis of 3"), "{e}");
+        assert!(
+            e.message
+                .contains("GatherElements index 3 is out of range for an axis of 3"),
+            "{e}"
+        );
     }
 
     #[test]

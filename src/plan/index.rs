@@ -175,8 +175,8 @@ impl IndexStep {
                     s[1] == 0 && d == 0
                 } else {
                     kk > 0
-                        && s[1] % kk == 0
-                        && (s[1] / kk) % batch == 0
+                        && s[1].is_multiple_of(kk)
+                        && (s[1] / kk).is_multiple_of(*batch)
                         && (s[1] / kk).checked_mul(*slice) == Some(d)
                 };
                 idx_ok(idx_dtype) && kk > 0 && data_ok && tuples_ok
@@ -190,17 +190,21 @@ impl IndexStep {
                 ..
             } => {
                 let kk = dims.len();
-                let tuples = if kk == 0 { None } else { Some(s[1] / kk) };
+                let tuples = s[1].checked_div(kk);
                 idx_ok(idx_dtype)
                     && kk > 0
-                    && s[1] % kk == 0
+                    && s[1].is_multiple_of(kk)
                     && (*reduction == ScatterReduction::None || *dtype != DType::Bool)
                     && prod(dims).and_then(|n| n.checked_mul(*slice)) == Some(s[0])
                     && s[0] == d
                     && tuples.and_then(|t| t.checked_mul(*slice)) == Some(s[2])
             }
             IndexStep::CumSum {
-                dtype, outer, len, inner, ..
+                dtype,
+                outer,
+                len,
+                inner,
+                ..
             } => *dtype != DType::Bool && prod(&[*outer, *len, *inner]) == Some(s[0]) && s[0] == d,
             IndexStep::OneHot {
                 idx_dtype,
@@ -254,7 +258,9 @@ impl IndexStep {
                     return Err(cast_err());
                 }
                 check_len(dst, idx.len() / dims.len() * slice, *dtype)?;
-                by_size!(dtype.size(), s, dst, |s, d| k::gather_nd(*batch, dims, *slice, &idx, s, d))
+                by_size!(dtype.size(), s, dst, |s, d| k::gather_nd(
+                    *batch, dims, *slice, &idx, s, d
+                ))
             }
             IndexStep::ScatterNd {
                 dtype,
@@ -271,6 +277,7 @@ impl IndexStep {
                 let offsets = k::scatter_nd_offsets(dims, &idx)?;
                 let (s, u) = (src.get(*data)?, src.get(*updates)?);
                 check_len(u, offsets.len() * slice, *dtype)?;
+                check_len(s, dims.iter().product::<usize>() * slice, *dtype)?;
                 if s.len() != dst.len() {
                     return Err(cast_err());
                 }

@@ -34,7 +34,11 @@ fn known_scalar(imp: &mut Importer, n: &NodeDesc, k: usize, what: &str) -> Resul
         .const_input(n, k, what)?
         .ok_or_else(|| format!("{} has no {what}", n.op_type))?;
     if t.numel() != 1 {
-        return Err(format!("{what} of {} has {} elements, expected one", n.op_type, t.numel()));
+        return Err(format!(
+            "{what} of {} has {} elements, expected one",
+            n.op_type,
+            t.numel()
+        ));
     }
     Ok(t)
 }
@@ -59,11 +63,18 @@ fn range(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
         }
         (TensorData::I64(s), TensorData::I64(l), TensorData::I64(d)) => {
             let count = range_count(l[0].wrapping_sub(s[0]) as f64, d[0] as f64)?;
-            Tensor::i64(&[count], (0..count as i64).map(|i| s[0].wrapping_add(i.wrapping_mul(d[0]))).collect())
+            Tensor::i64(
+                &[count],
+                (0..count as i64)
+                    .map(|i| s[0].wrapping_add(i.wrapping_mul(d[0])))
+                    .collect(),
+            )
         }
         (TensorData::I32(s), TensorData::I32(l), TensorData::I32(d)) => {
             let count = range_count(f64::from(l[0].wrapping_sub(s[0])), f64::from(d[0]))?;
-            let v = (0..count as i32).map(|i| s[0].wrapping_add(i.wrapping_mul(d[0]))).collect();
+            let v = (0..count as i32)
+                .map(|i| s[0].wrapping_add(i.wrapping_mul(d[0])))
+                .collect();
             Tensor {
                 shape: vec![count],
                 data: TensorData::I32(v),
@@ -100,9 +111,7 @@ fn range_count(diff: f64, delta: f64) -> Result<usize, Why> {
 fn tile(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
     let x = imp.input(n, 0)?;
     let s = imp.ty(x).shape.clone();
-    let reps = imp
-        .const_ints(n, 1, "the Tile repeats")?
-        .ok_or("Tile has no repeats")?;
+    let reps = imp.const_ints(n, 1, "the Tile repeats")?.ok_or("Tile has no repeats")?;
     if reps.len() != s.len() {
         return Err(format!("Tile has {} repeats for rank {}", reps.len(), s.len()));
     }
@@ -161,7 +170,11 @@ fn pad(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
         let pieces = match mode {
             PadMode::Constant => {
                 let value = value.ok_or("Pad has no value")?;
-                vec![filled(imp, n, value, v, axis, begin)?, v, filled(imp, n, value, v, axis, end)?]
+                vec![
+                    filled(imp, n, value, v, axis, begin)?,
+                    v,
+                    filled(imp, n, value, v, axis, end)?,
+                ]
             }
             PadMode::Edge => {
                 if dim == 0 {
