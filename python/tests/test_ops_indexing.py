@@ -170,7 +170,8 @@ def test_gather_elements(elem, idx_elem, axis, tmp_path, kiln_dev):
         rng = np.random.default_rng(seed)
         return {"x": _rand((b, 4, 5), elem, seed), "i": rng.integers(-n, n, (c, 3, 2)).astype(NP[idx_elem])}
 
-    _check(m, tmp_path, kiln_dev, [feeds(3, 2, 0), feeds(6, 6, 1)])
+    empty = [feeds(3, 0, 2)] if axis == 0 else []
+    _check(m, tmp_path, kiln_dev, [feeds(3, 2, 0), feeds(6, 6, 1)] + empty)
 
 
 def test_gather_elements_indices_larger_than_data_may_not_be_claimed(tmp_path, kiln_dev):
@@ -242,7 +243,7 @@ def test_scatter_nd_symbolic_rows_at_two_shapes(tmp_path, kiln_dev):
     m = _model(nodes, [_vi("x", T.FLOAT, ["r", 3]), _vi("i", T.INT64, ["n", 1]), _vi("u", T.FLOAT, ["n", 3])],
                [_vi("y", T.FLOAT, None)], opset=13)
     f = [{"x": _rand((r, 3), T.FLOAT, r), "i": np.array(rows, np.int64).reshape(-1, 1),
-          "u": _rand((len(rows), 3), T.FLOAT, 9)} for r, rows in [(4, [3, 0]), (9, [-1, 5, 2])]]
+          "u": _rand((len(rows), 3), T.FLOAT, 9)} for r, rows in [(4, [3, 0]), (9, [-1, 5, 2]), (3, [])]]
     _check(m, tmp_path, kiln_dev, f)
 
 
@@ -359,7 +360,7 @@ def test_trilu(elem, upper, k, tmp_path, kiln_dev):
     nodes = [h.make_node("Trilu", ins, ["y"], upper=upper)]
     inits = [] if k is None else [_init("k", np.int64(k))]
     m = _model(nodes, [_vi("x", elem, ["b", 4, 6])], [_vi("y", elem, None)], inits)
-    _check(m, tmp_path, kiln_dev, [{"x": _rand((b, 4, 6), elem, b)} for b in (1, 3)])
+    _check(m, tmp_path, kiln_dev, [{"x": _rand((b, 4, 6), elem, b)} for b in (1, 3, 0)])
 
 
 @pytest.mark.parametrize("axis", [-1, 0, 1])
@@ -374,7 +375,7 @@ def test_one_hot(axis, idx_elem, val_elem, depth_elem, tmp_path, kiln_dev):
                [_init("d", NP[depth_elem](5))])
     rng = np.random.default_rng(0)
     f = [{"i": rng.integers(-7, 8, (b, 3)).astype(NP[idx_elem]), "v": np.array([2, 7], NP[val_elem])}
-         for b in (2, 4)]
+         for b in (2, 4, 0)]
     _check(m, tmp_path, kiln_dev, f)
 
 
