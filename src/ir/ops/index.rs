@@ -128,10 +128,10 @@ fn tile(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
     Ok(())
 }
 
-/// Pad's mode.
+/// Pad's mode; the constant mode holds its scalar value.
 #[derive(Clone, Copy, PartialEq)]
 enum PadMode {
-    Constant,
+    Constant(ValueId),
     Reflect,
     Edge,
     Wrap,
@@ -142,22 +142,15 @@ enum PadMode {
 /// each a slice or broadcast of the input (or of the constant value).
 fn pad(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
     let x = imp.input(n, 0)?;
-    let s = imp.ty(x).shape.clone();
-    let rank = s.len();
+    let TensorType { dtype, shape } = imp.ty(x).clone();
     let mode = match attr_str(n, "mode", "constant")? {
-        "constant" => PadMode::Constant,
+        "constant" => PadMode::Constant(pad_value(imp, n, dtype)?),
         "reflect" => PadMode::Reflect,
         "edge" => PadMode::Edge,
         "wrap" if n.since_version >= 19 => PadMode::Wrap,
         other => return Err(format!("Pad mode '{other}' is not supported")),
     };
-    let (pads, axes) = pad_spec(imp, n, rank)?;
-    let dtype = imp.ty(x).dtype;
-    let value = if mode == PadMode::Constant {
-        Some(pad_value(imp, n, dtype)?)
-    } else {
-        None
-    };
+    let (pads, axes) = pad_spec(imp, n, shape.len())?;
     let mut v = x;
     for (k, &axis) in axes.iter().enumerate() {
         let (begin, end) = (pads[k], pads[k + axes.len()]);
@@ -166,59 +159,67 @@ fn pad(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
         if begin == 0 && end == 0 {
             continue;
         }
-        let dim = imp.ty(v).shape[axis];
-        let pieces = match mode {
-            PadMode::Constant => {
-                let value = value.ok_or("Pad has no value")?;
-                vec![
-                    filled(imp, n, value, v, axis, begin)?,
-                    v,
-                    filled(imp, n, value, v, axis, end)?,
-                ]
-            }
-            PadMode::Edge => {
-                if dim == 0 {
-                    return Err(format!("Pad 'edge' of axis {axis} of size 0"));
-                }
-                let first = slice_axis(imp, n, v, axis, 0, 1, 1)?;
-                let last = slice_axis(imp, n, v, axis, dim - 1, 1, 1)?;
-                vec![
-                    broadcast_axis(imp, n, first, axis, begin)?,
-                    v,
-                    broadcast_axis(imp, n, last, axis, end)?,
-                ]
-            }
-            PadMode::Reflect => {
-                if dim < 2 || begin > dim - 1 || end > dim - 1 {
-                    return Err(format!(
-                        "Pad 'reflect' of {begin} and {end} on axis {axis} of size {dim} (at most {})",
-                        dim.saturating_sub(1)
-                    ));
-                }
-                vec![
-                    slice_axis(imp, n, v, axis, begin, begin, -1)?,
-                    v,
-                    slice_axis(imp, n, v, axis, dim - 2, end, -1)?,
-                ]
-            }
-            PadMode::Wrap => {
-                if dim == 0 {
-                    return Err(format!("Pad 'wrap' of axis {axis} of size 0"));
-                }
-                let mut pieces = wrap_runs(imp, n, v, axis, dim, (dim - begin % dim) % dim, begin)?;
-                pieces.push(v);
-                pieces.extend(wrap_runs(imp, n, v, axis, dim, 0, end)?);
-                pieces
-            }
-        };
+        let pieces = pad_pieces(imp, n, v, axis, (begin, end), mode)?;
         let pieces: Vec<ValueId> = pieces.into_iter().filter(|&p| imp.ty(p).shape[axis] > 0).collect();
         v = match pieces[..] {
-            [] => slice_axis(imp, n, v, axis, 0, 0, 1)?,
             [one] => one,
             _ => imp.emit(n, Op::Concat { axis }, &pieces, None, None)?,
         };
     }
     imp.bind(n, out, v)
+}
+
+/// The parts that, concatenated on `axis`, pad `v` by `begin` and `end`.
+fn pad_pieces(
+    imp: &mut Importer,
+    n: &NodeDesc,
+    v: ValueId,
+    axis: usize,
+    (begin, end): (usize, usize),
+    mode: PadMode,
+) -> Result<Vec<ValueId>, Why> {
+    let dim = imp.ty(v).shape[axis];
+    Ok(match mode {
+        PadMode::Constant(value) => vec![
+            filled(imp, n, value, v, axis, begin)?,
+            v,
+            filled(imp, n, value, v, axis, end)?,
+        ],
+        PadMode::Edge => {
+            if dim == 0 {
+                return Err(format!("Pad 'edge' of axis {axis} of size 0"));
+            }
+            let first = slice_axis(imp, n, v, axis, 0, 1, 1)?;
+            let last = slice_axis(imp, n, v, axis, dim - 1, 1, 1)?;
+            vec![
+                broadcast_axis(imp, n, first, axis, begin)?,
+                v,
+                broadcast_axis(imp, n, last, axis, end)?,
+            ]
+        }
+        PadMode::Reflect => {
+            if dim < 2 || begin > dim - 1 || end > dim - 1 {
+                return Err(format!(
+                    "Pad 'reflect' of {begin} and {end} on axis {axis} of size {dim} (at most {})",
+                    dim.saturating_sub(1)
+                ));
+            }
+            vec![
+                slice_axis(imp, n, v, axis, begin, begin, -1)?,
+                v,
+                slice_axis(imp, n, v, axis, dim - 2, end, -1)?,
+            ]
+        }
+        PadMode::Wrap => {
+            if dim == 0 {
+                return Err(format!("Pad 'wrap' of axis {axis} of size 0"));
+            }
+            let mut pieces = wrap_runs(imp, n, v, axis, dim, (dim - begin % dim) % dim, begin)?;
+            pieces.push(v);
+            pieces.extend(wrap_runs(imp, n, v, axis, dim, 0, end)?);
+            pieces
+        }
+    })
 }
 
 /// The pads (begin values then end values) and the axes they apply to.
