@@ -382,9 +382,12 @@ def test_one_hot(axis, idx_elem, val_elem, depth_elem, tmp_path, kiln_dev):
 # ---------------------------------------------------------------- compiled model
 
 
-def test_compiled_model_round_trip(tmp_path, kiln_dev):
-    """A symbolic-dim graph of GatherND, ScatterND, CumSum, OneHot, Pad and
-    GatherElements compiles to an EPContext model that loads and runs the same."""
+@pytest.mark.parametrize("symbolic", [True, False], ids=["symbolic", "static"])
+def test_compiled_model_round_trip(symbolic, tmp_path, kiln_dev):
+    """A graph of GatherND, ScatterND, CumSum, OneHot, Pad and GatherElements
+    compiles to an EPContext model that loads and runs the same: with
+    symbolic dims (the binary holds the shape-generic graph) and static ones
+    (it holds the compiled steps, each of the five indexing step kinds)."""
     nodes = [
         h.make_node("CumSum", ["x", "ax"], ["c"], reverse=1),
         h.make_node("Pad", ["c", "p"], ["pd"], mode="reflect"),
@@ -397,7 +400,8 @@ def test_compiled_model_round_trip(tmp_path, kiln_dev):
              _init("ge", np.array([[0, 6, -1], [1, 2, 3]])), _init("gi", np.array([[2], [-3]])),
              _init("si", np.array([[0], [1], [0]])), _init("d", np.int64(4)),
              _init("ov", np.array([0.0, 1.0], np.float32))]
-    inputs = [_vi("x", T.FLOAT, ["b", 5]), _vi("su", T.FLOAT, [3, 5]), _vi("oi", T.INT64, ["n"])]
+    b, n = ("b", "n") if symbolic else (2, 3)
+    inputs = [_vi("x", T.FLOAT, [b, 5]), _vi("su", T.FLOAT, [3, 5]), _vi("oi", T.INT64, [n])]
     outputs = [_vi(n, T.FLOAT, None) for n in ("nd", "sc", "oh")]
     m = _model(nodes, inputs, outputs, inits)
     src = _save(m, tmp_path, "indexing")
@@ -408,7 +412,7 @@ def test_compiled_model_round_trip(tmp_path, kiln_dev):
     assert {n.op_type for n in compiled.graph.node} == {"EPContext"}
     rng = np.random.default_rng(0)
     feeds = [{"x": _rand((2, 5), T.FLOAT, b), "su": _rand((3, 5), T.FLOAT, 1),
-              "oi": rng.integers(-4, 4, (n,)).astype(np.int64)} for b, n in [(2, 3), (2, 6)]]
+              "oi": rng.integers(-4, 4, (n,)).astype(np.int64)} for b, n in [(2, 3), (2, 6 if symbolic else 3)]]
     run = tu.run_fully_on_kiln(ctx, kiln_dev, feeds_seq=feeds, options=CLAIM_ALL)
     for f, outs in zip(feeds, run.all_outputs):
         names, want = tu.run_cpu(src, f)
