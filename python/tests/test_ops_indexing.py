@@ -379,6 +379,33 @@ def test_one_hot(axis, idx_elem, val_elem, depth_elem, tmp_path, kiln_dev):
     _check(m, tmp_path, kiln_dev, f)
 
 
+def test_one_hot_depth_from_a_symbolic_dim(tmp_path, kiln_dev):
+    nodes = [
+        h.make_node("Shape", ["x"], ["s"]),
+        h.make_node("Gather", ["s", "one"], ["d"], axis=0),
+        h.make_node("OneHot", ["i", "d", "v"], ["y"]),
+    ]
+    inits = [_init("one", np.int64(1)), _init("v", np.array([0.0, 1.0], np.float32))]
+    m = _model(nodes, [_vi("x", T.FLOAT, [1, "n"]), _vi("i", T.INT64, [4])], [_vi("y", T.FLOAT, None)], inits)
+    f = [{"x": _rand((1, n), T.FLOAT), "i": np.array([0, -1, 2, 5], np.int64)} for n in (3, 6)]
+    _check(m, tmp_path, kiln_dev, f)
+
+
+@pytest.mark.parametrize("op", ["ConstantOfShape", "Expand"])
+def test_a_run_time_shape_is_left_to_ort(op, tmp_path, kiln_dev):
+    ins = ["shape"] if op == "ConstantOfShape" else ["x", "shape"]
+    nodes = [h.make_node(op, ins, ["y"])]
+    inputs = [_vi("shape", T.INT64, [2])] + ([_vi("x", T.FLOAT, [1, 1])] if op == "Expand" else [])
+    m = _model(nodes, inputs, [_vi("y", T.FLOAT, None)])
+    path = _save(m, tmp_path)
+    feeds = {"shape": np.array([2, 3], np.int64)}
+    if op == "Expand":
+        feeds["x"] = np.full((1, 1), 4.0, np.float32)
+    run = tu.run_kiln(path, kiln_dev, feeds, options=CLAIM_ALL)
+    assert run.nodes_on(kiln.EP_NAME) == []
+    np.testing.assert_array_equal(run.outputs[0], np.full((2, 3), 4.0 if op == "Expand" else 0.0, np.float32))
+
+
 # ---------------------------------------------------------------- compiled model
 
 
