@@ -16,7 +16,9 @@ use crate::ir::{matmul_dims, BiasKind, DType, Graph, MatMulAttrs, Node, Op, Valu
 use crate::kernels::gemm::PackedB;
 use crate::kernels::movement::broadcast_strides;
 use crate::kernels::{CopyPlan, Layout, Where3};
-use crate::plan::{BufRef, Constant, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, Step, TensorSpec};
+use crate::plan::{
+    BufRef, Constant, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, Step, TensorSpec,
+};
 use crate::target::Target;
 
 /// Where a representative value lives at run time.
@@ -326,6 +328,11 @@ impl Lowering<'_> {
                 y: self.buf(ins[2])?,
                 dst,
             },
+            Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::ScatterNd { .. }
+            | Op::CumSum { .. }
+            | Op::OneHot { .. } => Step::Index(Box::new(self.index_step(&node.op, ins, out, dst)?)),
             Op::Reshape => return Err(internal("an alias reached lowering")),
             Op::Shape { .. } => return Err(internal("Shape was not folded")),
         };
@@ -430,6 +437,83 @@ impl Lowering<'_> {
             residual,
             dst,
         })))
+    }
+
+    /// The step of an indexing op (issue #12).
+    fn index_step(&mut self, op: &Op, ins: &[ValueId], out: ValueId, dst: BufRef) -> Result<IndexStep> {
+        let dtype = self.dtype(out);
+        Ok(match op {
+            Op::GatherElements { axis } => IndexStep::GatherElements {
+                dtype,
+                idx_dtype: self.dtype(ins[1]),
+                data_dims: self.shape(ins[0]).to_vec(),
+                idx_dims: self.shape(ins[1]).to_vec(),
+                axis: *axis,
+                data: self.buf(ins[0])?,
+                indices: self.buf(ins[1])?,
+                dst,
+            },
+            Op::GatherNd { batch_dims } => {
+                let (s, q) = (self.shape(ins[0]).to_vec(), self.shape(ins[1]));
+                let k = q.last().copied().unwrap_or(0);
+                IndexStep::GatherNd {
+                    dtype,
+                    idx_dtype: self.dtype(ins[1]),
+                    batch: s[..*batch_dims].iter().product(),
+                    dims: s[*batch_dims..batch_dims + k].to_vec(),
+                    slice: s[batch_dims + k..].iter().product(),
+                    data: self.buf(ins[0])?,
+                    indices: self.buf(ins[1])?,
+                    dst,
+                }
+            }
+            Op::ScatterNd { reduction } => {
+                let (s, q) = (self.shape(ins[0]).to_vec(), self.shape(ins[1]));
+                let k = q.last().copied().unwrap_or(0);
+                IndexStep::ScatterNd {
+                    dtype,
+                    idx_dtype: self.dtype(ins[1]),
+                    reduction: *reduction,
+                    dims: s[..k].to_vec(),
+                    slice: s[k..].iter().product(),
+                    data: self.buf(ins[0])?,
+                    indices: self.buf(ins[1])?,
+                    updates: self.buf(ins[2])?,
+                    dst,
+                }
+            }
+            Op::CumSum {
+                axis,
+                exclusive,
+                reverse,
+            } => {
+                let s = self.shape(ins[0]);
+                IndexStep::CumSum {
+                    dtype,
+                    outer: s[..*axis].iter().product(),
+                    len: s[*axis],
+                    inner: s[axis + 1..].iter().product(),
+                    exclusive: *exclusive,
+                    reverse: *reverse,
+                    src: self.buf(ins[0])?,
+                    dst,
+                }
+            }
+            Op::OneHot { axis } => {
+                let s = self.shape(out);
+                IndexStep::OneHot {
+                    dtype,
+                    idx_dtype: self.dtype(ins[0]),
+                    outer: s[..*axis].iter().product(),
+                    depth: s[*axis],
+                    inner: s[axis + 1..].iter().product(),
+                    indices: self.buf(ins[0])?,
+                    values: self.buf(ins[1])?,
+                    dst,
+                }
+            }
+            _ => return Err(internal(format_args!("{op} is not an indexing op"))),
+        })
     }
 
     /// The buffer holding value `v` (through its alias representative).

@@ -217,6 +217,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
             y: Some(buf(*y)),
             dst: Some(buf(*dst)),
         }),
+        Step::Index(x) => super::convert_index::index_info(x),
     };
     proto::StepInfo { kind: Some(kind) }
 }
@@ -242,7 +243,7 @@ fn activation_info(a: Activation) -> proto::ActivationInfo {
     }
 }
 
-fn buf(r: BufRef) -> proto::BufInfo {
+pub(super) fn buf(r: BufRef) -> proto::BufInfo {
     let kind = match r {
         BufRef::Input(i) => buf_info::Kind::Input(i as u64),
         BufRef::Constant(i) => buf_info::Kind::Constant(i as u64),
@@ -378,7 +379,11 @@ fn op_count(c: &proto::OpCount) -> Result<(String, usize)> {
 
 fn step(s: &proto::StepInfo) -> Result<Step> {
     use step_info::Kind as K;
-    Ok(match s.kind.as_ref().ok_or_else(|| missing("step kind"))? {
+    let kind = s.kind.as_ref().ok_or_else(|| missing("step kind"))?;
+    Ok(match kind {
+        K::GatherElements(_) | K::GatherNd(_) | K::ScatterNd(_) | K::CumSum(_) | K::OneHot(_) => {
+            Step::Index(Box::new(super::convert_index::index_step(kind)?))
+        }
         K::Unary(u) => Step::Unary {
             op: unary_op(u)?,
             src: buf_ref(&u.src)?,
@@ -565,7 +570,7 @@ fn binary_op(code: i32) -> Result<BinaryOp> {
     })
 }
 
-fn buf_ref(b: &Option<proto::BufInfo>) -> Result<BufRef> {
+pub(super) fn buf_ref(b: &Option<proto::BufInfo>) -> Result<BufRef> {
     let kind = b
         .as_ref()
         .and_then(|b| b.kind.as_ref())

@@ -17,6 +17,7 @@
 
 mod compat;
 mod convert;
+mod convert_index;
 mod generic;
 mod header;
 mod peek;

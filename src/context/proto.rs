@@ -255,7 +255,10 @@ pub struct OpCount {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct StepInfo {
-    #[prost(oneof = "step_info::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
+    #[prost(
+        oneof = "step_info::Kind",
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34"
+    )]
     pub kind: Option<step_info::Kind>,
 }
 
@@ -284,6 +287,17 @@ pub mod step_info {
         Cast(super::CastStep),
         #[prost(message, tag = "11")]
         Where(super::WhereStep),
+        // Shape and indexing ops (issue #12): tags 30-39.
+        #[prost(message, tag = "30")]
+        GatherElements(super::GatherElementsStep),
+        #[prost(message, tag = "31")]
+        GatherNd(super::GatherNdStep),
+        #[prost(message, tag = "32")]
+        ScatterNd(super::ScatterNdStep),
+        #[prost(message, tag = "33")]
+        CumSum(super::CumSumStep),
+        #[prost(message, tag = "34")]
+        OneHot(super::OneHotStep),
     }
 }
 
@@ -640,4 +654,124 @@ pub struct StridedLayout {
     pub a_strides: Vec<u64>,
     #[prost(uint64, repeated, tag = "3")]
     pub b_strides: Vec<u64>,
+}
+
+// ---- Shape and indexing ops (issue #12) ----
+
+/// `plan::IndexStep::GatherElements`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GatherElementsStep {
+    #[prost(int32, tag = "1")]
+    pub dtype: i32,
+    #[prost(int32, tag = "2")]
+    pub idx_dtype: i32,
+    #[prost(uint64, repeated, tag = "3")]
+    pub data_dims: Vec<u64>,
+    #[prost(uint64, repeated, tag = "4")]
+    pub idx_dims: Vec<u64>,
+    #[prost(uint64, tag = "5")]
+    pub axis: u64,
+    #[prost(message, optional, tag = "6")]
+    pub data: Option<BufInfo>,
+    #[prost(message, optional, tag = "7")]
+    pub indices: Option<BufInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub dst: Option<BufInfo>,
+}
+
+/// `plan::IndexStep::GatherNd`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GatherNdStep {
+    #[prost(int32, tag = "1")]
+    pub dtype: i32,
+    #[prost(int32, tag = "2")]
+    pub idx_dtype: i32,
+    #[prost(uint64, tag = "3")]
+    pub batch: u64,
+    #[prost(uint64, repeated, tag = "4")]
+    pub dims: Vec<u64>,
+    #[prost(uint64, tag = "5")]
+    pub slice: u64,
+    #[prost(message, optional, tag = "6")]
+    pub data: Option<BufInfo>,
+    #[prost(message, optional, tag = "7")]
+    pub indices: Option<BufInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub dst: Option<BufInfo>,
+}
+
+/// `plan::IndexStep::ScatterNd`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ScatterNdStep {
+    #[prost(int32, tag = "1")]
+    pub dtype: i32,
+    #[prost(int32, tag = "2")]
+    pub idx_dtype: i32,
+    #[prost(enumeration = "ScatterReductionKind", tag = "3")]
+    pub reduction: i32,
+    #[prost(uint64, repeated, tag = "4")]
+    pub dims: Vec<u64>,
+    #[prost(uint64, tag = "5")]
+    pub slice: u64,
+    #[prost(message, optional, tag = "6")]
+    pub data: Option<BufInfo>,
+    #[prost(message, optional, tag = "7")]
+    pub indices: Option<BufInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub updates: Option<BufInfo>,
+    #[prost(message, optional, tag = "9")]
+    pub dst: Option<BufInfo>,
+}
+
+/// `plan::IndexStep::CumSum`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CumSumStep {
+    #[prost(int32, tag = "1")]
+    pub dtype: i32,
+    #[prost(uint64, tag = "2")]
+    pub outer: u64,
+    #[prost(uint64, tag = "3")]
+    pub len: u64,
+    #[prost(uint64, tag = "4")]
+    pub inner: u64,
+    #[prost(bool, tag = "5")]
+    pub exclusive: bool,
+    #[prost(bool, tag = "6")]
+    pub reverse: bool,
+    #[prost(message, optional, tag = "7")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub dst: Option<BufInfo>,
+}
+
+/// `plan::IndexStep::OneHot`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct OneHotStep {
+    #[prost(int32, tag = "1")]
+    pub dtype: i32,
+    #[prost(int32, tag = "2")]
+    pub idx_dtype: i32,
+    #[prost(uint64, tag = "3")]
+    pub outer: u64,
+    #[prost(uint64, tag = "4")]
+    pub depth: u64,
+    #[prost(uint64, tag = "5")]
+    pub inner: u64,
+    #[prost(message, optional, tag = "6")]
+    pub indices: Option<BufInfo>,
+    #[prost(message, optional, tag = "7")]
+    pub values: Option<BufInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub dst: Option<BufInfo>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum ScatterReductionKind {
+    Unspecified = 0,
+    None = 1,
+    Add = 2,
+    Mul = 3,
+    Max = 4,
+    Min = 5,
 }

@@ -67,6 +67,27 @@ fn field_type(attr: &str, rust_type: &str) -> (String, String) {
     (label.to_string(), ty)
 }
 
+/// Trimmed lines, with a `#[prost(...)]` that rustfmt wrapped over several
+/// lines (a long oneof `tags` list) joined back into one.
+fn joined_attributes(src: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut open = false;
+    for line in src.lines().map(str::trim) {
+        if open {
+            let last = out.last_mut().expect("an open attribute");
+            if !last.ends_with('(') && line != ")]" {
+                last.push(' ');
+            }
+            last.push_str(line);
+            open = !line.ends_with(")]");
+            continue;
+        }
+        open = line.starts_with("#[prost(") && !line.ends_with(")]");
+        out.push(line.to_string());
+    }
+    out
+}
+
 fn rust_schema(src: &str) -> Schema {
     let mut schema = Schema::new();
     // oneof enums: module name -> members (tag, type, name)
@@ -76,7 +97,7 @@ fn rust_schema(src: &str) -> Schema {
     let (mut current, mut module, mut attr): (Option<(String, bool)>, Option<String>, Option<String>) =
         (None, None, None);
     let mut is_enum = false;
-    for line in src.lines().map(str::trim) {
+    for line in joined_attributes(src).iter().map(String::as_str) {
         if line.starts_with("///") || line.starts_with("//") || line.is_empty() {
             continue;
         }

@@ -2,7 +2,7 @@
 //! produces. `Graph::validate` checks each node with [`check`]; `import`
 //! and the passes compute output types with [`infer`].
 
-use super::{broadcast_shapes, BiasKind, DType, MatMulAttrs, Op, ShapeDisplay, TensorType};
+use super::{broadcast_shapes, BiasKind, DType, MatMulAttrs, Op, ScatterReduction, ShapeDisplay, TensorType};
 use crate::kernels::BinaryOp;
 
 type Why = String;
@@ -72,7 +72,9 @@ fn arity(op: &Op, ins: usize, outs: usize) -> Result<(), Why> {
         Op::Unary(_) | Op::Softmax { .. } | Op::Reduce { .. } | Op::Transpose { .. } | Op::Reshape => (&[1], 1),
         Op::Slice { .. } | Op::Cast { .. } | Op::Expand | Op::Shape { .. } => (&[1], 1),
         Op::Binary(_) | Op::Gather { .. } => (&[2], 1),
-        Op::Where => (&[3], 1),
+        Op::Where | Op::ScatterNd { .. } => (&[3], 1),
+        Op::CumSum { .. } => (&[1], 1),
+        Op::GatherElements { .. } | Op::GatherNd { .. } | Op::OneHot { .. } => (&[2], 1),
         Op::LayerNorm { .. } => (&[2, 3], 1),
         Op::MatMul(m) => return exact(op, ins, m.num_inputs(), outs, 1),
         Op::Concat { .. } => {
@@ -309,8 +311,98 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
             }
             TensorType::new(DType::I64, &[end - start])
         }
+        Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::ScatterNd { .. }
+        | Op::CumSum { .. }
+        | Op::OneHot { .. } => infer_index(op, ins, given)?,
     };
     Ok(vec![out])
+}
+
+/// Output type of the indexing ops (issue #12).
+fn infer_index(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<TensorType, Why> {
+    const NUMBERS: &[DType] = &[DType::F32, DType::I64, DType::I32];
+    match op {
+        Op::GatherElements { axis } => {
+            let (t, idx) = (ins[0], ins[1]);
+            expect_dtype("the indices", idx, &[DType::I64, DType::I32])?;
+            let rank = t.shape.len();
+            let fits =
+                idx.shape.len() == rank && *axis < rank && (0..rank).all(|a| a == *axis || idx.shape[a] <= t.shape[a]);
+            if !fits {
+                return Err(format!(
+                    "indices {} do not fit data {} on axis {axis}",
+                    shape(&idx.shape),
+                    shape(&t.shape)
+                ));
+            }
+            Ok(TensorType::new(t.dtype, &idx.shape))
+        }
+        Op::GatherNd { batch_dims: b } => {
+            let (t, idx) = (ins[0], ins[1]);
+            expect_dtype("the indices", idx, &[DType::I64, DType::I32])?;
+            let (r, q) = (t.shape.len(), idx.shape.len());
+            let k = idx.shape.last().copied().unwrap_or(0);
+            if q == 0 || k == 0 || *b >= q.min(r) || b + k > r || t.shape[..*b] != idx.shape[..*b] {
+                return Err(format!(
+                    "indices {} do not index data {} with batch_dims {b}",
+                    shape(&idx.shape),
+                    shape(&t.shape)
+                ));
+            }
+            let mut s = idx.shape[..q - 1].to_vec();
+            s.extend(&t.shape[b + k..]);
+            Ok(TensorType::new(t.dtype, &s))
+        }
+        Op::ScatterNd { reduction } => {
+            let (t, idx, u) = (ins[0], ins[1], ins[2]);
+            expect_dtype("the indices", idx, &[DType::I64, DType::I32])?;
+            if *reduction != ScatterReduction::None {
+                expect_dtype("the data", t, NUMBERS)?;
+            }
+            let q = idx.shape.len();
+            let k = idx.shape.last().copied().unwrap_or(0);
+            let mut want = idx.shape[..q.saturating_sub(1)].to_vec();
+            want.extend(t.shape.get(k..).unwrap_or(&[]));
+            if q == 0 || k == 0 || k > t.shape.len() || u.shape != want || u.dtype != t.dtype {
+                return Err(format!(
+                    "indices {} and updates {u} do not scatter into {t}",
+                    shape(&idx.shape)
+                ));
+            }
+            Ok(t.clone())
+        }
+        Op::CumSum { axis, .. } => {
+            let t = ins[0];
+            expect_dtype("the input", t, NUMBERS)?;
+            if *axis >= t.shape.len() {
+                return Err(format!("axis {axis} is out of range for {}", shape(&t.shape)));
+            }
+            Ok(t.clone())
+        }
+        Op::OneHot { axis } => {
+            let (idx, v) = (ins[0], ins[1]);
+            expect_dtype("the indices", idx, &[DType::I64, DType::I32])?;
+            if v.numel() != 2 || v.shape.len() != 1 {
+                return Err(format!("values {} are not [off, on]", shape(&v.shape)));
+            }
+            let s = given.ok_or("OneHot needs its output shape")?;
+            let fits = s.len() == idx.shape.len() + 1
+                && *axis < s.len()
+                && s[..*axis] == idx.shape[..*axis]
+                && s[axis + 1..] == idx.shape[*axis..];
+            if !fits {
+                return Err(format!(
+                    "output {} is not indices {} with a depth at axis {axis}",
+                    shape(s),
+                    shape(&idx.shape)
+                ));
+            }
+            Ok(TensorType::new(v.dtype, s))
+        }
+        _ => Err(format!("{op} is not an indexing op")),
+    }
 }
 
 /// Whether kiln can run `op` on these exact types; `Err` says why not.

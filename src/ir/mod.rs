@@ -12,6 +12,7 @@ mod tensor;
 use std::fmt;
 
 pub use crate::kernels::gemm::Activation;
+pub use crate::kernels::index::ScatterReduction;
 pub use crate::kernels::{BinaryOp, ReduceKind, UnaryOp};
 pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc, NO_CONSTANTS};
 pub use import::{check_support, import, Fold};
@@ -176,6 +177,33 @@ pub enum Op {
         start: usize,
         end: usize,
     },
+    // Shape and indexing ops (issue #12).
+    /// `data`, `indices` of data's rank (int64/int32): the output has the
+    /// indices' shape and reads data along `axis` at each index.
+    GatherElements {
+        axis: usize,
+    },
+    /// `data`, `indices` (int64/int32, last dim ≥ 1 indexes data's dims
+    /// after the first `batch_dims`).
+    GatherNd {
+        batch_dims: usize,
+    },
+    /// `data`, `indices`, `updates`: a copy of data with the updates
+    /// written (or combined) at the indexed slices.
+    ScatterNd {
+        reduction: ScatterReduction,
+    },
+    /// Running sums along `axis` (f32, int64, int32).
+    CumSum {
+        axis: usize,
+        exclusive: bool,
+        reverse: bool,
+    },
+    /// `indices` (int64/int32), `values` `[off, on]`: the output (its shape
+    /// given, depth at `axis`) is `on` where the index is.
+    OneHot {
+        axis: usize,
+    },
 }
 
 impl Op {
@@ -216,6 +244,11 @@ impl Op {
             Op::Where => "Where".into(),
             Op::Expand => "Expand".into(),
             Op::Shape { .. } => "Shape".into(),
+            Op::GatherElements { .. } => "GatherElements".into(),
+            Op::GatherNd { .. } => "GatherND".into(),
+            Op::ScatterNd { .. } => "ScatterND".into(),
+            Op::CumSum { .. } => "CumSum".into(),
+            Op::OneHot { .. } => "OneHot".into(),
         }
     }
 

@@ -13,6 +13,7 @@
 mod elementwise;
 pub mod gemm;
 pub mod half;
+pub mod index;
 pub mod layout;
 pub mod math;
 pub mod movement;

@@ -226,6 +226,9 @@ pub enum Step {
         y: BufRef,
         dst: BufRef,
     },
+    // Shape and indexing ops (issue #12).
+    /// GatherElements, GatherND, ScatterND, CumSum, OneHot.
+    Index(Box<IndexStep>),
 }
 
 impl Step {
@@ -242,6 +245,7 @@ impl Step {
             | Step::Cast { dst, .. }
             | Step::Where { dst, .. } => *dst,
             Step::MatMul(m) => m.dst,
+            Step::Index(x) => x.dst(),
         }
     }
 
@@ -284,6 +288,7 @@ impl Step {
             } => vec![(*data, Some(*dtype)), (*indices, Some(*idx_dtype))],
             Step::Cast { src, from, .. } => vec![(*src, Some(*from))],
             Step::Where { cond, x, y, dtype, .. } => vec![(*cond, Some(Bool)), (*x, Some(*dtype)), (*y, Some(*dtype))],
+            Step::Index(x) => x.typed_srcs(),
         }
     }
 
@@ -301,6 +306,7 @@ impl Step {
             | Step::Where { dtype, .. } => Some(*dtype),
             Step::Cast { to, .. } => Some(*to),
             Step::Copy { .. } => None,
+            Step::Index(x) => Some(x.dst_dtype()),
         }
     }
 
@@ -318,6 +324,7 @@ impl Step {
             Step::Gather { .. } => "Gather".into(),
             Step::Cast { from, to, .. } => format!("Cast {from}->{to}"),
             Step::Where { .. } => "Where".into(),
+            Step::Index(x) => x.kind().into(),
         }
     }
 }
@@ -622,6 +629,9 @@ macro_rules! by_size {
     };
 }
 
+mod index;
+pub use index::IndexStep;
+
 impl Memory<'_, '_, '_> {
     fn run_step(&mut self, isa: Isa, step: &Step, par: &dyn Parallel) -> Result<()> {
         let packed = self.packed;
@@ -744,6 +754,7 @@ impl Memory<'_, '_, '_> {
                 }
                 Ok(())
             }
+            Step::Index(x) => x.run(&src, dst),
         }
     }
 

@@ -311,6 +311,52 @@ fn matmul_gather_cast_where_steps() {
     assert!(e.message.contains("Gather index 2"), "{e}");
 }
 
+/// y [2] = GatherND(x [3], i [2, 1]) with int64 indices read from input 1.
+fn gather_nd_parts(dims: Vec<usize>, slice: usize) -> ProgramParts {
+    ProgramParts {
+        target: Target::Generic,
+        inputs: vec![f32spec("x", &[3]), TensorSpec::new("i", DType::I64, &[2, 1])],
+        outputs: vec![f32spec("y", &[2])],
+        constants: vec![],
+        steps: vec![Step::Index(Box::new(IndexStep::GatherNd {
+            dtype: DType::F32,
+            idx_dtype: DType::I64,
+            batch: 1,
+            dims,
+            slice,
+            data: BufRef::Input(0),
+            indices: BufRef::Input(1),
+            dst: BufRef::Output(0),
+        }))],
+        arena_bytes: 0,
+        op_counts: vec![],
+    }
+}
+
+#[test]
+fn index_steps_are_validated_and_check_their_indices() {
+    let p = Program::from_parts(gather_nd_parts(vec![3], 1)).unwrap();
+    let x = [1.0f32, 2.0, 3.0];
+    let mut y = [0.0f32; 2];
+    let run = |i: &[i64], y: &mut [f32]| {
+        p.run(
+            Target::Generic,
+            &[TensorRef::F32(&x), TensorRef::I64(i)],
+            &mut [TensorMut::F32(y)],
+            &Serial,
+        )
+    };
+    run(&[2, -3], &mut y).unwrap();
+    assert_eq!(y, [3.0, 1.0]);
+    let e = run(&[0, 3], &mut y).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+    assert!(e.message.contains("GatherND index 3 is out of range"), "{e}");
+    // Parameters that do not fit the buffers are refused at load.
+    refused(gather_nd_parts(vec![4], 1), "which its parameters do not allow");
+    refused(gather_nd_parts(vec![3], 2), "which its parameters do not allow");
+    refused(gather_nd_parts(vec![], 3), "which its parameters do not allow");
+}
+
 #[test]
 fn huge_page_bytes_are_zeroed_aligned_and_writable() {
     let len = HugePageBytes::HUGE_PAGE + 12345;

@@ -191,6 +191,7 @@ fn check_step(p: &Program, step: &Step) -> Result<()> {
         Step::Cast { .. } => s[0] == d,
         Step::Where { layout, .. } => layout.fits(s[0], s[1], s[2], d),
         Step::MatMul(m) => matmul_fits(p, m, &s, d)?,
+        Step::Index(x) => x.fits(&s, d),
     };
     if !consistent {
         crate::bail!(

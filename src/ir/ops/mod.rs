@@ -15,6 +15,7 @@
 
 mod attrs;
 mod elementwise;
+mod index;
 mod logic;
 mod matmul;
 mod movement;
@@ -65,6 +66,8 @@ static REGISTRY: &[&[OpFamily]] = &[
     shape::OPS,
     movement::OPS,
     logic::OPS,
+    // Shape and indexing ops (issue #12).
+    index::OPS,
 ];
 
 fn families() -> impl Iterator<Item = &'static OpFamily> {
