@@ -324,7 +324,7 @@ impl IndexStep {
                     DType::F32 => k::cumsum::<f32>(l, i, e, r, cast_ref(s)?, typed_mut(dst)?),
                     DType::I64 => k::cumsum::<i64>(l, i, e, r, cast_ref(s)?, typed_mut(dst)?),
                     DType::I32 => k::cumsum::<i32>(l, i, e, r, cast_ref(s)?, typed_mut(dst)?),
-                    DType::Bool => return Err(cast_err()),
+                    DType::Bool | DType::F16 => return Err(cast_err()),
                 }
                 Ok(())
             }
