@@ -130,7 +130,7 @@ impl Probe {
         let dynamic = graph
             .values
             .values()
-            .any(|v| v.dims.as_ref().is_some_and(|d| d.iter().any(|&x| x < 0)));
+            .any(|v| v.dims.as_ref().is_none_or(|d| d.iter().any(|&x| x < 0)));
         let sets: &[i64] = if dynamic { &[0, 1] } else { &[0] };
         sets.iter()
             .map(|&first| Probe {
@@ -391,6 +391,41 @@ impl<'a> Importer<'a> {
         self.value(name)
     }
 
+    /// Input `k`, whose shape the op dictates (`None`: any size). While
+    /// checking, a value ORT knows no rank of (an `If` output whose branches
+    /// differ in rank) is taken at `shape`, unknown sizes probed; at run time
+    /// a shape-generic partition sees its real dims, checked by the op's import.
+    pub(super) fn input_shaped(
+        &mut self,
+        n: &NodeDesc,
+        k: usize,
+        shape: &[Option<usize>],
+    ) -> std::result::Result<ValueId, Why> {
+        let name = n
+            .inputs
+            .get(k)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| format!("input {k} is missing"))?;
+        let unknown_rank = self.desc.values.get(name.as_str()).filter(|d| d.dims.is_none());
+        let (Some(probe), Some(d), false, false) = (
+            self.probe,
+            unknown_rank,
+            self.ids.contains_key(name.as_str()),
+            self.consts.is_constant(name),
+        ) else {
+            return self.value(name);
+        };
+        let dtype = DType::from_onnx(d.elem_type).ok_or_else(|| format!("'{name}' is not a tensor of known type"))?;
+        let dims = shape.iter().map(|s| s.unwrap_or_else(|| probe.fresh() as usize)).collect();
+        self.new_value(name, TensorType { dtype, shape: dims })
+    }
+
+    /// Whether `id`'s contents are known at compile time (a constant
+    /// initializer, read or not, or a folded value).
+    pub(super) fn is_constant(&self, id: ValueId) -> bool {
+        self.data.contains_key(&id) || self.lazy.contains_key(&id)
+    }
+
     pub(super) fn ty(&self, id: ValueId) -> &TensorType {
         &self.g.values[id].ty
     }
@@ -492,6 +527,12 @@ impl<'a> Importer<'a> {
             if k > 0 && !name.is_empty() && !family.multi_output {
                 return Err(format!("output {k} ('{name}') of {} is not supported", n.op_type));
             }
+        }
+        if family.optional_outputs {
+            if n.outputs.iter().all(|o| o.is_empty()) {
+                return Err(format!("{} has no output", n.op_type));
+            }
+            return (family.import)(self, n, "");
         }
         let out0 = self.out(n, 0)?;
         (family.import)(self, n, out0)

@@ -17,6 +17,7 @@ pub mod math;
 pub mod movement;
 mod norm;
 pub mod parallel;
+pub mod recurrent;
 
 pub use layout::{Layout, Strided};
 pub use movement::{cast_f32_i32, cast_f32_i64, CopyPlan, Where3};
