@@ -392,9 +392,11 @@ impl<'a> Importer<'a> {
     }
 
     /// Input `k`, whose shape the op dictates (`None`: any size). While
-    /// checking, a value ORT knows no rank of (an `If` output whose branches
-    /// differ in rank) is taken at `shape`, unknown sizes probed; at run time
-    /// a shape-generic partition sees its real dims, checked by the op's import.
+    /// checking, what ORT does not know of it is taken from `shape`: a value
+    /// of unknown rank (an `If` output whose branches differ in rank) gets
+    /// that rank, an unknown dim that size (the op is only valid at it) (unknown sizes probed as
+    /// usual). At run time a shape-generic partition sees the real dims, and
+    /// the op's import checks them.
     pub(super) fn input_shaped(
         &mut self,
         n: &NodeDesc,
@@ -406,17 +408,28 @@ impl<'a> Importer<'a> {
             .get(k)
             .filter(|s| !s.is_empty())
             .ok_or_else(|| format!("input {k} is missing"))?;
-        let unknown_rank = self.desc.values.get(name.as_str()).filter(|d| d.dims.is_none());
+        let desc = self.desc.values.get(name.as_str());
         let (Some(probe), Some(d), false, false) = (
             self.probe,
-            unknown_rank,
+            desc,
             self.ids.contains_key(name.as_str()),
             self.consts.is_constant(name),
         ) else {
             return self.value(name);
         };
         let dtype = DType::from_onnx(d.elem_type).ok_or_else(|| format!("'{name}' is not a tensor of known type"))?;
-        let dims = shape.iter().map(|s| s.unwrap_or_else(|| probe.fresh() as usize)).collect();
+        let fill = |hint: Option<usize>| hint.unwrap_or_else(|| probe.fresh() as usize);
+        let dims: Vec<usize> = match (&d.dims, d.symbolic_dims(name)) {
+            (None, _) => shape.iter().map(|&s| fill(s)).collect(),
+            (Some(dims), Some(sym)) if dims.len() == shape.len() => (0..dims.len())
+                .map(|i| match (dims[i], shape[i]) {
+                    (x, _) if x >= 0 => x as usize,
+                    (_, Some(hint)) => hint,
+                    _ => probe.size(&sym[i]).max(0) as usize,
+                })
+                .collect(),
+            _ => return self.value(name),
+        };
         self.new_value(name, TensorType { dtype, shape: dims })
     }
 
