@@ -148,14 +148,8 @@ impl RnnActivation {
                 }
             }
             RnnActivation::Softsign => x / (1.0 + x.abs()),
-            RnnActivation::Softplus => {
-                // ln(1 + e^x) without overflow for large x.
-                if x > 20.0 {
-                    x
-                } else {
-                    math::exp(x).ln_1p()
-                }
-            }
+            // ln(1 + e^x), +inf once e^x overflows, as ORT computes it.
+            RnnActivation::Softplus => math::exp(x).ln_1p(),
         }
     }
 }

@@ -81,7 +81,9 @@ fn spec_of(n: &NodeDesc, cell: RnnCell) -> Result<RnnSpec, Why> {
 }
 
 /// `activations` with `activation_alpha` / `activation_beta` consumed in
-/// order by the functions that take them (defaults otherwise), as ORT does.
+/// order by the functions that take them, as ORT does. Defaults are ORT's
+/// (measured against ORT 1.31.1): LeakyRelu 0.01, HardSigmoid 0.2 / 0.5,
+/// Elu 1.0, and 0 for Affine, ThresholdedRelu and ScaledTanh.
 fn activations(n: &NodeDesc, cell: RnnCell, dirs: usize) -> Result<Vec<RnnActivation>, Why> {
     let per = cell.activations();
     let names: Vec<String> = match attr(n, "activations") {
@@ -118,10 +120,10 @@ fn activations(n: &NodeDesc, cell: RnnCell, dirs: usize) -> Result<Vec<RnnActiva
                 "sigmoid" => RnnActivation::Sigmoid,
                 "tanh" => RnnActivation::Tanh,
                 "relu" => RnnActivation::Relu,
-                "affine" => RnnActivation::Affine(alpha(1.0), betas.next().unwrap_or(0.0)),
+                "affine" => RnnActivation::Affine(alpha(0.0), betas.next().unwrap_or(0.0)),
                 "leakyrelu" => RnnActivation::LeakyRelu(alpha(0.01)),
-                "thresholdedrelu" => RnnActivation::ThresholdedRelu(alpha(1.0)),
-                "scaledtanh" => RnnActivation::ScaledTanh(alpha(1.0), betas.next().unwrap_or(1.0)),
+                "thresholdedrelu" => RnnActivation::ThresholdedRelu(alpha(0.0)),
+                "scaledtanh" => RnnActivation::ScaledTanh(alpha(0.0), betas.next().unwrap_or(0.0)),
                 "hardsigmoid" => RnnActivation::HardSigmoid(alpha(0.2), betas.next().unwrap_or(0.5)),
                 "elu" => RnnActivation::Elu(alpha(1.0)),
                 "softsign" => RnnActivation::Softsign,
