@@ -541,3 +541,223 @@ impl Direction<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::parallel::Serial;
+    use crate::target::Target;
+
+    fn values(n: usize, seed: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0) * scale)
+            .collect()
+    }
+
+    fn sigmoid(x: f64) -> f64 {
+        1.0 / (1.0 + (-x).exp())
+    }
+
+    /// `W`/`R` row `row` of direction `d` times `v`.
+    fn dot(m: &[f32], d: usize, rows: usize, cols: usize, row: usize, v: &[f64]) -> f64 {
+        let at = (d * rows + row) * cols;
+        m[at..at + cols].iter().zip(v).map(|(&a, &b)| a as f64 * b).sum()
+    }
+
+    /// A plain f64 LSTM / GRU (default activations, no clip) for one direction.
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        cell: RnnCell,
+        d: usize,
+        reversed: bool,
+        dims: &RnnDims,
+        h: usize,
+        x: &[f32],
+        w: &[f32],
+        r: &[f32],
+        b: &[f32],
+        lens: &[usize],
+    ) -> (Vec<Vec<f64>>, Vec<f64>) {
+        let g = cell.gates();
+        let mut y = vec![vec![0.0; dims.batch * h]; dims.seq];
+        let mut last = vec![0.0; dims.batch * h];
+        for bi in 0..dims.batch {
+            let (mut hs, mut cs) = (vec![0.0f64; h], vec![0.0f64; h]);
+            for s in 0..lens[bi] {
+                let t = if reversed { lens[bi] - 1 - s } else { s };
+                let xt: Vec<f64> = (0..dims.input)
+                    .map(|i| x[(t * dims.batch + bi) * dims.input + i] as f64)
+                    .collect();
+                let pre = |row: usize, hv: &[f64]| {
+                    dot(w, d, g * h, dims.input, row, &xt)
+                        + dot(r, d, g * h, h, row, hv)
+                        + b[d * 2 * g * h + row] as f64
+                        + b[d * 2 * g * h + g * h + row] as f64
+                };
+                let mut next = vec![0.0; h];
+                match cell {
+                    RnnCell::Lstm { .. } => {
+                        for j in 0..h {
+                            let i = sigmoid(pre(j, &hs));
+                            let o = sigmoid(pre(h + j, &hs));
+                            let f = sigmoid(pre(2 * h + j, &hs));
+                            let c = pre(3 * h + j, &hs).tanh();
+                            cs[j] = f * cs[j] + i * c;
+                            next[j] = o * cs[j].tanh();
+                        }
+                    }
+                    RnnCell::Gru { linear_before_reset } => {
+                        let z: Vec<f64> = (0..h).map(|j| sigmoid(pre(j, &hs))).collect();
+                        let rg: Vec<f64> = (0..h).map(|j| sigmoid(pre(h + j, &hs))).collect();
+                        let rh: Vec<f64> = (0..h).map(|j| rg[j] * hs[j]).collect();
+                        for j in 0..h {
+                            let row = 2 * h + j;
+                            let wb = b[d * 2 * g * h + row] as f64;
+                            let rb = b[d * 2 * g * h + g * h + row] as f64;
+                            let xw = dot(w, d, g * h, dims.input, row, &xt) + wb;
+                            let cand = if linear_before_reset {
+                                xw + rg[j] * (dot(r, d, g * h, h, row, &hs) + rb)
+                            } else {
+                                xw + dot(r, d, g * h, h, row, &rh) + rb
+                            };
+                            next[j] = (1.0 - z[j]) * cand.tanh() + z[j] * hs[j];
+                        }
+                    }
+                }
+                hs = next;
+                y[t][bi * h..(bi + 1) * h].copy_from_slice(&hs);
+            }
+            last[bi * h..(bi + 1) * h].copy_from_slice(&hs);
+        }
+        (y, last)
+    }
+
+    #[test]
+    fn matches_a_plain_reference_on_every_target() {
+        let (h, dims) = (
+            6,
+            RnnDims {
+                seq: 4,
+                batch: 3,
+                input: 5,
+            },
+        );
+        let cells = [
+            RnnCell::Lstm {
+                input_forget: false,
+                peepholes: false,
+            },
+            RnnCell::Gru {
+                linear_before_reset: false,
+            },
+            RnnCell::Gru {
+                linear_before_reset: true,
+            },
+        ];
+        let lens = [4usize, 0, 2];
+        let lens32: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+        for isa in Target::ALL.into_iter().filter_map(Isa::new) {
+            for cell in cells {
+                let spec = RnnSpec {
+                    cell,
+                    direction: RnnDirection::Bidirectional,
+                    hidden: h,
+                    activations: match cell {
+                        RnnCell::Lstm { .. } => [RnnActivation::Sigmoid, RnnActivation::Tanh, RnnActivation::Tanh]
+                            .repeat(2),
+                        RnnCell::Gru { .. } => [RnnActivation::Sigmoid, RnnActivation::Tanh].repeat(2),
+                    },
+                    clip: None,
+                };
+                let g = cell.gates();
+                let x = values(dims.seq * dims.batch * dims.input, 1, 1.0);
+                let w = values(2 * g * h * dims.input, 2, 0.6);
+                let r = values(2 * g * h * h, 3, 0.6);
+                let b = values(2 * 2 * g * h, 4, 0.5);
+                let target = isa.target();
+                let wp = PackedB::pack(target, &w, dims.input, 2 * g * h, true);
+                let mut rp = Vec::new();
+                for d in 0..2 {
+                    for (first, rows) in cell.r_part_rows(h) {
+                        let at = (d * g * h + first) * h;
+                        rp.push(PackedB::pack(target, &r[at..at + rows * h], h, rows, true));
+                    }
+                }
+                let lbr = cell == (RnnCell::Gru { linear_before_reset: true });
+                let (mut row, mut rbh) = (Vec::new(), Vec::new());
+                for d in 0..2 {
+                    for j in 0..g * h {
+                        let (wb, rb) = (b[d * 2 * g * h + j], b[d * 2 * g * h + g * h + j]);
+                        row.push(if lbr && j >= 2 * h { wb } else { wb + rb });
+                    }
+                    if lbr {
+                        rbh.extend_from_slice(&b[d * 2 * g * h + 2 * g * h - h..(d + 1) * 2 * g * h]);
+                    }
+                }
+                let args = RnnArgs {
+                    x: &x,
+                    w: &wp,
+                    r: rp.iter().collect(),
+                    bias: Some(&row),
+                    rbh: lbr.then_some(&rbh[..]),
+                    seq_lens: Some(&lens32),
+                    initial_h: None,
+                    initial_c: None,
+                    p: None,
+                };
+                let mut dst = vec![f32::NAN; dims.out_len(&spec).unwrap()];
+                rnn(isa, &spec, &dims, &args, &mut dst, &Serial).unwrap();
+                let [_, y_h, _] = dims.output_offsets(&spec).unwrap();
+                for d in 0..2 {
+                    let (y, last) = reference(cell, d, d == 1, &dims, h, &x, &w, &r, &b, &lens);
+                    for t in 0..dims.seq {
+                        for i in 0..dims.batch * h {
+                            let got = dst[((t * 2 + d) * dims.batch) * h + i] as f64;
+                            assert!((got - y[t][i]).abs() < 1e-5, "{cell:?} {isa:?} d{d} t{t} {i}: {got} vs {}", y[t][i]);
+                        }
+                    }
+                    for i in 0..dims.batch * h {
+                        let got = dst[y_h + d * dims.batch * h + i] as f64;
+                        assert!((got - last[i]).abs() < 1e-5, "{cell:?} {isa:?} Y_h d{d} {i}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_buffers_that_do_not_fit() {
+        let spec = RnnSpec {
+            cell: RnnCell::Gru {
+                linear_before_reset: false,
+            },
+            direction: RnnDirection::Forward,
+            hidden: 2,
+            activations: vec![RnnActivation::Sigmoid, RnnActivation::Tanh],
+            clip: None,
+        };
+        let dims = RnnDims {
+            seq: 2,
+            batch: 1,
+            input: 3,
+        };
+        let lens = RnnLens {
+            x: 6,
+            dst: dims.out_len(&spec).unwrap(),
+            ..RnnLens::default()
+        };
+        assert!(sizes_fit(&spec, &dims, &lens));
+        assert!(!sizes_fit(&spec, &dims, &RnnLens { x: 5, ..lens }));
+        assert!(!sizes_fit(&spec, &dims, &RnnLens { dst: lens.dst - 1, ..lens }));
+        // An LSTM-only input on a GRU, a missing Rbh for linear_before_reset.
+        assert!(!sizes_fit(&spec, &dims, &RnnLens { initial_c: Some(2), ..lens }));
+        let lbr = RnnSpec {
+            cell: RnnCell::Gru {
+                linear_before_reset: true,
+            },
+            ..spec.clone()
+        };
+        assert!(!sizes_fit(&lbr, &dims, &lens));
+        assert!(sizes_fit(&lbr, &dims, &RnnLens { rbh: Some(2), ..lens }));
+    }
+}
