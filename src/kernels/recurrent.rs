@@ -331,6 +331,8 @@ pub fn rnn(isa: Isa, spec: &RnnSpec, dims: &RnnDims, a: &RnnArgs<'_>, dst: &mut 
     let (outs, work) = dst.split_at_mut(parts.xw);
     let (xw, work) = work.split_at_mut(parts.gates - parts.xw);
     let (gates, tmp) = work.split_at_mut(parts.tmp - parts.gates);
+    // Not all of it is used by every cell: the whole destination stays deterministic.
+    tmp.fill(0.0);
     let rows = dims.seq * dims.batch;
     let epi = Epilogue {
         bias: match a.bias {
