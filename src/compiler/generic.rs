@@ -210,7 +210,10 @@ fn pack_recurrent_weights(
             continue;
         }
         let n = dirs * rows;
-        if out.iter().any(|p| p.source == c.name && p.trans_b && p.k == k && p.n == n) {
+        if out
+            .iter()
+            .any(|p| p.source == c.name && p.trans_b && p.k == k && p.n == n)
+        {
             continue;
         }
         let Ok(pb) = PackedB::try_pack(target, c.data.as_slice(), k, n, true) else {

@@ -13,9 +13,9 @@ use super::generic::PackedWeights;
 use super::memplan::{plan_arena, Lifetime};
 use crate::error::{Error, Result};
 use crate::ir::{matmul_dims, BiasKind, DType, Graph, MatMulAttrs, Node, Op, RnnAttrs, ValueId};
-use crate::kernels::recurrent::RnnDims;
 use crate::kernels::gemm::PackedB;
 use crate::kernels::movement::broadcast_strides;
+use crate::kernels::recurrent::RnnDims;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
     BufRef, Constant, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, RnnStep, Step, TensorSpec, Weight,
@@ -444,7 +444,10 @@ impl Lowering<'_> {
         };
         let dirs = spec.direction.count();
         let (h, gh) = (spec.hidden, spec.cell.gates() * spec.hidden);
-        let (Some(w), Some(r)) = (self.graph.constant(ins[1]).cloned(), self.graph.constant(ins[2]).cloned()) else {
+        let (Some(w), Some(r)) = (
+            self.graph.constant(ins[1]).cloned(),
+            self.graph.constant(ins[2]).cloned(),
+        ) else {
             return Err(internal("recurrent weights are not constants"));
         };
         let w = self.packed_constant(&w, 0, input, dirs * gh)?;

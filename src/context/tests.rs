@@ -810,10 +810,21 @@ fn recurrent_step_round_trips() {
         },
         direction: RnnDirection::Bidirectional,
         hidden: h,
-        activations: vec![A::HardSigmoid(0.2, 0.5), A::ScaledTanh(1.5, 0.5), A::Tanh, A::Sigmoid, A::Elu(0.8), A::Softsign],
+        activations: vec![
+            A::HardSigmoid(0.2, 0.5),
+            A::ScaledTanh(1.5, 0.5),
+            A::Tanh,
+            A::Sigmoid,
+            A::Elu(0.8),
+            A::Softsign,
+        ],
         clip: Some(3.0),
     };
-    let dims = crate::kernels::recurrent::RnnDims { seq: 2, batch: 2, input };
+    let dims = crate::kernels::recurrent::RnnDims {
+        seq: 2,
+        batch: 2,
+        input,
+    };
     let mut g = G::new("rnn");
     let x = g.input("x", &[2, 2, input]);
     let w = g.constant("w", &[dirs, 4 * h, input], row(dirs * 4 * h * input, 2));
@@ -830,7 +841,12 @@ fn recurrent_step_round_trips() {
         p: true,
         ..RnnInputs::default()
     };
-    g.0.add_node("lstm", Op::Rnn(Box::new(RnnAttrs { spec, has })), vec![x, w, r, bias, h0, c0, p], vec![y]);
+    g.0.add_node(
+        "lstm",
+        Op::Rnn(Box::new(RnnAttrs { spec, has })),
+        vec![x, w, r, bias, h0, c0, p],
+        vec![y],
+    );
     g.0.outputs.push(y);
     let want = compile(&g.0, Target::Generic).unwrap();
     assert!(want.steps().iter().any(|s| matches!(s, crate::plan::Step::Rnn(_))));

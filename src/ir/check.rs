@@ -312,7 +312,17 @@ fn infer_rnn(r: &super::RnnAttrs, ins: &[&TensorType]) -> Result<TensorType, Why
     use crate::kernels::recurrent::{sizes_fit, RnnDims, RnnLens};
     let spec = &r.spec;
     for (i, t) in ins.iter().enumerate() {
-        expect_dtype(&format!("input {i}"), t, &[if r.has.seq_lens && i == 3 + usize::from(r.has.bias) + usize::from(r.has.rbh) { DType::I32 } else { DType::F32 }])?;
+        expect_dtype(
+            &format!("input {i}"),
+            t,
+            &[
+                if r.has.seq_lens && i == 3 + usize::from(r.has.bias) + usize::from(r.has.rbh) {
+                    DType::I32
+                } else {
+                    DType::F32
+                },
+            ],
+        )?;
     }
     let [seq, batch, input] = ins[0].shape[..] else {
         return Err(format!("X {} is not 3-D", shape(&ins[0].shape)));

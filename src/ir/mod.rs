@@ -135,7 +135,14 @@ pub struct RnnInputs {
 impl RnnInputs {
     /// Presence of each optional input, in input order.
     pub fn flags(&self) -> [bool; 6] {
-        [self.bias, self.rbh, self.seq_lens, self.initial_h, self.initial_c, self.p]
+        [
+            self.bias,
+            self.rbh,
+            self.seq_lens,
+            self.initial_h,
+            self.initial_c,
+            self.p,
+        ]
     }
 
     pub fn count(&self) -> usize {

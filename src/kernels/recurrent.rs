@@ -298,7 +298,14 @@ fn size_error(what: impl std::fmt::Display) -> Error {
 }
 
 /// Runs the layer over the whole sequence into `dst` (see the module doc).
-pub fn rnn(isa: Isa, spec: &RnnSpec, dims: &RnnDims, a: &RnnArgs<'_>, dst: &mut [f32], par: &dyn Parallel) -> Result<()> {
+pub fn rnn(
+    isa: Isa,
+    spec: &RnnSpec,
+    dims: &RnnDims,
+    a: &RnnArgs<'_>,
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
     let lens = RnnLens {
         x: a.x.len(),
         bias: a.bias.map(<[f32]>::len),
@@ -310,7 +317,9 @@ pub fn rnn(isa: Isa, spec: &RnnSpec, dims: &RnnDims, a: &RnnArgs<'_>, dst: &mut 
         dst: dst.len(),
     };
     if !sizes_fit(spec, dims, &lens) {
-        return Err(size_error(format_args!("buffers {lens:?} do not fit {spec:?} at {dims:?}")));
+        return Err(size_error(format_args!(
+            "buffers {lens:?} do not fit {spec:?} at {dims:?}"
+        )));
     }
     let dirs = spec.direction.count();
     let (h, gh) = (spec.hidden, spec.cell.gates() * spec.hidden);
@@ -519,7 +528,17 @@ impl Direction<'_> {
             for (i, v) in rh.iter_mut().enumerate() {
                 *v = zr[(i / h) * 2 * h + h + i % h] * hs[i];
             }
-            gemm_packed(self.isa, batch, rh, h, self.r[1], &mut gates[..batch * h], h, &Epilogue::PLAIN, par)?;
+            gemm_packed(
+                self.isa,
+                batch,
+                rh,
+                h,
+                self.r[1],
+                &mut gates[..batch * h],
+                h,
+                &Epilogue::PLAIN,
+                par,
+            )?;
         }
         for b in 0..batch {
             if t >= self.lens[b] {
@@ -665,8 +684,9 @@ mod tests {
                     direction: RnnDirection::Bidirectional,
                     hidden: h,
                     activations: match cell {
-                        RnnCell::Lstm { .. } => [RnnActivation::Sigmoid, RnnActivation::Tanh, RnnActivation::Tanh]
-                            .repeat(2),
+                        RnnCell::Lstm { .. } => {
+                            [RnnActivation::Sigmoid, RnnActivation::Tanh, RnnActivation::Tanh].repeat(2)
+                        }
                         RnnCell::Gru { .. } => [RnnActivation::Sigmoid, RnnActivation::Tanh].repeat(2),
                     },
                     clip: None,
@@ -685,7 +705,10 @@ mod tests {
                         rp.push(PackedB::pack(target, &r[at..at + rows * h], h, rows, true));
                     }
                 }
-                let lbr = cell == (RnnCell::Gru { linear_before_reset: true });
+                let lbr = cell
+                    == (RnnCell::Gru {
+                        linear_before_reset: true,
+                    });
                 let (mut row, mut rbh) = (Vec::new(), Vec::new());
                 for d in 0..2 {
                     for j in 0..g * h {
@@ -715,7 +738,11 @@ mod tests {
                     for t in 0..dims.seq {
                         for i in 0..dims.batch * h {
                             let got = dst[((t * 2 + d) * dims.batch) * h + i] as f64;
-                            assert!((got - y[t][i]).abs() < 1e-5, "{cell:?} {isa:?} d{d} t{t} {i}: {got} vs {}", y[t][i]);
+                            assert!(
+                                (got - y[t][i]).abs() < 1e-5,
+                                "{cell:?} {isa:?} d{d} t{t} {i}: {got} vs {}",
+                                y[t][i]
+                            );
                         }
                     }
                     for i in 0..dims.batch * h {
@@ -750,9 +777,23 @@ mod tests {
         };
         assert!(sizes_fit(&spec, &dims, &lens));
         assert!(!sizes_fit(&spec, &dims, &RnnLens { x: 5, ..lens }));
-        assert!(!sizes_fit(&spec, &dims, &RnnLens { dst: lens.dst - 1, ..lens }));
+        assert!(!sizes_fit(
+            &spec,
+            &dims,
+            &RnnLens {
+                dst: lens.dst - 1,
+                ..lens
+            }
+        ));
         // An LSTM-only input on a GRU, a missing Rbh for linear_before_reset.
-        assert!(!sizes_fit(&spec, &dims, &RnnLens { initial_c: Some(2), ..lens }));
+        assert!(!sizes_fit(
+            &spec,
+            &dims,
+            &RnnLens {
+                initial_c: Some(2),
+                ..lens
+            }
+        ));
         let lbr = RnnSpec {
             cell: RnnCell::Gru {
                 linear_before_reset: true,

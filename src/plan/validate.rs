@@ -282,7 +282,10 @@ fn rnn_fits(p: &Program, r: &super::RnnStep, s: &[usize], d: usize) -> bool {
     };
     let parts = spec.cell.r_part_rows(h);
     let r_ok = r.r.len() == dirs * parts.len()
-        && r.r.iter().enumerate().all(|(i, &c)| packed(c, h, parts[i % parts.len()].1));
+        && r.r
+            .iter()
+            .enumerate()
+            .all(|(i, &c)| packed(c, h, parts[i % parts.len()].1));
     if !packed(r.w, r.dims.input, dirs * gh) || !r_ok {
         return false;
     }

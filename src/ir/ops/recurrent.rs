@@ -35,16 +35,20 @@ fn gru(imp: &mut Importer, n: &NodeDesc, _out: &str) -> Result<(), Why> {
     if !matches!(lbr, 0 | 1) {
         return Err(format!("linear_before_reset {lbr} is not 0 or 1"));
     }
-    rnn(imp, n, RnnCell::Gru {
-        linear_before_reset: lbr == 1,
-    })
+    rnn(
+        imp,
+        n,
+        RnnCell::Gru {
+            linear_before_reset: lbr == 1,
+        },
+    )
 }
 
 fn present(n: &NodeDesc, k: usize) -> bool {
     n.inputs.get(k).is_some_and(|s| !s.is_empty())
 }
 
-fn output<'n>(n: &'n NodeDesc, k: usize) -> Option<&'n str> {
+fn output(n: &NodeDesc, k: usize) -> Option<&str> {
     n.outputs.get(k).map(String::as_str).filter(|s| !s.is_empty())
 }
 
@@ -128,7 +132,12 @@ fn activations(n: &NodeDesc, cell: RnnCell, dirs: usize) -> Result<Vec<RnnActiva
                 "elu" => RnnActivation::Elu(alpha(1.0)),
                 "softsign" => RnnActivation::Softsign,
                 "softplus" => RnnActivation::Softplus,
-                _ => return Err(format!("activation '{name}' is not one ONNX allows in {}", cell.onnx_name())),
+                _ => {
+                    return Err(format!(
+                        "activation '{name}' is not one ONNX allows in {}",
+                        cell.onnx_name()
+                    ))
+                }
             };
             Ok(f)
         })
@@ -195,7 +204,11 @@ fn rnn(imp: &mut Importer, n: &NodeDesc, cell: RnnCell) -> Result<(), Why> {
             ins.push(rbh);
             has.rbh = true;
         }
-    } else if cell == (RnnCell::Gru { linear_before_reset: true }) {
+    } else if cell
+        == (RnnCell::Gru {
+            linear_before_reset: true,
+        })
+    {
         // Rbh is zero: the kernel still takes it.
         ins.push(imp.constant("rnn_rbh", Tensor::f32(&[dirs * h], vec![0.0; dirs * h])));
         has.rbh = true;
@@ -217,7 +230,10 @@ fn rnn(imp: &mut Importer, n: &NodeDesc, cell: RnnCell) -> Result<(), Why> {
         };
         expect_f32(imp, v, what)?;
         if imp.ty(v).shape != [dirs, batch, h] {
-            return Err(format!("{what} {:?} does not fit [{dirs}, {batch}, {h}]", imp.ty(v).shape));
+            return Err(format!(
+                "{what} {:?} does not fit [{dirs}, {batch}, {h}]",
+                imp.ty(v).shape
+            ));
         }
         Ok(v)
     };
@@ -239,12 +255,25 @@ fn rnn(imp: &mut Importer, n: &NodeDesc, cell: RnnCell) -> Result<(), Why> {
         ins.push(flat);
         has.p = true;
     }
-    let all = imp.emit(n, Op::Rnn(Box::new(RnnAttrs { spec: spec.clone(), has })), &ins, None, None)?;
+    let all = imp.emit(
+        n,
+        Op::Rnn(Box::new(RnnAttrs {
+            spec: spec.clone(),
+            has,
+        })),
+        &ins,
+        None,
+        None,
+    )?;
     let dims = RnnDims { seq, batch, input };
     let offsets = dims.output_offsets(&spec).ok_or("the layer's output is too large")?;
     let state_shape = [dirs, batch, h];
     let y_shape = [seq, dirs, batch, h];
-    let outputs: [(&[usize], &[usize]); 3] = [(&y_shape, &[2, 0, 1, 3]), (&state_shape, &[1, 0, 2]), (&state_shape, &[1, 0, 2])];
+    let outputs: [(&[usize], &[usize]); 3] = [
+        (&y_shape, &[2, 0, 1, 3]),
+        (&state_shape, &[1, 0, 2]),
+        (&state_shape, &[1, 0, 2]),
+    ];
     for (k, (shape, batch_first)) in outputs.iter().enumerate() {
         let Some(name) = output(n, k) else { continue };
         let len: usize = shape.iter().product();
@@ -303,7 +332,10 @@ fn biases(
         .known(b, true)?
         .ok_or("B is not a constant (kiln folds it into the input projections)")?;
     let vals = t.as_f64s();
-    let lbr = cell == (RnnCell::Gru { linear_before_reset: true });
+    let lbr = cell
+        == (RnnCell::Gru {
+            linear_before_reset: true,
+        });
     let mut row = Vec::with_capacity(dirs * gh);
     let mut rbh = Vec::with_capacity(dirs * h);
     for d in 0..dirs {
@@ -311,7 +343,11 @@ fn biases(
         let rb = &vals[d * 2 * gh + gh..(d + 1) * 2 * gh];
         for j in 0..gh {
             let separate = lbr && j >= 2 * h;
-            row.push(if separate { wb[j] as f32 } else { (wb[j] as f32) + (rb[j] as f32) });
+            row.push(if separate {
+                wb[j] as f32
+            } else {
+                (wb[j] as f32) + (rb[j] as f32)
+            });
         }
         if lbr {
             rbh.extend(rb[2 * h..].iter().map(|&v| v as f32));
