@@ -9,8 +9,9 @@
 //! The step's destination holds its outputs and its workspace, in this
 //! order (see [`RnnDims::out_len`]): `Y [seq, dirs, batch, hidden]`,
 //! `Y_h [dirs, batch, hidden]`, `Y_c` (LSTM only, like `Y_h`), the input
-//! projections `[seq * batch, dirs * gates * hidden]` and two blocks of
-//! `batch * gates * hidden` for the recurrent products.
+//! projections `[seq * batch, dirs * gates * hidden]`, a block of
+//! `batch * gates * hidden` for the recurrent products and one of
+//! `(batch + 1) * gates * hidden` for GRU's gates.
 
 use super::gemm::{gemm_packed, Epilogue, PackedB};
 use super::math;
@@ -207,7 +208,8 @@ impl RnnDims {
         };
         let gates = xw.checked_add(self.seq.checked_mul(self.batch)?.checked_mul(dirs)?.checked_mul(gh)?)?;
         let tmp = gates.checked_add(self.batch.checked_mul(gh)?)?;
-        let end = tmp.checked_add(self.batch.checked_mul(gh)?)?;
+        // GRU: z and r, r ⊙ H, and one row of candidates.
+        let end = tmp.checked_add(self.batch.checked_mul(gh)?)?.checked_add(gh)?;
         Some(OutParts {
             y,
             y_h,
@@ -462,15 +464,13 @@ impl Direction<'_> {
         &self.xw[at..at + gh]
     }
 
-    fn clip(&self, x: f32) -> f32 {
-        match self.spec.clip {
-            Some(c) => x.clamp(-c, c),
-            None => x,
-        }
-    }
-
     fn act(&self, k: usize) -> RnnActivation {
         self.spec.activations[self.d * self.spec.cell.activations() + k]
+    }
+
+    /// `f` over a gate's pre-activations, clipped first.
+    fn activate(&self, k: usize, x: &mut [f32]) {
+        super::rnn_gate_isa(self.isa, self.act(k), self.spec.clip, x);
     }
 
     fn lstm_step(&self, t: usize, hs: &mut [f32], cs: &mut [f32], gates: &mut [f32], par: &dyn Parallel) -> Result<()> {
@@ -478,29 +478,49 @@ impl Direction<'_> {
         let gh = 4 * h;
         let gates = &mut gates[..batch * gh];
         gemm_packed(self.isa, batch, hs, h, self.r[0], gates, gh, &Epilogue::PLAIN, par)?;
-        let (f, g, hh) = (self.act(0), self.act(1), self.act(2));
         let input_forget = matches!(self.spec.cell, RnnCell::Lstm { input_forget: true, .. });
         for b in 0..batch {
             if t >= self.lens[b] {
                 continue;
             }
-            let xw = self.xw_row(t, b);
-            let hr = &gates[b * gh..(b + 1) * gh];
+            let row = &mut gates[b * gh..(b + 1) * gh];
+            for (g, x) in row.iter_mut().zip(self.xw_row(t, b)) {
+                *g += x;
+            }
+            let c_prev = &mut cs[b * h..(b + 1) * h];
+            // Gates i, o, f, c; peepholes i, o, f.
+            let (i, rest) = row.split_at_mut(h);
+            let (o, rest) = rest.split_at_mut(h);
+            let (f, c) = rest.split_at_mut(h);
+            if let Some(p) = self.p {
+                for j in 0..h {
+                    i[j] += p[j] * c_prev[j];
+                    f[j] += p[2 * h + j] * c_prev[j];
+                }
+            }
+            self.activate(0, i);
+            if input_forget {
+                for j in 0..h {
+                    f[j] = 1.0 - i[j];
+                }
+            } else {
+                self.activate(0, f);
+            }
+            self.activate(1, c);
             for j in 0..h {
-                let c_prev = cs[b * h + j];
-                let peep = |k: usize, c: f32| self.p.map_or(0.0, |p| p[k * h + j] * c);
-                let pre = |k: usize| xw[k * h + j] + hr[k * h + j];
-                let i = f.apply(self.clip(pre(0) + peep(0, c_prev)));
-                let fg = if input_forget {
-                    1.0 - i
-                } else {
-                    f.apply(self.clip(pre(2) + peep(2, c_prev)))
-                };
-                let cand = g.apply(self.clip(pre(3)));
-                let c = fg * c_prev + i * cand;
-                let o = f.apply(self.clip(pre(1) + peep(1, c)));
-                cs[b * h + j] = c;
-                hs[b * h + j] = o * hh.apply(c);
+                c_prev[j] = f[j] * c_prev[j] + i[j] * c[j];
+            }
+            if let Some(p) = self.p {
+                for j in 0..h {
+                    o[j] += p[h + j] * c_prev[j];
+                }
+            }
+            self.activate(0, o);
+            // h(C) into the spent candidate gate, then H = o ⊙ h(C).
+            c.copy_from_slice(c_prev);
+            super::rnn_gate_isa(self.isa, self.act(2), None, c);
+            for (hj, (oj, cj)) in hs[b * h..(b + 1) * h].iter_mut().zip(o.iter().zip(c.iter())) {
+                *hj = oj * cj;
             }
         }
         Ok(())
@@ -508,7 +528,6 @@ impl Direction<'_> {
 
     fn gru_step(&self, t: usize, hs: &mut [f32], gates: &mut [f32], tmp: &mut [f32], par: &dyn Parallel) -> Result<()> {
         let (batch, h) = (self.dims.batch, self.spec.hidden);
-        let (f, g) = (self.act(0), self.act(1));
         let lbr = self.r.len() == 1;
         // lbr: all three gates' H·Rᵀ at once; else z and r first.
         let width = if lbr { 3 * h } else { 2 * h };
@@ -518,9 +537,11 @@ impl Direction<'_> {
         let (zr, rest) = tmp.split_at_mut(batch * 2 * h);
         for b in 0..batch {
             let xw = self.xw_row(t, b);
-            for j in 0..2 * h {
-                zr[b * 2 * h + j] = f.apply(self.clip(xw[j] + hr[b * width + j]));
+            let row = &mut zr[b * 2 * h..(b + 1) * 2 * h];
+            for (j, z) in row.iter_mut().enumerate() {
+                *z = xw[j] + hr[b * width + j];
             }
+            self.activate(0, row);
         }
         if !lbr {
             // (r ⊙ H)·Rhᵀ into the front of `gates` (H·R_zrᵀ is no longer needed).
@@ -540,26 +561,53 @@ impl Direction<'_> {
                 par,
             )?;
         }
+        let cand = &mut rest[batch * h..batch * h + h];
         for b in 0..batch {
             if t >= self.lens[b] {
                 continue;
             }
             let xw = self.xw_row(t, b);
-            for j in 0..h {
-                let z = zr[b * 2 * h + j];
+            let row = &mut cand[..h];
+            for (j, v) in row.iter_mut().enumerate() {
                 let r = zr[b * 2 * h + h + j];
-                let pre = if lbr {
+                *v = if lbr {
                     let rb = self.rbh.map_or(0.0, |rb| rb[j]);
                     xw[2 * h + j] + r * (gates[b * width + 2 * h + j] + rb)
                 } else {
                     xw[2 * h + j] + gates[b * h + j]
                 };
-                let cand = g.apply(self.clip(pre));
+            }
+            self.activate(1, row);
+            for j in 0..h {
+                let z = zr[b * 2 * h + j];
                 let prev = hs[b * h + j];
-                hs[b * h + j] = (1.0 - z) * cand + z * prev;
+                hs[b * h + j] = (1.0 - z) * row[j] + z * prev;
             }
         }
         Ok(())
+    }
+}
+
+/// `x = f(clip(x))` for one gate, element by element (compiled per ISA by
+/// `kernels::rnn_gate_isa`, so the loop vectorises).
+#[inline(always)]
+pub(super) fn gate(f: RnnActivation, clip: Option<f32>, x: &mut [f32]) {
+    if let Some(c) = clip {
+        for v in x.iter_mut() {
+            *v = v.clamp(-c, c);
+        }
+    }
+    macro_rules! each {
+        ($e:expr) => {
+            for v in x.iter_mut() {
+                *v = $e(*v);
+            }
+        };
+    }
+    match f {
+        RnnActivation::Sigmoid => each!(math::sigmoid),
+        RnnActivation::Tanh => each!(math::tanh),
+        other => each!(|v| other.apply(v)),
     }
 }
 
