@@ -153,6 +153,10 @@ fn pack_gemm_weights(desc: &GraphDesc, constants: &[NamedConstant], target: Targ
     let by_name: HashMap<&str, &NamedConstant> = constants.iter().map(|c| (c.name.as_str(), c)).collect();
     let mut out: Vec<PackedConstant> = Vec::new();
     for node in &desc.nodes {
+        if matches!(node.domain.as_str(), "" | "ai.onnx") && matches!(node.op_type.as_str(), "LSTM" | "GRU") {
+            pack_recurrent_weights(node, &by_name, target, &mut out);
+            continue;
+        }
         let trans_b = match (node.domain.as_str(), node.op_type.as_str()) {
             ("" | "ai.onnx", "MatMul") => false,
             ("" | "ai.onnx", "Gemm") => matches!(node.attrs.get("transB"), Some(AttrValue::Int(t)) if *t != 0),
@@ -184,6 +188,45 @@ fn pack_gemm_weights(desc: &GraphDesc, constants: &[NamedConstant], target: Targ
         });
     }
     out
+}
+
+/// A recurrent layer's constant `W [dirs, gates * hidden, input]`, packed
+/// whole as lowering packs it (`[n, k]` rows: `trans_b`), and its `R` when
+/// lowering packs that whole too (one direction, one part; see
+/// `RnnCell::r_part_rows`). Other `R`s are packed per specialisation.
+fn pack_recurrent_weights(
+    node: &crate::ir::NodeDesc,
+    by_name: &HashMap<&str, &NamedConstant>,
+    target: Target,
+    out: &mut Vec<PackedConstant>,
+) {
+    let gru_split = node.op_type == "GRU" && !matches!(node.attrs.get("linear_before_reset"), Some(AttrValue::Int(1)));
+    for (k_in, whole_r) in [(1, false), (2, true)] {
+        let Some(c) = node.inputs.get(k_in).and_then(|b| by_name.get(b.as_str())) else {
+            continue;
+        };
+        let [dirs, rows, k] = c.shape[..] else { continue };
+        if c.dtype != DType::F32 || whole_r && (dirs != 1 || gru_split) {
+            continue;
+        }
+        let n = dirs * rows;
+        if out
+            .iter()
+            .any(|p| p.source == c.name && p.trans_b && p.k == k && p.n == n)
+        {
+            continue;
+        }
+        let Ok(pb) = PackedB::try_pack(target, c.data.as_slice(), k, n, true) else {
+            continue;
+        };
+        out.push(PackedConstant {
+            source: c.name.clone(),
+            trans_b: true,
+            k,
+            n,
+            data: pb.data().clone(),
+        });
+    }
 }
 
 /// How many programs (input shape signatures) a partition keeps by default.

@@ -12,12 +12,14 @@ use super::alias::Folded;
 use super::generic::PackedWeights;
 use super::memplan::{plan_arena, Lifetime};
 use crate::error::{Error, Result};
-use crate::ir::{matmul_dims, BiasKind, DType, Graph, MatMulAttrs, Node, Op, ValueId};
+use crate::ir::{matmul_dims, BiasKind, DType, Graph, MatMulAttrs, Node, Op, RnnAttrs, ValueId};
 use crate::kernels::gemm::PackedB;
 use crate::kernels::movement::broadcast_strides;
+use crate::kernels::recurrent::RnnDims;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
-    BufRef, Constant, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, Step, TensorSpec,
+    BufRef, Constant, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, RnnStep, Step, TensorSpec,
+    Weight,
 };
 use crate::target::Target;
 
@@ -333,6 +335,7 @@ impl Lowering<'_> {
             | Op::ScatterNd { .. }
             | Op::CumSum { .. }
             | Op::OneHot { .. } => Step::Index(Box::new(self.index_step(&node.op, ins, out, dst)?)),
+            Op::Rnn(attrs) => self.rnn(attrs, ins, dst)?,
             Op::Reshape => return Err(internal("an alias reached lowering")),
             Op::Shape { .. } => return Err(internal("Shape was not folded")),
         };
@@ -514,6 +517,75 @@ impl Lowering<'_> {
             }
             _ => return Err(internal(format_args!("{op} is not an indexing op"))),
         })
+    }
+
+    /// A recurrent layer: `W` packed whole, `R` per direction (and part).
+    fn rnn(&mut self, attrs: &RnnAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
+        let spec = &attrs.spec;
+        let [seq, batch, input] = self.shape(ins[0])[..] else {
+            return Err(internal("recurrent X is not 3-D"));
+        };
+        let dirs = spec.direction.count();
+        let (h, gh) = (spec.hidden, spec.cell.gates() * spec.hidden);
+        let (Some(w), Some(r)) = (
+            self.graph.constant(ins[1]).cloned(),
+            self.graph.constant(ins[2]).cloned(),
+        ) else {
+            return Err(internal("recurrent weights are not constants"));
+        };
+        let w = self.packed_constant(&w, 0, input, dirs * gh)?;
+        let mut rs = Vec::new();
+        for d in 0..dirs {
+            for (first, rows) in spec.cell.r_part_rows(h) {
+                rs.push(self.packed_constant(&r, (d * gh + first) * h, h, rows)?);
+            }
+        }
+        let mut next = 3;
+        let mut opt = |this: &mut Self, has: bool| -> Result<Option<BufRef>> {
+            if !has {
+                return Ok(None);
+            }
+            next += 1;
+            this.buf(ins[next - 1]).map(Some)
+        };
+        let has = attrs.has;
+        Ok(Step::Rnn(Box::new(RnnStep {
+            spec: spec.clone(),
+            dims: RnnDims { seq, batch, input },
+            x: self.buf(ins[0])?,
+            w,
+            r: rs,
+            bias: opt(self, has.bias)?,
+            rbh: opt(self, has.rbh)?,
+            seq_lens: opt(self, has.seq_lens)?,
+            initial_h: opt(self, has.initial_h)?,
+            initial_c: opt(self, has.initial_c)?,
+            p: opt(self, has.p)?,
+            dst,
+        })))
+    }
+
+    /// Packs `n` rows of `k` values of `w` from element `at` (a `[n, k]`
+    /// block: `trans_b`) as a program constant; reuses weights packed once
+    /// for a shape-generic partition.
+    fn packed_constant(&mut self, w: &Weight, at: usize, k: usize, n: usize) -> Result<usize> {
+        let data = match self.packs.and_then(|p| p.get(w, true, k, n)).filter(|_| at == 0) {
+            Some(data) => data,
+            None => {
+                let block = w
+                    .as_slice()
+                    .get(at..at + k * n)
+                    .ok_or_else(|| internal("recurrent weight block out of range"))?;
+                PackedB::try_pack(self.target, block, k, n, true)?.data().clone()
+            }
+        };
+        self.constants.push(Constant {
+            dtype: DType::F32,
+            shape: vec![k, n].into(),
+            data,
+            packing: Packing::GemmB { k, n },
+        });
+        Ok(self.constants.len() - 1)
     }
 
     /// The buffer holding value `v` (through its alias representative).

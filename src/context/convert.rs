@@ -5,8 +5,9 @@
 use super::proto::{self, buf_info, layout_info, step_info};
 use crate::error::{Error, Result};
 use crate::ir::{Activation, DType};
+use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDims, RnnDirection, RnnSpec};
 use crate::kernels::{BinaryOp, CopyPlan, Layout, ReduceKind, Strided, UnaryOp, Where3};
-use crate::plan::{BufRef, Constant, MatB, MatBias, MatMulStep, Program, ProgramParts, Step, TensorSpec};
+use crate::plan::{BufRef, Constant, MatB, MatBias, MatMulStep, Program, ProgramParts, RnnStep, Step, TensorSpec};
 use crate::target::Target;
 
 // ---- encoding ----
@@ -218,8 +219,68 @@ fn step_info(step: &Step) -> proto::StepInfo {
             dst: Some(buf(*dst)),
         }),
         Step::Index(x) => super::convert_index::index_info(x),
+        Step::Rnn(r) => K::Rnn(rnn_info(r)),
     };
     proto::StepInfo { kind: Some(kind) }
+}
+
+fn rnn_info(r: &RnnStep) -> proto::RnnStep {
+    let (cell, input_forget, peepholes, lbr) = match r.spec.cell {
+        RnnCell::Lstm {
+            input_forget,
+            peepholes,
+        } => (proto::RnnCellKind::Lstm, input_forget, peepholes, false),
+        RnnCell::Gru { linear_before_reset } => (proto::RnnCellKind::Gru, false, false, linear_before_reset),
+    };
+    proto::RnnStep {
+        cell: cell as i32,
+        input_forget,
+        peepholes,
+        linear_before_reset: lbr,
+        direction: match r.spec.direction {
+            RnnDirection::Forward => proto::RnnDirectionKind::Forward,
+            RnnDirection::Reverse => proto::RnnDirectionKind::Reverse,
+            RnnDirection::Bidirectional => proto::RnnDirectionKind::Bidirectional,
+        } as i32,
+        hidden: r.spec.hidden as u64,
+        activations: r.spec.activations.iter().map(|&a| rnn_activation_info(a)).collect(),
+        clip: r.spec.clip,
+        seq: r.dims.seq as u64,
+        batch: r.dims.batch as u64,
+        input: r.dims.input as u64,
+        x: Some(buf(r.x)),
+        packed_w: r.w as u64,
+        packed_r: r.r.iter().map(|&c| c as u64).collect(),
+        bias: r.bias.map(buf),
+        rbh: r.rbh.map(buf),
+        seq_lens: r.seq_lens.map(buf),
+        initial_h: r.initial_h.map(buf),
+        initial_c: r.initial_c.map(buf),
+        p: r.p.map(buf),
+        dst: Some(buf(r.dst)),
+    }
+}
+
+fn rnn_activation_info(a: RnnActivation) -> proto::RnnActivationInfo {
+    use proto::RnnActivationKind as K;
+    let (kind, alpha, beta) = match a {
+        RnnActivation::Sigmoid => (K::Sigmoid, 0.0, 0.0),
+        RnnActivation::Tanh => (K::Tanh, 0.0, 0.0),
+        RnnActivation::Relu => (K::Relu, 0.0, 0.0),
+        RnnActivation::Affine(al, be) => (K::Affine, al, be),
+        RnnActivation::LeakyRelu(al) => (K::LeakyRelu, al, 0.0),
+        RnnActivation::ThresholdedRelu(al) => (K::ThresholdedRelu, al, 0.0),
+        RnnActivation::ScaledTanh(al, be) => (K::ScaledTanh, al, be),
+        RnnActivation::HardSigmoid(al, be) => (K::HardSigmoid, al, be),
+        RnnActivation::Elu(al) => (K::Elu, al, 0.0),
+        RnnActivation::Softsign => (K::Softsign, 0.0, 0.0),
+        RnnActivation::Softplus => (K::Softplus, 0.0, 0.0),
+    };
+    proto::RnnActivationInfo {
+        kind: kind as i32,
+        alpha,
+        beta,
+    }
 }
 
 fn activation_info(a: Activation) -> proto::ActivationInfo {
@@ -472,6 +533,7 @@ fn step(s: &proto::StepInfo) -> Result<Step> {
             y: buf_ref(&w.y)?,
             dst: buf_ref(&w.dst)?,
         },
+        K::Rnn(r) => Step::Rnn(Box::new(rnn(r)?)),
     })
 }
 
@@ -531,6 +593,72 @@ fn activation(a: &proto::ActivationInfo) -> Result<Activation> {
         Ok(K::GeluTanhWritten) => Activation::GeluTanhWritten,
         Ok(K::Clip) => Activation::Clip(a.a, a.b),
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown activation code {}", a.kind),
+    })
+}
+
+fn rnn(r: &proto::RnnStep) -> Result<RnnStep> {
+    let cell = match proto::RnnCellKind::try_from(r.cell) {
+        Ok(proto::RnnCellKind::Lstm) => RnnCell::Lstm {
+            input_forget: r.input_forget,
+            peepholes: r.peepholes,
+        },
+        Ok(proto::RnnCellKind::Gru) => RnnCell::Gru {
+            linear_before_reset: r.linear_before_reset,
+        },
+        _ => crate::bail!(InvalidGraph, "unknown recurrent cell code {}", r.cell),
+    };
+    let direction = match proto::RnnDirectionKind::try_from(r.direction) {
+        Ok(proto::RnnDirectionKind::Forward) => RnnDirection::Forward,
+        Ok(proto::RnnDirectionKind::Reverse) => RnnDirection::Reverse,
+        Ok(proto::RnnDirectionKind::Bidirectional) => RnnDirection::Bidirectional,
+        _ => crate::bail!(InvalidGraph, "unknown recurrent direction code {}", r.direction),
+    };
+    let opt = |b: &Option<proto::BufInfo>| b.as_ref().map(|b| buf_ref(&Some(b.clone()))).transpose();
+    Ok(RnnStep {
+        spec: RnnSpec {
+            cell,
+            direction,
+            hidden: usize_of(r.hidden, "hidden size")?,
+            activations: r.activations.iter().map(rnn_activation).collect::<Result<_>>()?,
+            clip: r.clip,
+        },
+        dims: RnnDims {
+            seq: usize_of(r.seq, "sequence length")?,
+            batch: usize_of(r.batch, "batch size")?,
+            input: usize_of(r.input, "input size")?,
+        },
+        x: buf_ref(&r.x)?,
+        w: usize_of(r.packed_w, "packed constant index")?,
+        r: r.packed_r
+            .iter()
+            .map(|&c| usize_of(c, "packed constant index"))
+            .collect::<Result<_>>()?,
+        bias: opt(&r.bias)?,
+        rbh: opt(&r.rbh)?,
+        seq_lens: opt(&r.seq_lens)?,
+        initial_h: opt(&r.initial_h)?,
+        initial_c: opt(&r.initial_c)?,
+        p: opt(&r.p)?,
+        dst: buf_ref(&r.dst)?,
+    })
+}
+
+fn rnn_activation(a: &proto::RnnActivationInfo) -> Result<RnnActivation> {
+    use proto::RnnActivationKind as K;
+    let (al, be) = (a.alpha, a.beta);
+    Ok(match K::try_from(a.kind) {
+        Ok(K::Sigmoid) => RnnActivation::Sigmoid,
+        Ok(K::Tanh) => RnnActivation::Tanh,
+        Ok(K::Relu) => RnnActivation::Relu,
+        Ok(K::Affine) => RnnActivation::Affine(al, be),
+        Ok(K::LeakyRelu) => RnnActivation::LeakyRelu(al),
+        Ok(K::ThresholdedRelu) => RnnActivation::ThresholdedRelu(al),
+        Ok(K::ScaledTanh) => RnnActivation::ScaledTanh(al, be),
+        Ok(K::HardSigmoid) => RnnActivation::HardSigmoid(al, be),
+        Ok(K::Elu) => RnnActivation::Elu(al),
+        Ok(K::Softsign) => RnnActivation::Softsign,
+        Ok(K::Softplus) => RnnActivation::Softplus,
+        Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown recurrent activation code {}", a.kind),
     })
 }
 

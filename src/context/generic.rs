@@ -358,7 +358,14 @@ fn check_packed(p: &PackedConstant, target: Target, constants: &HashMap<&str, &N
         .get(p.source.as_str())
         .ok_or_else(|| Error::invalid_graph("it packs no constant of the graph"))?;
     let shape = if p.trans_b { [p.n, p.k] } else { [p.k, p.n] };
-    if source.dtype != DType::F32 || source.shape != shape {
+    // A recurrent layer's `W`/`R` (`[dirs, rows, k]`) is packed as its `[dirs * rows, k]` view.
+    let flat = match source.shape.split_last() {
+        Some((&last, lead)) if p.trans_b => {
+            lead.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) == Some(p.n) && last == p.k
+        }
+        _ => source.shape == shape,
+    };
+    if source.dtype != DType::F32 || !flat {
         crate::bail!(
             InvalidGraph,
             "it packs a {} constant of shape {:?}, expected float {shape:?}",

@@ -257,7 +257,7 @@ pub struct OpCount {
 pub struct StepInfo {
     #[prost(
         oneof = "step_info::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40"
     )]
     pub kind: Option<step_info::Kind>,
 }
@@ -298,7 +298,101 @@ pub mod step_info {
         CumSum(super::CumSumStep),
         #[prost(message, tag = "34")]
         OneHot(super::OneHotStep),
+        // Recurrent layers (issue #12): tags 40-49.
+        #[prost(message, tag = "40")]
+        Rnn(super::RnnStep),
     }
+}
+
+/// A recurrent layer (`plan::RnnStep`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RnnStep {
+    #[prost(enumeration = "RnnCellKind", tag = "1")]
+    pub cell: i32,
+    #[prost(bool, tag = "2")]
+    pub input_forget: bool,
+    #[prost(bool, tag = "3")]
+    pub peepholes: bool,
+    #[prost(bool, tag = "4")]
+    pub linear_before_reset: bool,
+    #[prost(enumeration = "RnnDirectionKind", tag = "5")]
+    pub direction: i32,
+    #[prost(uint64, tag = "6")]
+    pub hidden: u64,
+    #[prost(message, repeated, tag = "7")]
+    pub activations: Vec<RnnActivationInfo>,
+    #[prost(float, optional, tag = "8")]
+    pub clip: Option<f32>,
+    #[prost(uint64, tag = "9")]
+    pub seq: u64,
+    #[prost(uint64, tag = "10")]
+    pub batch: u64,
+    #[prost(uint64, tag = "11")]
+    pub input: u64,
+    #[prost(message, optional, tag = "12")]
+    pub x: Option<BufInfo>,
+    #[prost(uint64, tag = "13")]
+    pub packed_w: u64,
+    #[prost(uint64, repeated, tag = "14")]
+    pub packed_r: Vec<u64>,
+    #[prost(message, optional, tag = "15")]
+    pub bias: Option<BufInfo>,
+    #[prost(message, optional, tag = "16")]
+    pub rbh: Option<BufInfo>,
+    #[prost(message, optional, tag = "17")]
+    pub seq_lens: Option<BufInfo>,
+    #[prost(message, optional, tag = "18")]
+    pub initial_h: Option<BufInfo>,
+    #[prost(message, optional, tag = "19")]
+    pub initial_c: Option<BufInfo>,
+    #[prost(message, optional, tag = "20")]
+    pub p: Option<BufInfo>,
+    #[prost(message, optional, tag = "21")]
+    pub dst: Option<BufInfo>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RnnActivationInfo {
+    #[prost(enumeration = "RnnActivationKind", tag = "1")]
+    pub kind: i32,
+    #[prost(float, tag = "2")]
+    pub alpha: f32,
+    #[prost(float, tag = "3")]
+    pub beta: f32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum RnnCellKind {
+    Unspecified = 0,
+    Lstm = 1,
+    Gru = 2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum RnnDirectionKind {
+    Unspecified = 0,
+    Forward = 1,
+    Reverse = 2,
+    Bidirectional = 3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum RnnActivationKind {
+    Unspecified = 0,
+    Sigmoid = 1,
+    Tanh = 2,
+    Relu = 3,
+    Affine = 4,
+    LeakyRelu = 5,
+    ThresholdedRelu = 6,
+    ScaledTanh = 7,
+    HardSigmoid = 8,
+    Elu = 9,
+    Softsign = 10,
+    Softplus = 11,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

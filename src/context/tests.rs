@@ -796,3 +796,62 @@ fn peek_reads_header_and_metadata_only() {
         .message
         .contains("newer than"));
 }
+
+/// A bidirectional LSTM with peepholes, clip and mixed activations: its step
+/// (tag 40) and packed weights go through the file and run identically.
+#[test]
+fn recurrent_step_round_trips() {
+    use crate::ir::{RnnActivation as A, RnnAttrs, RnnCell, RnnDirection, RnnInputs, RnnSpec};
+    let (h, dirs, input) = (3, 2, 4);
+    let spec = RnnSpec {
+        cell: RnnCell::Lstm {
+            input_forget: true,
+            peepholes: true,
+        },
+        direction: RnnDirection::Bidirectional,
+        hidden: h,
+        activations: vec![
+            A::HardSigmoid(0.2, 0.5),
+            A::ScaledTanh(1.5, 0.5),
+            A::Tanh,
+            A::Sigmoid,
+            A::Elu(0.8),
+            A::Softsign,
+        ],
+        clip: Some(3.0),
+    };
+    let dims = crate::kernels::recurrent::RnnDims {
+        seq: 2,
+        batch: 2,
+        input,
+    };
+    let mut g = G::new("rnn");
+    let x = g.input("x", &[2, 2, input]);
+    let w = g.constant("w", &[dirs, 4 * h, input], row(dirs * 4 * h * input, 2));
+    let r = g.constant("r", &[dirs, 4 * h, h], row(dirs * 4 * h * h, 3));
+    let bias = g.constant("bias", &[dirs * 4 * h], row(dirs * 4 * h, 4));
+    let h0 = g.input("h0", &[dirs, 2, h]);
+    let c0 = g.input("c0", &[dirs, 2, h]);
+    let p = g.constant("p", &[dirs * 3 * h], row(dirs * 3 * h, 5));
+    let y = g.value("y", &[dims.out_len(&spec).unwrap()]);
+    let has = RnnInputs {
+        bias: true,
+        initial_h: true,
+        initial_c: true,
+        p: true,
+        ..RnnInputs::default()
+    };
+    g.0.add_node(
+        "lstm",
+        Op::Rnn(Box::new(RnnAttrs { spec, has })),
+        vec![x, w, r, bias, h0, c0, p],
+        vec![y],
+    );
+    g.0.outputs.push(y);
+    let want = compile(&g.0, Target::Generic).unwrap();
+    assert!(want.steps().iter().any(|s| matches!(s, crate::plan::Step::Rnn(_))));
+    let mut b = ContextBuilder::new(Target::Generic);
+    b.add_graph("rnn", &want).unwrap();
+    let ctx = parse(&b.to_bytes().unwrap()).unwrap();
+    assert_same_program(&ctx.program("rnn").unwrap().unwrap(), &want);
+}

@@ -77,6 +77,7 @@ fn arity(op: &Op, ins: usize, outs: usize) -> Result<(), Why> {
         Op::GatherElements { .. } | Op::GatherNd { .. } | Op::OneHot { .. } => (&[2], 1),
         Op::LayerNorm { .. } => (&[2, 3], 1),
         Op::MatMul(m) => return exact(op, ins, m.num_inputs(), outs, 1),
+        Op::Rnn(r) => return exact(op, ins, 3 + r.has.count(), outs, 1),
         Op::Concat { .. } => {
             if ins == 0 {
                 return Err("Concat needs at least one input".into());
@@ -316,6 +317,7 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
         | Op::ScatterNd { .. }
         | Op::CumSum { .. }
         | Op::OneHot { .. } => infer_index(op, ins, given)?,
+        Op::Rnn(r) => infer_rnn(r, ins)?,
     };
     Ok(vec![out])
 }
@@ -403,6 +405,55 @@ fn infer_index(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<
         }
         _ => Err(format!("{op} is not an indexing op")),
     }
+}
+
+/// A recurrent layer's flat output (see [`Op::Rnn`]).
+fn infer_rnn(r: &super::RnnAttrs, ins: &[&TensorType]) -> Result<TensorType, Why> {
+    use crate::kernels::recurrent::{sizes_fit, RnnDims, RnnLens};
+    let spec = &r.spec;
+    for (i, t) in ins.iter().enumerate() {
+        expect_dtype(
+            &format!("input {i}"),
+            t,
+            &[
+                if r.has.seq_lens && i == 3 + usize::from(r.has.bias) + usize::from(r.has.rbh) {
+                    DType::I32
+                } else {
+                    DType::F32
+                },
+            ],
+        )?;
+    }
+    let [seq, batch, input] = ins[0].shape[..] else {
+        return Err(format!("X {} is not 3-D", shape(&ins[0].shape)));
+    };
+    let dirs = spec.direction.count();
+    let gh = spec.cell.gates() * spec.hidden;
+    if ins[1].shape != [dirs, gh, input] || ins[2].shape != [dirs, gh, spec.hidden] {
+        return Err(format!(
+            "W {} and R {} do not fit {dirs} direction(s), hidden size {} and input size {input}",
+            shape(&ins[1].shape),
+            shape(&ins[2].shape),
+            spec.hidden
+        ));
+    }
+    let mut rest = ins[3..].iter().map(|t| t.numel());
+    let mut next = |has: bool| if has { rest.next() } else { None };
+    let dims = RnnDims { seq, batch, input };
+    let lens = RnnLens {
+        x: ins[0].numel(),
+        bias: next(r.has.bias),
+        rbh: next(r.has.rbh),
+        seq_lens: next(r.has.seq_lens),
+        initial_h: next(r.has.initial_h),
+        initial_c: next(r.has.initial_c),
+        p: next(r.has.p),
+        dst: dims.out_len(spec).ok_or("the layer's output is too large")?,
+    };
+    if !sizes_fit(spec, &dims, &lens) {
+        return Err(format!("inputs {lens:?} do not fit {spec:?} at {dims:?}"));
+    }
+    Ok(TensorType::f32(&[lens.dst]))
 }
 
 /// Whether kiln can run `op` on these exact types; `Err` says why not.

@@ -181,7 +181,7 @@ impl Probe {
         let dynamic = graph
             .values
             .values()
-            .any(|v| v.dims.as_ref().is_some_and(|d| d.iter().any(|&x| x < 0)));
+            .any(|v| v.dims.as_ref().is_none_or(|d| d.iter().any(|&x| x < 0)));
         let sets: &[i64] = if dynamic { &[0, 1] } else { &[0] };
         sets.iter()
             .map(|&first| Probe {
@@ -442,6 +442,54 @@ impl<'a> Importer<'a> {
         self.value(name)
     }
 
+    /// Input `k`, whose shape the op dictates (`None`: any size). While
+    /// checking, what ORT does not know of it is taken from `shape`: a value
+    /// of unknown rank (an `If` output whose branches differ in rank) gets
+    /// that rank, an unknown dim that size (the op is only valid at it) (unknown sizes probed as
+    /// usual). At run time a shape-generic partition sees the real dims, and
+    /// the op's import checks them.
+    pub(super) fn input_shaped(
+        &mut self,
+        n: &NodeDesc,
+        k: usize,
+        shape: &[Option<usize>],
+    ) -> std::result::Result<ValueId, Why> {
+        let name = n
+            .inputs
+            .get(k)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| format!("input {k} is missing"))?;
+        let desc = self.desc.values.get(name.as_str());
+        let (Some(probe), Some(d), false, false) = (
+            self.probe,
+            desc,
+            self.ids.contains_key(name.as_str()),
+            self.consts.is_constant(name),
+        ) else {
+            return self.value(name);
+        };
+        let dtype = DType::from_onnx(d.elem_type).ok_or_else(|| format!("'{name}' is not a tensor of known type"))?;
+        let fill = |hint: Option<usize>| hint.unwrap_or_else(|| probe.fresh() as usize);
+        let dims: Vec<usize> = match (&d.dims, d.symbolic_dims(name)) {
+            (None, _) => shape.iter().map(|&s| fill(s)).collect(),
+            (Some(dims), Some(sym)) if dims.len() == shape.len() => (0..dims.len())
+                .map(|i| match (dims[i], shape[i]) {
+                    (x, _) if x >= 0 => x as usize,
+                    (_, Some(hint)) => hint,
+                    _ => probe.size(&sym[i]).max(0) as usize,
+                })
+                .collect(),
+            _ => return self.value(name),
+        };
+        self.new_value(name, TensorType { dtype, shape: dims })
+    }
+
+    /// Whether `id`'s contents are known at compile time (a constant
+    /// initializer, read or not, or a folded value).
+    pub(super) fn is_constant(&self, id: ValueId) -> bool {
+        self.data.contains_key(&id) || self.lazy.contains_key(&id)
+    }
+
     pub(super) fn ty(&self, id: ValueId) -> &TensorType {
         &self.g.values[id].ty
     }
@@ -543,6 +591,12 @@ impl<'a> Importer<'a> {
             if k > 0 && !name.is_empty() && !family.multi_output {
                 return Err(format!("output {k} ('{name}') of {} is not supported", n.op_type));
             }
+        }
+        if family.optional_outputs {
+            if n.outputs.iter().all(|o| o.is_empty()) {
+                return Err(format!("{} has no output", n.op_type));
+            }
+            return (family.import)(self, n, "");
         }
         let out0 = self.out(n, 0)?;
         (family.import)(self, n, out0)

@@ -13,6 +13,7 @@ use std::fmt;
 
 pub use crate::kernels::gemm::Activation;
 pub use crate::kernels::index::ScatterReduction;
+pub use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDirection, RnnSpec};
 pub use crate::kernels::{BinaryOp, ReduceKind, UnaryOp};
 pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc, NO_CONSTANTS};
 pub use import::{check_support, import, Fold};
@@ -117,6 +118,50 @@ impl MatMulAttrs {
     }
 }
 
+/// Which optional inputs a recurrent layer ([`Op::Rnn`]) has.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RnnInputs {
+    /// `[dirs * gates * hidden]`, added to the input projections.
+    pub bias: bool,
+    /// GRU with `linear_before_reset`: `Rbh [dirs * hidden]`.
+    pub rbh: bool,
+    /// int32 `[batch]`.
+    pub seq_lens: bool,
+    pub initial_h: bool,
+    pub initial_c: bool,
+    /// LSTM peepholes `[dirs * 3 * hidden]`.
+    pub p: bool,
+}
+
+impl RnnInputs {
+    /// Presence of each optional input, in input order.
+    pub fn flags(&self) -> [bool; 6] {
+        [
+            self.bias,
+            self.rbh,
+            self.seq_lens,
+            self.initial_h,
+            self.initial_c,
+            self.p,
+        ]
+    }
+
+    pub fn count(&self) -> usize {
+        self.flags().iter().filter(|&&f| f).count()
+    }
+}
+
+/// A recurrent layer: inputs `x [seq, batch, input]`, constant `w [dirs,
+/// gates * hidden, input]` and `r [dirs, gates * hidden, hidden]`, then the
+/// optional inputs `has` names, in [`RnnInputs::flags`] order. Its one
+/// output is the kernel's destination (`kernels::recurrent`): `Y`, `Y_h`,
+/// `Y_c` and workspace, flat; the importer slices the outputs out.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RnnAttrs {
+    pub spec: RnnSpec,
+    pub has: RnnInputs,
+}
+
 /// An operator with its attributes resolved against static shapes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -204,6 +249,8 @@ pub enum Op {
     OneHot {
         axis: usize,
     },
+    // Recurrent layers (issue #12).
+    Rnn(Box<RnnAttrs>),
 }
 
 impl Op {
@@ -249,6 +296,7 @@ impl Op {
             Op::ScatterNd { .. } => "ScatterND".into(),
             Op::CumSum { .. } => "CumSum".into(),
             Op::OneHot { .. } => "OneHot".into(),
+            Op::Rnn(r) => r.spec.cell.onnx_name().into(),
         }
     }
 

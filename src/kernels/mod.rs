@@ -19,6 +19,7 @@ pub mod math;
 pub mod movement;
 mod norm;
 pub mod parallel;
+pub mod recurrent;
 
 pub use layout::{Layout, Strided};
 pub use movement::{cast_f32_i32, cast_f32_i64, CopyPlan, Where3};
@@ -291,6 +292,7 @@ isa_kernels! {
     fn softmax_isa(len: usize, inner: usize, shift: bool, src: &[f32], dst: &mut [f32]) => norm::softmax;
     fn layer_norm_isa(len: usize, epsilon: f32, decomposed: bool, src: &[f32], scale: &[f32], bias: Option<&[f32]>, dst: &mut [f32]) => norm::layer_norm;
     fn reduce_isa(kind: ReduceKind, len: usize, inner: usize, src: &[f32], dst: &mut [f32]) => norm::reduce;
+    fn rnn_gate_isa(f: recurrent::RnnActivation, clip: Option<f32>, x: &mut [f32]) => recurrent::gate;
 }
 
 /// Elements below which a step is not worth splitting over threads.

@@ -21,6 +21,7 @@ pub use crate::tensor::{AlignedBytes, HugePageBytes, Storage, Weight, STORAGE_AL
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{self, Activation, Bias, Epilogue, PackedB};
 use crate::kernels::parallel::Parallel;
+use crate::kernels::recurrent::{self, RnnArgs, RnnDims, RnnSpec};
 use crate::kernels::{self, half, movement, BinaryOp, CopyPlan, Isa, Layout, ReduceKind, UnaryOp, Where3};
 use crate::target::Target;
 use crate::tensor::ShapeDisplay;
@@ -139,6 +140,42 @@ pub struct MatMulStep {
     pub dst: BufRef,
 }
 
+/// A recurrent layer over a whole sequence (`kernels::recurrent`): `w` and
+/// `r` are constants packed at compile time ([`Packing::GemmB`]): `w` all
+/// directions' `W` (`k = input`, `n = dirs * gates * hidden`), `r` each
+/// direction's parts of `R` (`RnnCell::r_part_rows`). `dst` holds the
+/// outputs and the workspace (`RnnDims::out_len`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RnnStep {
+    pub spec: RnnSpec,
+    pub dims: RnnDims,
+    pub x: BufRef,
+    pub w: usize,
+    pub r: Vec<usize>,
+    pub bias: Option<BufRef>,
+    pub rbh: Option<BufRef>,
+    /// int32.
+    pub seq_lens: Option<BufRef>,
+    pub initial_h: Option<BufRef>,
+    pub initial_c: Option<BufRef>,
+    pub p: Option<BufRef>,
+    pub dst: BufRef,
+}
+
+impl RnnStep {
+    /// The optional f32 inputs and `seq_lens`, in [`recurrent::RnnLens`] order.
+    fn optional(&self) -> [(Option<BufRef>, DType); 6] {
+        [
+            (self.bias, DType::F32),
+            (self.rbh, DType::F32),
+            (self.seq_lens, DType::I32),
+            (self.initial_h, DType::F32),
+            (self.initial_c, DType::F32),
+            (self.p, DType::F32),
+        ]
+    }
+}
+
 /// One instruction of a program.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
@@ -229,6 +266,8 @@ pub enum Step {
     // Shape and indexing ops (issue #12).
     /// GatherElements, GatherND, ScatterND, CumSum, OneHot.
     Index(Box<IndexStep>),
+    // Recurrent layers (issue #12).
+    Rnn(Box<RnnStep>),
 }
 
 impl Step {
@@ -246,6 +285,7 @@ impl Step {
             | Step::Where { dst, .. } => *dst,
             Step::MatMul(m) => m.dst,
             Step::Index(x) => x.dst(),
+            Step::Rnn(r) => r.dst,
         }
     }
 
@@ -289,6 +329,11 @@ impl Step {
             Step::Cast { src, from, .. } => vec![(*src, Some(*from))],
             Step::Where { cond, x, y, dtype, .. } => vec![(*cond, Some(Bool)), (*x, Some(*dtype)), (*y, Some(*dtype))],
             Step::Index(x) => x.typed_srcs(),
+            Step::Rnn(r) => {
+                let mut v = vec![(r.x, Some(F32))];
+                v.extend(r.optional().iter().filter_map(|(b, t)| b.map(|b| (b, Some(*t)))));
+                v
+            }
         }
     }
 
@@ -299,7 +344,8 @@ impl Step {
             | Step::MatMul(_)
             | Step::Softmax { .. }
             | Step::LayerNorm { .. }
-            | Step::Reduce { .. } => Some(DType::F32),
+            | Step::Reduce { .. }
+            | Step::Rnn(_) => Some(DType::F32),
             Step::Binary { dtype, .. }
             | Step::Strided { dtype, .. }
             | Step::Gather { dtype, .. }
@@ -325,6 +371,7 @@ impl Step {
             Step::Cast { from, to, .. } => format!("Cast {from}->{to}"),
             Step::Where { .. } => "Where".into(),
             Step::Index(x) => x.kind().into(),
+            Step::Rnn(r) => r.spec.cell.onnx_name().into(),
         }
     }
 }
@@ -755,6 +802,7 @@ impl Memory<'_, '_, '_> {
                 Ok(())
             }
             Step::Index(x) => x.run(&src, dst),
+            Step::Rnn(r) => rnn(isa, r, &src, packed, as_f32_mut(dst)?, par),
         }
     }
 
@@ -883,6 +931,30 @@ fn matmul(
         one(i, &mut dst[i * block..(i + 1) * block], par)?;
     }
     Ok(())
+}
+
+fn rnn(
+    isa: Isa,
+    r: &RnnStep,
+    src: &Sources<'_>,
+    packed: &[Option<Arc<PackedB>>],
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
+    let pack = |c: usize| packed.get(c).and_then(|p| p.as_deref()).ok_or_else(cast_err);
+    let f32_of = |b: Option<BufRef>| b.map(|b| src.f32(b)).transpose();
+    let args = RnnArgs {
+        x: src.f32(r.x)?,
+        w: pack(r.w)?,
+        r: r.r.iter().map(|&c| pack(c)).collect::<Result<_>>()?,
+        bias: f32_of(r.bias)?,
+        rbh: f32_of(r.rbh)?,
+        seq_lens: r.seq_lens.map(|b| src.typed::<i32>(b)).transpose()?,
+        initial_h: f32_of(r.initial_h)?,
+        initial_c: f32_of(r.initial_c)?,
+        p: f32_of(r.p)?,
+    };
+    recurrent::rnn(isa, &r.spec, &r.dims, &args, dst, par)
 }
 
 /// Batched products of at most this many flops each run one product per

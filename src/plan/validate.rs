@@ -192,6 +192,7 @@ fn check_step(p: &Program, step: &Step) -> Result<()> {
         Step::Where { layout, .. } => layout.fits(s[0], s[1], s[2], d),
         Step::MatMul(m) => matmul_fits(p, m, &s, d)?,
         Step::Index(x) => x.fits(&s, d),
+        Step::Rnn(r) => rnn_fits(p, r, &s, d),
     };
     if !consistent {
         crate::bail!(
@@ -267,6 +268,45 @@ fn matmul_fits(p: &Program, m: &super::MatMulStep, s: &[usize], d: usize) -> Res
 
 /// Whether a step reading `src` while writing `dst` would alias; mirrors
 /// the split `run` makes (an empty range touching the destination counts).
+/// A recurrent step: packed weights of the right sizes, buffers that fit.
+fn rnn_fits(p: &Program, r: &super::RnnStep, s: &[usize], d: usize) -> bool {
+    use crate::kernels::recurrent::{sizes_fit, RnnLens};
+    let spec = &r.spec;
+    if !spec.is_valid() {
+        return false;
+    }
+    let dirs = spec.direction.count();
+    let (h, gh) = (spec.hidden, spec.cell.gates() * spec.hidden);
+    let packed = |c: usize, k: usize, n: usize| {
+        p.packed
+            .get(c)
+            .and_then(|x| x.as_ref())
+            .is_some_and(|pb| pb.k() == k && pb.n() == n)
+    };
+    let parts = spec.cell.r_part_rows(h);
+    let r_ok = r.r.len() == dirs * parts.len()
+        && r.r
+            .iter()
+            .enumerate()
+            .all(|(i, &c)| packed(c, h, parts[i % parts.len()].1));
+    if !packed(r.w, r.dims.input, dirs * gh) || !r_ok {
+        return false;
+    }
+    let mut rest = s[1..].iter().copied();
+    let mut next = |b: Option<BufRef>| b.and_then(|_| rest.next());
+    let lens = RnnLens {
+        x: s[0],
+        bias: next(r.bias),
+        rbh: next(r.rbh),
+        seq_lens: next(r.seq_lens),
+        initial_h: next(r.initial_h),
+        initial_c: next(r.initial_c),
+        p: next(r.p),
+        dst: d,
+    };
+    sizes_fit(spec, &r.dims, &lens)
+}
+
 fn overlaps(src: BufRef, dst: BufRef) -> bool {
     match (src, dst) {
         (BufRef::Output(i), BufRef::Output(j)) => i == j,

@@ -20,6 +20,7 @@ mod logic;
 mod matmul;
 mod movement;
 mod norm;
+mod recurrent;
 mod reduce;
 mod shape;
 
@@ -40,6 +41,8 @@ pub(super) struct OpFamily {
     /// Whether outputs after the first may be read (Split's parts,
     /// Dropout's mask); other ops' extra outputs make the node unsupported.
     pub multi_output: bool,
+    /// Whether every output, the first included, may be absent (LSTM, GRU).
+    pub optional_outputs: bool,
 }
 
 impl OpFamily {
@@ -48,11 +51,17 @@ impl OpFamily {
             names,
             import,
             multi_output: false,
+            optional_outputs: false,
         }
     }
 
     const fn multi_output(mut self) -> Self {
         self.multi_output = true;
+        self
+    }
+
+    const fn optional_outputs(mut self) -> Self {
+        self.optional_outputs = true;
         self
     }
 }
@@ -68,6 +77,7 @@ static REGISTRY: &[&[OpFamily]] = &[
     logic::OPS,
     // Shape and indexing ops (issue #12).
     index::OPS,
+    recurrent::OPS,
 ];
 
 fn families() -> impl Iterator<Item = &'static OpFamily> {

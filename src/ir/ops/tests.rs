@@ -58,12 +58,23 @@ fn every_listed_name_reaches_its_import_function() {
 }
 
 #[test]
-fn only_split_and_dropout_may_use_extra_outputs() {
+fn only_split_dropout_and_recurrent_layers_may_use_extra_outputs() {
     let multi: HashSet<&str> = families()
         .filter(|f| f.multi_output)
         .flat_map(|f| f.names.iter().copied())
         .collect();
-    assert_eq!(multi, HashSet::from(["Split", "Dropout"]));
+    assert_eq!(multi, HashSet::from(["Split", "Dropout", "LSTM", "GRU"]));
+    let optional: HashSet<&str> = families()
+        .filter(|f| f.optional_outputs)
+        .flat_map(|f| f.names.iter().copied())
+        .collect();
+    assert_eq!(optional, HashSet::from(["LSTM", "GRU"]));
+    // Every output of a recurrent layer is optional, but it needs one.
+    assert_eq!(verdict("", "LSTM", &["", "", ""]), Err("LSTM has no output".into()));
+    assert_eq!(
+        verdict("", "GRU", &["", "h"]),
+        Err("hidden_size 0 is not positive (or missing)".into())
+    );
     assert_eq!(
         verdict("", "Relu", &["y", "z"]),
         Err("output 1 ('z') of Relu is not supported".into())
