@@ -41,6 +41,63 @@ pub(super) fn unary(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
         UnaryOp::GeluTanh => map(src, dst, math::gelu_tanh),
         UnaryOp::GeluWritten => map(src, dst, |x| math::overflow_doubled(x, math::gelu(x))),
         UnaryOp::GeluTanhWritten => map(src, dst, |x| math::overflow_doubled(x, math::gelu_tanh(x))),
+        // floor/ceil/round_ties_even become one rounding instruction where the
+        // target has one (SSE4.1 and up), else a libm call.
+        UnaryOp::Floor => map(src, dst, f32::floor),
+        UnaryOp::Ceil => map(src, dst, f32::ceil),
+        UnaryOp::Round => map(src, dst, f32::round_ties_even),
+        // libm: accurate for every argument, as ORT's are.
+        UnaryOp::Sin => map(src, dst, f32::sin),
+        UnaryOp::Cos => map(src, dst, f32::cos),
+        UnaryOp::Sign => map(src, dst, sign),
+        UnaryOp::Softplus => map(src, dst, softplus),
+        UnaryOp::Mish => map(src, dst, |x| x * softplus(x).tanh()),
+        // Not bool → f32 ops; `unary_to_bool` and `not` run these.
+        UnaryOp::Not | UnaryOp::IsNaN | UnaryOp::IsInf { .. } => {}
+    }
+}
+
+/// -1, 0 or 1 (+0 for ±0), NaN for NaN: ORT's Sign.
+#[inline(always)]
+fn sign(x: f32) -> f32 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else if x == 0.0 {
+        0.0
+    } else {
+        x
+    }
+}
+
+/// `ln(1 + eˣ)` without overflow (`x + ln(1 + e⁻ˣ)` for positive `x`) and
+/// exact for very negative `x` (`ln_1p` keeps `eˣ`'s tiny value).
+#[inline(always)]
+fn softplus(x: f32) -> f32 {
+    if x > 0.0 {
+        x + (-x).exp().ln_1p()
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// `dst[i] = op(src[i])` for the f32 tests (IsNaN, IsInf); lengths are equal.
+#[inline(always)]
+pub(super) fn unary_to_bool(op: UnaryOp, src: &[f32], dst: &mut [u8]) {
+    match op {
+        UnaryOp::IsNaN => test(src, dst, f32::is_nan),
+        UnaryOp::IsInf { negative, positive } => test(src, dst, move |x| {
+            (positive && x == f32::INFINITY) || (negative && x == f32::NEG_INFINITY)
+        }),
+        _ => {}
+    }
+}
+
+#[inline(always)]
+fn test(src: &[f32], dst: &mut [u8], f: impl Fn(f32) -> bool) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = u8::from(f(x));
     }
 }
 
@@ -54,6 +111,73 @@ pub(super) fn binary_f32(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], ds
         BinaryOp::Mul => broadcast(layout, a, b, dst, |x, y| x * y),
         BinaryOp::Div => broadcast(layout, a, b, dst, |x, y| x / y),
         BinaryOp::Pow => broadcast(layout, a, b, dst, pow),
+        BinaryOp::Max => broadcast(layout, a, b, dst, max_f32),
+        BinaryOp::Min => broadcast(layout, a, b, dst, min_f32),
+        // Rust's `%` on floats is C's fmod.
+        BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| x % y),
+        _ => {}
+    }
+}
+
+/// The larger, NaN if either is NaN, `x` on ties (so `max(-0, 0)` is -0): ORT's Max.
+#[inline(always)]
+fn max_f32(x: f32, y: f32) -> f32 {
+    let m = if x < y { y } else { x };
+    if y.is_nan() {
+        y
+    } else {
+        m
+    }
+}
+
+/// The smaller, see [`max_f32`].
+#[inline(always)]
+fn min_f32(x: f32, y: f32) -> f32 {
+    let m = if y < x { y } else { x };
+    if y.is_nan() {
+        y
+    } else {
+        m
+    }
+}
+
+/// `dst = a op b` for the comparisons, bool results.
+#[inline(always)]
+pub(super) fn compare_f32(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], dst: &mut [u8]) {
+    compare(op, layout, a, b, dst)
+}
+
+#[inline(always)]
+pub(super) fn compare_i64(op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], dst: &mut [u8]) {
+    compare(op, layout, a, b, dst)
+}
+
+#[inline(always)]
+pub(super) fn compare_i32(op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], dst: &mut [u8]) {
+    compare(op, layout, a, b, dst)
+}
+
+#[inline(always)]
+fn compare<T: Copy + PartialOrd>(op: BinaryOp, layout: &Layout, a: &[T], b: &[T], dst: &mut [u8]) {
+    match op {
+        BinaryOp::Equal => broadcast(layout, a, b, dst, |x, y| u8::from(x == y)),
+        BinaryOp::Greater => broadcast(layout, a, b, dst, |x, y| u8::from(x > y)),
+        BinaryOp::Less => broadcast(layout, a, b, dst, |x, y| u8::from(x < y)),
+        BinaryOp::GreaterOrEqual => broadcast(layout, a, b, dst, |x, y| u8::from(x >= y)),
+        BinaryOp::LessOrEqual => broadcast(layout, a, b, dst, |x, y| u8::from(x <= y)),
+        _ => {}
+    }
+}
+
+/// `dst = a op b` on bools (0 or 1 bytes; any non-zero byte reads as true).
+#[inline(always)]
+pub(super) fn binary_bool(op: BinaryOp, layout: &Layout, a: &[u8], b: &[u8], dst: &mut [u8]) {
+    match op {
+        BinaryOp::Equal => broadcast(layout, a, b, dst, |x, y| u8::from((x != 0) == (y != 0))),
+        BinaryOp::And => broadcast(layout, a, b, dst, |x, y| u8::from(x != 0 && y != 0)),
+        BinaryOp::Or => broadcast(layout, a, b, dst, |x, y| u8::from(x != 0 || y != 0)),
+        BinaryOp::Xor => broadcast(layout, a, b, dst, |x, y| u8::from((x != 0) != (y != 0))),
+        _ => {}
     }
 }
 
@@ -66,7 +190,22 @@ pub(super) fn binary_i64(op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], ds
         BinaryOp::Sub => broadcast(layout, a, b, dst, i64::wrapping_sub),
         BinaryOp::Mul => broadcast(layout, a, b, dst, i64::wrapping_mul),
         BinaryOp::Div => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
-        BinaryOp::Pow => {}
+        BinaryOp::Max => broadcast(layout, a, b, dst, i64::max),
+        BinaryOp::Min => broadcast(layout, a, b, dst, i64::min),
+        BinaryOp::Mod => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { floor_mod_i64(x, y) }),
+        BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }),
+        _ => {}
+    }
+}
+
+/// The remainder with the divisor's sign (Python's `%`); `y != 0`.
+#[inline(always)]
+fn floor_mod_i64(x: i64, y: i64) -> i64 {
+    let r = x.wrapping_rem(y);
+    if r != 0 && (r < 0) != (y < 0) {
+        r + y
+    } else {
+        r
     }
 }
 
@@ -77,7 +216,22 @@ pub(super) fn binary_i32(op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], ds
         BinaryOp::Sub => broadcast(layout, a, b, dst, i32::wrapping_sub),
         BinaryOp::Mul => broadcast(layout, a, b, dst, i32::wrapping_mul),
         BinaryOp::Div => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
-        BinaryOp::Pow => {}
+        BinaryOp::Max => broadcast(layout, a, b, dst, i32::max),
+        BinaryOp::Min => broadcast(layout, a, b, dst, i32::min),
+        BinaryOp::Mod => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { floor_mod_i32(x, y) }),
+        BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }),
+        _ => {}
+    }
+}
+
+/// The remainder with the divisor's sign (Python's `%`); `y != 0`.
+#[inline(always)]
+fn floor_mod_i32(x: i32, y: i32) -> i32 {
+    let r = x.wrapping_rem(y);
+    if r != 0 && (r < 0) != (y < 0) {
+        r + y
+    } else {
+        r
     }
 }
 
@@ -110,7 +264,7 @@ fn map(src: &[f32], dst: &mut [f32], f: impl Fn(f32) -> f32) {
 }
 
 #[inline(always)]
-fn broadcast<T: Copy>(layout: &Layout, a: &[T], b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T + Copy) {
+fn broadcast<T: Copy, U: Copy>(layout: &Layout, a: &[T], b: &[T], dst: &mut [U], f: impl Fn(T, T) -> U + Copy) {
     match layout {
         Layout::Same => vv(a, b, dst, f),
         Layout::ScalarA => sv(a[0], b, dst, f),
@@ -131,7 +285,7 @@ fn broadcast<T: Copy>(layout: &Layout, a: &[T], b: &[T], dst: &mut [T], f: impl 
 
 /// Walks the outer dims with an odometer; each innermost run is a slice loop.
 #[inline(always)]
-fn strided<T: Copy>(s: &Strided, a: &[T], b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T + Copy) {
+fn strided<T: Copy, U: Copy>(s: &Strided, a: &[T], b: &[T], dst: &mut [U], f: impl Fn(T, T) -> U + Copy) {
     let outer = s.dims.len() - 1;
     let inner = s.dims[outer];
     let (step_a, step_b) = (s.a_strides[outer], s.b_strides[outer]);
@@ -161,21 +315,21 @@ fn strided<T: Copy>(s: &Strided, a: &[T], b: &[T], dst: &mut [T], f: impl Fn(T, 
 }
 
 #[inline(always)]
-fn vv<T: Copy>(a: &[T], b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T) {
+fn vv<T: Copy, U>(a: &[T], b: &[T], dst: &mut [U], f: impl Fn(T, T) -> U) {
     for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
         *d = f(x, y);
     }
 }
 
 #[inline(always)]
-fn vs<T: Copy>(a: &[T], y: T, dst: &mut [T], f: impl Fn(T, T) -> T) {
+fn vs<T: Copy, U>(a: &[T], y: T, dst: &mut [U], f: impl Fn(T, T) -> U) {
     for (d, &x) in dst.iter_mut().zip(a) {
         *d = f(x, y);
     }
 }
 
 #[inline(always)]
-fn sv<T: Copy>(x: T, b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T) {
+fn sv<T: Copy, U>(x: T, b: &[T], dst: &mut [U], f: impl Fn(T, T) -> U) {
     for (d, &y) in dst.iter_mut().zip(b) {
         *d = f(x, y);
     }

@@ -16,6 +16,7 @@
 mod attrs;
 mod elementwise;
 mod logic;
+mod math;
 mod matmul;
 mod movement;
 mod norm;
@@ -65,6 +66,8 @@ static REGISTRY: &[&[OpFamily]] = &[
     shape::OPS,
     movement::OPS,
     logic::OPS,
+    // Elementwise math of issue #12.
+    math::OPS,
 ];
 
 fn families() -> impl Iterator<Item = &'static OpFamily> {
