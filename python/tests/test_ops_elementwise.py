@@ -62,18 +62,21 @@ def _data(dtype, shape, seed, special=True):
     return v.reshape(shape)
 
 
-def _assert_matches(names, want, got, exact, rtol=1e-5, atol=1e-6):
+def _assert_matches(names, want, got, exact, rtol=1e-5, atol=1e-6, signs=True):
+    """``signs``: exact float results must also agree on the sign of zero (a
+    NaN's sign means nothing and is not compared)."""
     for name, w, a in zip(names, want, got):
         assert a.dtype == w.dtype and a.shape == w.shape, f"{name}: {a.dtype}{a.shape} vs {w.dtype}{w.shape}"
         if exact or w.dtype != np.float32:
             np.testing.assert_array_equal(a, w, err_msg=name)
-            if w.dtype == np.float32:  # the sign of zero too
-                np.testing.assert_array_equal(np.signbit(a), np.signbit(w), err_msg=f"{name}: signs")
+            if w.dtype == np.float32 and signs:
+                num = ~np.isnan(w)
+                np.testing.assert_array_equal(np.signbit(a[num]), np.signbit(w[num]), err_msg=f"{name}: signs")
         else:
             np.testing.assert_allclose(a, w, rtol=rtol, atol=atol, equal_nan=True, err_msg=name)
 
 
-def _check(model, feeds, dev, tmp_path, exact=True, **tol):
+def _check(model, feeds, dev, tmp_path, exact=True, **tol):  # tol: rtol, atol, signs
     """Runs fully on kiln and compares with the CPU EP; returns the KilnRun."""
     path = _save(model, tmp_path)
     run = tu.run_fully_on_kiln(path, dev, feeds, options=ALL)
@@ -134,19 +137,22 @@ def test_isinf(neg, pos, kiln_dev, tmp_path):
 VARIADIC_SHAPES = [[(3, 4)], [(3, 4), (3, 4)], [(2, 3, 4), (4,), (3, 1)], [(), (2, 5), (1, 5)]]
 
 
+#: ONNX Mean is defined for float types only
+VARIADIC_OPS = [(op, t) for op in ["Max", "Min"] for t in [np.float32, np.int64, np.int32]] + [("Mean", np.float32)]
+
+
 @pytest.mark.parametrize("shapes", VARIADIC_SHAPES, ids=lambda s: f"{len(s)}in")
-@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.int32], ids=lambda t: t.__name__)
-@pytest.mark.parametrize("op", ["Max", "Min", "Mean"])
+@pytest.mark.parametrize("op,dtype", VARIADIC_OPS, ids=lambda v: v if isinstance(v, str) else v.__name__)
 def test_variadic(op, dtype, shapes, kiln_dev, tmp_path):
-    if op == "Mean" and dtype != np.float32:
-        pytest.skip("ONNX Mean is defined for float types only")
     names = [f"x{i}" for i in range(len(shapes))]
     out = np.broadcast_shapes(*shapes)
     m = _model([helper.make_node(op, names, ["y"])],
                [(n, dtype, s) for n, s in zip(names, shapes)], [("y", dtype, out)])
     feeds = {n: _data(dtype, s, 10 + i) for i, (n, s) in enumerate(zip(names, shapes))}
-    # Mean divides; the rest pick one input exactly (which NaN, which signed zero)
-    _check(m, feeds, kiln_dev, tmp_path, exact=op != "Mean")
+    # Mean divides; Max and Min pick one input exactly. Which zero of a
+    # (-0, +0) tie ORT returns depends on its broadcast path (the first
+    # input when the shapes are equal: tested below), so signs are not compared.
+    _check(m, feeds, kiln_dev, tmp_path, exact=op != "Mean", signs=False)
 
 
 def test_max_min_propagate_nan_and_keep_the_first_zero(kiln_dev, tmp_path):
@@ -248,7 +254,8 @@ def test_symbolic_dims_run_at_two_shapes(kiln_dev, tmp_path):
     feeds = [_mixed_feeds((2, 7), 1), _mixed_feeds((5, 33), 2)]
     run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, options=ALL)
     assert len(run.nodes_on(kiln.EP_NAME)) == len(m.graph.node)
-    assert run.run_delta("shapes_specialized") == 2
+    # one program per partition (the float and the integer parts are apart) per shape
+    assert run.run_delta("shapes_specialized") == 2 * run.created_delta("partitions_compiled")
     for f, outs in zip(feeds, run.all_outputs):
         names, want = tu.run_cpu(path, f)
         _assert_matches(names, want, outs, exact=False)

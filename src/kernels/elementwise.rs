@@ -193,9 +193,22 @@ pub(super) fn binary_i64(op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], ds
         BinaryOp::Max => broadcast(layout, a, b, dst, i64::max),
         BinaryOp::Min => broadcast(layout, a, b, dst, i64::min),
         BinaryOp::Mod => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { floor_mod_i64(x, y) }),
-        BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }),
+        BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| {
+            if y == 0 {
+                0
+            } else {
+                fmod_via_f64(x as f64, y as f64) as i64
+            }
+        }),
         _ => {}
     }
+}
+
+/// C's `fmod` of two integers in double precision, as ORT computes it
+/// (exact up to 2^53; beyond, the same rounding as ORT's).
+#[inline(always)]
+fn fmod_via_f64(x: f64, y: f64) -> f64 {
+    x % y
 }
 
 /// The remainder with the divisor's sign (Python's `%`); `y != 0`.
@@ -219,7 +232,13 @@ pub(super) fn binary_i32(op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], ds
         BinaryOp::Max => broadcast(layout, a, b, dst, i32::max),
         BinaryOp::Min => broadcast(layout, a, b, dst, i32::min),
         BinaryOp::Mod => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { floor_mod_i32(x, y) }),
-        BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }),
+        BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| {
+            if y == 0 {
+                0
+            } else {
+                fmod_via_f64(x as f64, y as f64) as i32
+            }
+        }),
         _ => {}
     }
 }

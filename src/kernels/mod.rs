@@ -459,7 +459,11 @@ pub fn unary_to_bool(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [u8], par: &d
 /// `dst[i] = !src[i]` on bools.
 pub fn not(src: &[u8], dst: &mut [u8]) -> Result<()> {
     if src.len() != dst.len() {
-        return Err(length_error(format_args!("Not of {} elements into {}", src.len(), dst.len())));
+        return Err(length_error(format_args!(
+            "Not of {} elements into {}",
+            src.len(),
+            dst.len()
+        )));
     }
     for (d, &x) in dst.iter_mut().zip(src) {
         *d = u8::from(x == 0);
@@ -478,7 +482,9 @@ pub fn binary(
     par: &dyn Parallel,
 ) -> Result<()> {
     check_binary(op, DType::F32, DType::F32, layout, a.len(), b.len(), dst.len())?;
-    par_binary(par, layout, a, b, dst, &|a, b, d| binary_f32_isa(isa, op, layout, a, b, d));
+    par_binary(par, layout, a, b, dst, &|a, b, d| {
+        binary_f32_isa(isa, op, layout, a, b, d)
+    });
     Ok(())
 }
 
@@ -510,7 +516,9 @@ pub fn binary_to_bool(
         DType::I32 => par_binary(par, layout, view(a)?, view(b)?, dst, &|a, b, d| {
             compare_i32_isa(isa, op, layout, a, b, d)
         }),
-        DType::Bool => par_binary(par, layout, a, b, dst, &|a, b, d| binary_bool_isa(isa, op, layout, a, b, d)),
+        DType::Bool => par_binary(par, layout, a, b, dst, &|a, b, d| {
+            binary_bool_isa(isa, op, layout, a, b, d)
+        }),
     }
     Ok(())
 }

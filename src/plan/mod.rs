@@ -294,9 +294,7 @@ impl Step {
             Step::Unary { op, .. } => Some(op.dst_dtype()),
             Step::Binary { op, dtype, .. } => Some(op.dst_dtype(*dtype)),
             Step::MatMul(_) | Step::Softmax { .. } | Step::LayerNorm { .. } | Step::Reduce { .. } => Some(DType::F32),
-            Step::Strided { dtype, .. }
-            | Step::Gather { dtype, .. }
-            | Step::Where { dtype, .. } => Some(*dtype),
+            Step::Strided { dtype, .. } | Step::Gather { dtype, .. } | Step::Where { dtype, .. } => Some(*dtype),
             Step::Cast { to, .. } => Some(*to),
             Step::Copy { .. } => None,
         }
