@@ -523,6 +523,9 @@ pub fn binary_to_bool(
     Ok(())
 }
 
+/// A binary kernel over one part of its operands and destination.
+type BinaryPart<'f, T, U> = dyn Fn(&[T], &[T], &mut [U]) + Sync + 'f;
+
 /// Runs `f(a part, b part, dst part)` over row chunks of `dst`, each part
 /// sliced as `layout` reads it; `layout.fits` holds.
 fn par_binary<T: Sync, U: Send>(
@@ -531,7 +534,7 @@ fn par_binary<T: Sync, U: Send>(
     a: &[T],
     b: &[T],
     dst: &mut [U],
-    f: &(dyn Fn(&[T], &[T], &mut [U]) + Sync),
+    f: &BinaryPart<'_, T, U>,
 ) {
     if dst.is_empty() {
         return;
