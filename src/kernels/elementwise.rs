@@ -46,14 +46,31 @@ pub(super) fn unary(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
         UnaryOp::Floor => map(src, dst, f32::floor),
         UnaryOp::Ceil => map(src, dst, f32::ceil),
         UnaryOp::Round => map(src, dst, f32::round_ties_even),
-        // libm: accurate for every argument, as ORT's are.
-        UnaryOp::Sin => map(src, dst, f32::sin),
-        UnaryOp::Cos => map(src, dst, f32::cos),
+        UnaryOp::Sin => sin_cos(src, dst, false),
+        UnaryOp::Cos => sin_cos(src, dst, true),
         UnaryOp::Sign => map(src, dst, sign),
-        UnaryOp::Softplus => map(src, dst, softplus),
-        UnaryOp::Mish => map(src, dst, |x| x * softplus(x).tanh()),
+        UnaryOp::Softplus => map(src, dst, math::softplus),
+        UnaryOp::Mish => map(src, dst, math::mish),
         // Not bool → f32 ops; `unary_to_bool` and `not` run these.
         UnaryOp::Not | UnaryOp::IsNaN | UnaryOp::IsInf { .. } => {}
+    }
+}
+
+/// Sine or cosine, by blocks: the vectorised [`math::sin_cos`] for a block
+/// whose arguments are all within its range, libm for the rest (huge, NaN,
+/// ±inf), so results are libm-accurate everywhere.
+#[inline(always)]
+fn sin_cos(src: &[f32], dst: &mut [f32], cos: bool) {
+    const BLOCK: usize = 64;
+    for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
+        let in_range = s.iter().fold(true, |ok, x| ok & (x.abs() <= math::SIN_COS_LIMIT));
+        if in_range {
+            map(s, d, |x| math::sin_cos(x, cos));
+        } else if cos {
+            map(s, d, f32::cos);
+        } else {
+            map(s, d, f32::sin);
+        }
     }
 }
 
@@ -68,17 +85,6 @@ fn sign(x: f32) -> f32 {
         0.0
     } else {
         x
-    }
-}
-
-/// `ln(1 + eˣ)` without overflow (`x + ln(1 + e⁻ˣ)` for positive `x`) and
-/// exact for very negative `x` (`ln_1p` keeps `eˣ`'s tiny value).
-#[inline(always)]
-fn softplus(x: f32) -> f32 {
-    if x > 0.0 {
-        x + (-x).exp().ln_1p()
-    } else {
-        x.exp().ln_1p()
     }
 }
 

@@ -64,10 +64,15 @@ fn unary_ref(op: UnaryOp, x: f32) -> f64 {
         UnaryOp::Cos => x.cos(),
         UnaryOp::Sign if x.is_nan() => x,
         UnaryOp::Sign => (x > 0.0) as i32 as f64 - (x < 0.0) as i32 as f64,
-        UnaryOp::Softplus => x.exp().ln_1p(),
-        UnaryOp::Mish => x * x.exp().ln_1p().tanh(),
+        UnaryOp::Softplus => softplus_ref(x),
+        UnaryOp::Mish => x * softplus_ref(x).tanh(),
         UnaryOp::Not | UnaryOp::IsNaN | UnaryOp::IsInf { .. } => unreachable!("bool results"),
     }
+}
+
+/// `ln(1 + eˣ)` in f64 without overflow.
+fn softplus_ref(x: f64) -> f64 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
 }
 
 const UNARY: [UnaryOp; 16] = [
@@ -892,5 +897,76 @@ fn bool_connectives_and_equal() {
             &Serial
         )
         .is_err());
+    }
+}
+
+/// Distance in units in the last place between two finite f32s.
+fn ulps(a: f32, b: f32) -> u32 {
+    let key = |v: f32| {
+        let i = v.to_bits() as i32;
+        if i < 0 {
+            i32::MIN.wrapping_sub(i) as i64
+        } else {
+            i as i64
+        }
+    };
+    (key(a) - key(b)).unsigned_abs().min(u32::MAX as u64) as u32
+}
+
+#[test]
+fn vectorised_sin_cos_softplus_mish_are_libm_accurate() {
+    // A dense sweep plus the edges of the vectorised range (and past it: libm).
+    let mut x: Vec<f32> = (-20_000..=20_000).map(|i| i as f32 * 0.003_141_5).collect();
+    x.extend((0..4000).map(|i| (i as f32 - 2000.0) * 33.7));
+    x.extend([
+        65_535.9,
+        65_536.0,
+        -65_536.0,
+        65_537.0,
+        1e10,
+        -1e20,
+        1e-30,
+        -0.0,
+        f32::MIN_POSITIVE,
+    ]);
+    for isa in isas() {
+        let mut y = vec![0.0; x.len()];
+        for (op, f) in [(UnaryOp::Sin, f64::sin as fn(f64) -> f64), (UnaryOp::Cos, f64::cos)] {
+            unary(isa, op, &x, &mut y, &Serial).unwrap();
+            for (&xi, &yi) in x.iter().zip(&y) {
+                let want = f(xi as f64) as f32;
+                // 1 ulp, or tiny absolute error next to a zero of the function
+                let ok = ulps(yi, want) <= 1 || (yi as f64 - f(xi as f64)).abs() < 1e-9;
+                assert!(ok, "{isa:?} {op:?}({xi:e}) = {yi:e}, want {want:e}");
+            }
+        }
+        assert_eq!(y.len(), x.len());
+        let x: Vec<f32> = (-2000..=2000)
+            .map(|i| i as f32 * 0.05)
+            .chain([-1e30, 1e30, 88.0, 89.0, -104.0])
+            .collect();
+        let mut y = vec![0.0; x.len()];
+        unary(isa, UnaryOp::Softplus, &x, &mut y, &Serial).unwrap();
+        for (&xi, &yi) in x.iter().zip(&y) {
+            let want = unary_ref(UnaryOp::Softplus, xi) as f32;
+            assert!(ulps(yi, want) <= 4, "{isa:?} softplus({xi:e}) = {yi:e}, want {want:e}");
+        }
+        unary(isa, UnaryOp::Mish, &x, &mut y, &Serial).unwrap();
+        for (&xi, &yi) in x.iter().zip(&y) {
+            let want = unary_ref(UnaryOp::Mish, xi) as f32;
+            assert!(
+                ulps(yi, want) <= 6 || want.abs() < 1e-37,
+                "{isa:?} mish({xi:e}) = {yi:e}, want {want:e}"
+            );
+        }
+        // the limits ORT gives
+        let x = [f32::NAN, INF, -INF];
+        let mut y = [0.0; 3];
+        unary(isa, UnaryOp::Softplus, &x, &mut y, &Serial).unwrap();
+        assert!(y[0].is_nan() && y[1] == INF && y[2] == 0.0, "{y:?}");
+        unary(isa, UnaryOp::Mish, &x, &mut y, &Serial).unwrap();
+        assert!(y[0].is_nan() && y[1] == INF && y[2].is_nan(), "{y:?}");
+        unary(isa, UnaryOp::Sin, &x, &mut y, &Serial).unwrap();
+        assert!(y.iter().all(|v| v.is_nan()), "{y:?}");
     }
 }
