@@ -179,6 +179,14 @@ def test_unary_math(op, kiln_dev, tmp_path):
     _check(m, {"x": x}, kiln_dev, tmp_path, exact=exact, rtol=2e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int32], ids=lambda t: t.__name__)
+def test_sign_integers(dtype, kiln_dev, tmp_path):
+    x = np.array([[0, -5, 7, 1, -1, np.iinfo(dtype).min, np.iinfo(dtype).max]], dtype)
+    m = _model([helper.make_node("Sign", ["x"], ["y"])], [("x", dtype, ["n", 7])], [("y", dtype, ["n", 7])])
+    run = _check(m, {"x": x}, kiln_dev, tmp_path)
+    np.testing.assert_array_equal(run.outputs[0], [[0, -1, 1, 1, -1, -1, 1]])
+
+
 @pytest.mark.parametrize("fmod", [0, 1])
 @pytest.mark.parametrize("dtype", [np.int64, np.int32], ids=lambda t: t.__name__)
 def test_mod_integers(dtype, fmod, kiln_dev, tmp_path):

@@ -1,12 +1,12 @@
-//! Elementwise math of issue #12: Floor, Ceil, Round, Sin, Cos, Sign,
-//! Softplus, Mish (f32), Mod (both `fmod` modes), and the variadic,
+//! Elementwise math of issue #12: Floor, Ceil, Round, Sin, Cos, Softplus,
+//! Mish (f32), Sign (f32, int64, int32), Mod (both `fmod` modes), and the variadic,
 //! broadcasting Max, Min (f32, int64, int32) and Mean (f32).
 
 use super::attrs::attr_int;
 use super::{not_implemented, OpFamily};
 use crate::ir::desc::NodeDesc;
 use crate::ir::import::{Importer, Why};
-use crate::ir::{BinaryOp, DType, Op, Tensor, UnaryOp};
+use crate::ir::{BinaryOp, DType, Op, Tensor, TensorType, UnaryOp, ValueId};
 
 pub(super) const OPS: &[OpFamily] = &[
     OpFamily::new(
@@ -30,7 +30,24 @@ fn unary_math(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
         other => return Err(not_implemented(other)),
     };
     let x = imp.input(n, 0)?;
+    let dtype = imp.ty(x).dtype;
+    if op == UnaryOp::Sign && dtype.is_int() {
+        return int_sign(imp, n, x, dtype, out);
+    }
     imp.emit(n, Op::Unary(op), &[x], Some(out), None)?;
+    Ok(())
+}
+
+/// `Sign` of integers as `(x > 0) - (x < 0)`, from the comparison, cast and
+/// subtraction kernels.
+fn int_sign(imp: &mut Importer, n: &NodeDesc, x: ValueId, dtype: DType, out: &str) -> Result<(), Why> {
+    let zero = imp.constant("zero", Tensor::filled(&TensorType::new(dtype, &[]), 0.0));
+    let mut sides = [0; 2];
+    for (side, cmp) in sides.iter_mut().zip([BinaryOp::Greater, BinaryOp::Less]) {
+        let b = imp.emit(n, Op::Binary(cmp), &[x, zero], None, None)?;
+        *side = imp.emit(n, Op::Cast { to: dtype }, &[b], None, None)?;
+    }
+    imp.emit(n, Op::Binary(BinaryOp::Sub), &sides, Some(out), None)?;
     Ok(())
 }
 
