@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   g_ort->ReleaseSession(cpu);
   printf("add_mul_relu.onnx: kiln matches CPU EP (max |diff| %.3g)\n", amr_diff);
 
-  /* ---- split.onnx: unsupported Sin/Floor split kiln's partitions ------ */
+  /* ---- split.onnx: unsupported Atan/Asinh split kiln's partitions ------ */
   Option explicit_target[1] = {{"target", host.target}};
   kiln = create_session(env, split, host.device, explicit_target, 1, 0, NULL);
   KilnStats s3 = stats();

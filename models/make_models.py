@@ -14,10 +14,10 @@ Models
 add_mul_relu.onnx  A, B: float[2,3,4];  C = Add(A, B); D = Mul(C, W); Y = Relu(D)
                    with the initializer W: float[3,4].  Fully supported by kiln
                    -> exactly one kiln partition.
-split.onnx         Add -> Relu -> Sin -> Mul -> Tanh -> Sub, plus an independent
-                   Floor -> Neg -> Abs branch.  Sin and Floor are CPU-only, so kiln
+split.onnx         Add -> Relu -> Atan -> Mul -> Tanh -> Sub, plus an independent
+                   Asinh -> Neg -> Abs branch.  Atan and Asinh are CPU-only, so kiln
                    gets three partitions ({Add, Relu}, {Mul, Tanh, Sub}, {Neg, Abs}).
-unsupported.onnx   Only Sin / Cos / Floor: kiln claims nothing.
+unsupported.onnx   Only Atan / Cosh / Asinh: kiln claims nothing.
 all_ops.onnx       Every op kiln supports (Add Sub Mul Div Relu Sigmoid Tanh Neg
                    Abs Sqrt Exp Identity), scalar / rank-expanding / two-sided
                    broadcasting, initializers as first and second inputs, one
@@ -100,13 +100,13 @@ def make_split() -> onnx.ModelProto:
         helper.make_node("Add", ["X", "bias"], ["a"], name="p1_add"),
         helper.make_node("Relu", ["a"], ["r"], name="p1_relu"),
         # CPU
-        helper.make_node("Sin", ["r"], ["s"], name="cpu_sin"),
+        helper.make_node("Atan", ["r"], ["s"], name="cpu_atan"),
         # kiln partition 2
         helper.make_node("Mul", ["s", "W"], ["m"], name="p2_mul"),
         helper.make_node("Tanh", ["m"], ["t"], name="p2_tanh"),
         helper.make_node("Sub", ["t", "X"], ["Y"], name="p2_sub"),
-        # independent branch: CPU Floor, then kiln partition 3
-        helper.make_node("Floor", ["X"], ["f"], name="cpu_floor"),
+        # independent branch: CPU Asinh, then kiln partition 3
+        helper.make_node("Asinh", ["X"], ["f"], name="cpu_asinh"),
         helper.make_node("Neg", ["f"], ["n"], name="p3_neg"),
         helper.make_node("Abs", ["n"], ["Z"], name="p3_abs"),
     ]
@@ -119,18 +119,18 @@ def make_split() -> onnx.ModelProto:
     )
     return _model(
         graph,
-        "Supported chain -> Sin (CPU) -> supported chain, plus Floor (CPU) -> supported "
+        "Supported chain -> Atan (CPU) -> supported chain, plus Asinh (CPU) -> supported "
         "chain: three kiln groups, two after merging the independent ones; the CPU EP "
-        "runs Sin and Floor.",
+        "runs Atan and Asinh.",
     )
 
 
 def make_unsupported() -> onnx.ModelProto:
     nodes = [
-        helper.make_node("Sin", ["X"], ["s"], name="sin"),
-        helper.make_node("Cos", ["s"], ["c"], name="cos"),
-        helper.make_node("Floor", ["c"], ["Y"], name="floor"),
-        helper.make_node("Floor", ["X"], ["Z"], name="floor2"),
+        helper.make_node("Atan", ["X"], ["s"], name="atan"),
+        helper.make_node("Cosh", ["s"], ["c"], name="cosh"),
+        helper.make_node("Asinh", ["c"], ["Y"], name="asinh"),
+        helper.make_node("Asinh", ["X"], ["Z"], name="asinh2"),
     ]
     graph = helper.make_graph(
         nodes,

@@ -145,12 +145,12 @@ def compile_default(src, dev, folder):
 
 
 def test_reload_with_inputs_merged_by_cse(tmp_path, kiln_dev):
-    """Two identical Sin nodes (kiln leaves Sin to the CPU EP) feed one kiln
+    """Two identical Atan nodes (kiln leaves Atan to the CPU EP) feed one kiln
     partition. Compiled as written, its EPContext node reads both; loaded at
-    ENABLE_BASIC or higher, ORT merges the Sins and the node reads one value
+    ENABLE_BASIC or higher, ORT merges the Atans and the node reads one value
     twice, while the fused node lists it once."""
     g = h.make_graph(
-        [h.make_node("Sin", ["x"], ["sa"]), h.make_node("Sin", ["x"], ["sb"]),
+        [h.make_node("Atan", ["x"], ["sa"]), h.make_node("Atan", ["x"], ["sb"]),
          h.make_node("Mul", ["sa", "x"], ["m"]), h.make_node("Sub", ["m", "sb"], ["y"])], "cse",
         [h.make_tensor_value_info("x", T.FLOAT, [2, 3])], [h.make_tensor_value_info("y", T.FLOAT, [2, 3])])
     src = save(g, tmp_path / "cse.onnx")
@@ -175,7 +175,7 @@ def test_reload_accepts_dims_ort_left_unknown(tmp_path, kiln_dev):
         [h.make_node("Shape", ["x"], ["s"]), h.make_node("Gather", ["s", "idx"], ["n"], axis=0),
          h.make_node("Unsqueeze", ["n", "axes0"], ["n1"]), h.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
          h.make_node("Reshape", ["x", "shape"], ["r"]), h.make_node("Relu", ["r"], ["rr"]),
-         h.make_node("Sin", ["rr"], ["y"])], "flatten",
+         h.make_node("Atan", ["rr"], ["y"])], "flatten",
         [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4])], [h.make_tensor_value_info("y", T.FLOAT, [2, 12])],
         initializer=[idx, minus1, h.make_tensor("axes0", T.INT64, [1], [0])])
     src = save(g, tmp_path / "flatten.onnx")

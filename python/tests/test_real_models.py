@@ -172,6 +172,10 @@ ORT_WRITES_INVALID = pytest.mark.xfail(
                         "refuses its own compiled model (not SSA), even with kiln claiming no node: README, Control flow")
 
 
+#: what ORT 1.31.1 says when the session route writes Silero VAD's compiled model
+ORT_IN_MEMORY_MARKER = "references an ORT in-memory address marker, which is not allowed in a model protobuf"
+
+
 @pytest.mark.parametrize("key", [pytest.param(k, marks=ORT_WRITES_INVALID) if k == "silero_vad" else k for k in KEYS])
 def test_compile_reload_model_compiler(key, corpus, kiln_dev, ctx_dir):
     """ort.ModelCompiler with its defaults: kiln gets the graph at ORT_DISABLE_ALL."""
@@ -186,7 +190,15 @@ def test_compile_reload_context_enable(key, corpus, kiln_dev, ctx_dir):
     """``ep.context_enable=1`` on a session at ORT_ENABLE_ALL (the session default)."""
     spec, path = rc.spec(key), corpus[key]
     ctx = str(ctx_dir / f"{key}_ctx.onnx")
-    tu.generate_context(path, kiln_dev, file_path=ctx)
+    try:
+        tu.generate_context(path, kiln_dev, file_path=ctx)
+    except tu.KilnSessionError as e:
+        # Once kiln claims a main-graph node of Silero VAD (its top-level Equal), ORT 1.31.1
+        # must write the model, and its writer fails on the If bodies' initializers: README,
+        # Control flow. Any other error fails the test.
+        if key == "silero_vad" and ORT_IN_MEMORY_MARKER in e.message:
+            pytest.xfail(f"ORT 1.31.1 cannot write Silero VAD's compiled model: {ORT_IN_MEMORY_MARKER}")
+        raise
     if not os.path.exists(ctx):
         # ORT writes no _ctx.onnx when no node went to kiln (ModelCompiler writes one anyway)
         # (and kiln claims nothing inside If/Loop bodies while generating EPContext nodes: README)

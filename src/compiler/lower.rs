@@ -174,7 +174,8 @@ impl Lowering<'_> {
                     .ok_or_else(|| internal("validated shapes do not broadcast"))?;
                 Step::Binary {
                     op: *op,
-                    dtype: self.dtype(out),
+                    // The inputs' type (a comparison writes bools).
+                    dtype: self.dtype(ins[0]),
                     layout,
                     a: self.buf(ins[0])?,
                     b: self.buf(ins[1])?,

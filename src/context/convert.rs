@@ -352,6 +352,22 @@ fn unary_kind(op: UnaryOp) -> proto::UnaryOpKind {
         UnaryOp::GeluTanh => K::GeluTanh,
         UnaryOp::GeluWritten => K::GeluWritten,
         UnaryOp::GeluTanhWritten => K::GeluTanhWritten,
+        UnaryOp::Floor => K::Floor,
+        UnaryOp::Ceil => K::Ceil,
+        UnaryOp::Round => K::Round,
+        UnaryOp::Sin => K::Sin,
+        UnaryOp::Cos => K::Cos,
+        UnaryOp::Sign => K::Sign,
+        UnaryOp::Softplus => K::Softplus,
+        UnaryOp::Mish => K::Mish,
+        UnaryOp::Not => K::Not,
+        UnaryOp::IsNaN => K::IsNan,
+        UnaryOp::IsInf { negative, positive } => match (negative, positive) {
+            (true, true) => K::IsInf,
+            (false, true) => K::IsInfPositive,
+            (true, false) => K::IsInfNegative,
+            (false, false) => K::IsInfNone,
+        },
     }
 }
 
@@ -363,6 +379,18 @@ fn binary_kind(op: BinaryOp) -> proto::BinaryOpKind {
         BinaryOp::Mul => K::Mul,
         BinaryOp::Div => K::Div,
         BinaryOp::Pow => K::Pow,
+        BinaryOp::Max => K::Max,
+        BinaryOp::Min => K::Min,
+        BinaryOp::Mod => K::Mod,
+        BinaryOp::Fmod => K::Fmod,
+        BinaryOp::Equal => K::Equal,
+        BinaryOp::Greater => K::Greater,
+        BinaryOp::Less => K::Less,
+        BinaryOp::GreaterOrEqual => K::GreaterOrEqual,
+        BinaryOp::LessOrEqual => K::LessOrEqual,
+        BinaryOp::And => K::And,
+        BinaryOp::Or => K::Or,
+        BinaryOp::Xor => K::Xor,
     }
 }
 
@@ -682,8 +710,26 @@ fn unary_op(u: &proto::UnaryStep) -> Result<UnaryOp> {
         Ok(K::GeluTanh) => UnaryOp::GeluTanh,
         Ok(K::GeluWritten) => UnaryOp::GeluWritten,
         Ok(K::GeluTanhWritten) => UnaryOp::GeluTanhWritten,
+        Ok(K::Floor) => UnaryOp::Floor,
+        Ok(K::Ceil) => UnaryOp::Ceil,
+        Ok(K::Round) => UnaryOp::Round,
+        Ok(K::Sin) => UnaryOp::Sin,
+        Ok(K::Cos) => UnaryOp::Cos,
+        Ok(K::Sign) => UnaryOp::Sign,
+        Ok(K::Softplus) => UnaryOp::Softplus,
+        Ok(K::Mish) => UnaryOp::Mish,
+        Ok(K::Not) => UnaryOp::Not,
+        Ok(K::IsNan) => UnaryOp::IsNaN,
+        Ok(K::IsInf) => is_inf(true, true),
+        Ok(K::IsInfPositive) => is_inf(false, true),
+        Ok(K::IsInfNegative) => is_inf(true, false),
+        Ok(K::IsInfNone) => is_inf(false, false),
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown unary op code {code}"),
     })
+}
+
+fn is_inf(negative: bool, positive: bool) -> UnaryOp {
+    UnaryOp::IsInf { negative, positive }
 }
 
 fn binary_op(code: i32) -> Result<BinaryOp> {
@@ -694,6 +740,18 @@ fn binary_op(code: i32) -> Result<BinaryOp> {
         Ok(K::Mul) => BinaryOp::Mul,
         Ok(K::Div) => BinaryOp::Div,
         Ok(K::Pow) => BinaryOp::Pow,
+        Ok(K::Max) => BinaryOp::Max,
+        Ok(K::Min) => BinaryOp::Min,
+        Ok(K::Mod) => BinaryOp::Mod,
+        Ok(K::Fmod) => BinaryOp::Fmod,
+        Ok(K::Equal) => BinaryOp::Equal,
+        Ok(K::Greater) => BinaryOp::Greater,
+        Ok(K::Less) => BinaryOp::Less,
+        Ok(K::GreaterOrEqual) => BinaryOp::GreaterOrEqual,
+        Ok(K::LessOrEqual) => BinaryOp::LessOrEqual,
+        Ok(K::And) => BinaryOp::And,
+        Ok(K::Or) => BinaryOp::Or,
+        Ok(K::Xor) => BinaryOp::Xor,
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown binary op code {code}"),
     })
 }

@@ -634,6 +634,21 @@ pub enum UnaryOpKind {
     GeluTanh = 14,
     GeluWritten = 15,
     GeluTanhWritten = 16,
+    // Elementwise math, comparisons and logic (issue #12): 20-39.
+    Floor = 20,
+    Ceil = 21,
+    Round = 22,
+    Sin = 23,
+    Cos = 24,
+    Sign = 25,
+    Softplus = 26,
+    Mish = 27,
+    Not = 28,
+    IsNan = 29,
+    IsInf = 30,
+    IsInfPositive = 31,
+    IsInfNegative = 32,
+    IsInfNone = 33,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
@@ -645,6 +660,19 @@ pub enum BinaryOpKind {
     Mul = 3,
     Div = 4,
     Pow = 5,
+    // Elementwise math, comparisons and logic (issue #12): 10-29.
+    Max = 10,
+    Min = 11,
+    Mod = 12,
+    Fmod = 13,
+    Equal = 14,
+    Greater = 15,
+    Less = 16,
+    GreaterOrEqual = 17,
+    LessOrEqual = 18,
+    And = 19,
+    Or = 20,
+    Xor = 21,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]

@@ -3,7 +3,6 @@
 //! and the passes compute output types with [`infer`].
 
 use super::{broadcast_shapes, BiasKind, DType, MatMulAttrs, Op, ScatterReduction, ShapeDisplay, TensorType};
-use crate::kernels::BinaryOp;
 
 type Why = String;
 
@@ -108,17 +107,13 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
     let x = || x.ok_or_else(|| format!("{op} has no input"));
     let out = match op {
         Op::Unary(u) => {
-            expect_dtype(&format!("the input of {}", u.onnx_name()), x()?, &[DType::F32])?;
-            x()?.clone()
+            expect_dtype(&format!("the input of {}", u.onnx_name()), x()?, &[u.src_dtype()])?;
+            TensorType::new(u.dst_dtype(), &x()?.shape)
         }
         Op::Binary(b) => {
             let (a, c) = (ins[0], ins[1]);
-            let allowed: &[DType] = if *b == BinaryOp::Pow {
-                &[DType::F32]
-            } else {
-                &[DType::F32, DType::I64, DType::I32]
-            };
-            expect_dtype("input 0", a, allowed)?;
+            let allowed: Vec<DType> = DType::ALL.into_iter().filter(|&d| b.accepts(d)).collect();
+            expect_dtype(&format!("input 0 of {}", b.onnx_name()), a, &allowed)?;
             if a.dtype != c.dtype {
                 return Err(format!("inputs are {} and {}", a.dtype, c.dtype));
             }
@@ -129,7 +124,7 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
                     shape(&c.shape)
                 )
             })?;
-            TensorType::new(a.dtype, &s)
+            TensorType::new(b.dst_dtype(a.dtype), &s)
         }
         Op::MatMul(m) => {
             for (i, t) in ins.iter().enumerate() {

@@ -41,6 +41,69 @@ pub(super) fn unary(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
         UnaryOp::GeluTanh => map(src, dst, math::gelu_tanh),
         UnaryOp::GeluWritten => map(src, dst, |x| math::overflow_doubled(x, math::gelu(x))),
         UnaryOp::GeluTanhWritten => map(src, dst, |x| math::overflow_doubled(x, math::gelu_tanh(x))),
+        // floor/ceil/round_ties_even become one rounding instruction where the
+        // target has one (SSE4.1 and up), else a libm call.
+        UnaryOp::Floor => map(src, dst, f32::floor),
+        UnaryOp::Ceil => map(src, dst, f32::ceil),
+        UnaryOp::Round => map(src, dst, f32::round_ties_even),
+        UnaryOp::Sin => sin_cos(src, dst, false),
+        UnaryOp::Cos => sin_cos(src, dst, true),
+        UnaryOp::Sign => map(src, dst, sign),
+        UnaryOp::Softplus => map(src, dst, math::softplus),
+        UnaryOp::Mish => map(src, dst, math::mish),
+        // Not bool → f32 ops; `unary_to_bool` and `not` run these.
+        UnaryOp::Not | UnaryOp::IsNaN | UnaryOp::IsInf { .. } => {}
+    }
+}
+
+/// Sine or cosine, by blocks: the vectorised [`math::sin_cos`] for a block
+/// whose arguments are all within its range, libm for the rest (huge, NaN,
+/// ±inf), so results are libm-accurate everywhere.
+#[inline(always)]
+fn sin_cos(src: &[f32], dst: &mut [f32], cos: bool) {
+    const BLOCK: usize = 64;
+    for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
+        let in_range = s.iter().fold(true, |ok, x| ok & (x.abs() <= math::SIN_COS_LIMIT));
+        if in_range {
+            map(s, d, |x| math::sin_cos(x, cos));
+        } else if cos {
+            map(s, d, f32::cos);
+        } else {
+            map(s, d, f32::sin);
+        }
+    }
+}
+
+/// -1, 0 or 1 (+0 for ±0), NaN for NaN: ORT's Sign.
+#[inline(always)]
+fn sign(x: f32) -> f32 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else if x == 0.0 {
+        0.0
+    } else {
+        x
+    }
+}
+
+/// `dst[i] = op(src[i])` for the f32 tests (IsNaN, IsInf); lengths are equal.
+#[inline(always)]
+pub(super) fn unary_to_bool(op: UnaryOp, src: &[f32], dst: &mut [u8]) {
+    match op {
+        UnaryOp::IsNaN => test(src, dst, f32::is_nan),
+        UnaryOp::IsInf { negative, positive } => test(src, dst, move |x| {
+            (positive && x == f32::INFINITY) || (negative && x == f32::NEG_INFINITY)
+        }),
+        _ => {}
+    }
+}
+
+#[inline(always)]
+fn test(src: &[f32], dst: &mut [u8], f: impl Fn(f32) -> bool) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = u8::from(f(x));
     }
 }
 
@@ -54,6 +117,73 @@ pub(super) fn binary_f32(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], ds
         BinaryOp::Mul => broadcast(layout, a, b, dst, |x, y| x * y),
         BinaryOp::Div => broadcast(layout, a, b, dst, |x, y| x / y),
         BinaryOp::Pow => broadcast(layout, a, b, dst, pow),
+        BinaryOp::Max => broadcast(layout, a, b, dst, max_f32),
+        BinaryOp::Min => broadcast(layout, a, b, dst, min_f32),
+        // Rust's `%` on floats is C's fmod.
+        BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| x % y),
+        _ => {}
+    }
+}
+
+/// The larger, NaN if either is NaN, `x` on ties (so `max(-0, 0)` is -0): ORT's Max.
+#[inline(always)]
+fn max_f32(x: f32, y: f32) -> f32 {
+    let m = if x < y { y } else { x };
+    if y.is_nan() {
+        y
+    } else {
+        m
+    }
+}
+
+/// The smaller, see [`max_f32`].
+#[inline(always)]
+fn min_f32(x: f32, y: f32) -> f32 {
+    let m = if y < x { y } else { x };
+    if y.is_nan() {
+        y
+    } else {
+        m
+    }
+}
+
+/// `dst = a op b` for the comparisons, bool results.
+#[inline(always)]
+pub(super) fn compare_f32(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], dst: &mut [u8]) {
+    compare(op, layout, a, b, dst)
+}
+
+#[inline(always)]
+pub(super) fn compare_i64(op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], dst: &mut [u8]) {
+    compare(op, layout, a, b, dst)
+}
+
+#[inline(always)]
+pub(super) fn compare_i32(op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], dst: &mut [u8]) {
+    compare(op, layout, a, b, dst)
+}
+
+#[inline(always)]
+fn compare<T: Copy + PartialOrd>(op: BinaryOp, layout: &Layout, a: &[T], b: &[T], dst: &mut [u8]) {
+    match op {
+        BinaryOp::Equal => broadcast(layout, a, b, dst, |x, y| u8::from(x == y)),
+        BinaryOp::Greater => broadcast(layout, a, b, dst, |x, y| u8::from(x > y)),
+        BinaryOp::Less => broadcast(layout, a, b, dst, |x, y| u8::from(x < y)),
+        BinaryOp::GreaterOrEqual => broadcast(layout, a, b, dst, |x, y| u8::from(x >= y)),
+        BinaryOp::LessOrEqual => broadcast(layout, a, b, dst, |x, y| u8::from(x <= y)),
+        _ => {}
+    }
+}
+
+/// `dst = a op b` on bools (0 or 1 bytes; any non-zero byte reads as true).
+#[inline(always)]
+pub(super) fn binary_bool(op: BinaryOp, layout: &Layout, a: &[u8], b: &[u8], dst: &mut [u8]) {
+    match op {
+        BinaryOp::Equal => broadcast(layout, a, b, dst, |x, y| u8::from((x != 0) == (y != 0))),
+        BinaryOp::And => broadcast(layout, a, b, dst, |x, y| u8::from(x != 0 && y != 0)),
+        BinaryOp::Or => broadcast(layout, a, b, dst, |x, y| u8::from(x != 0 || y != 0)),
+        BinaryOp::Xor => broadcast(layout, a, b, dst, |x, y| u8::from((x != 0) != (y != 0))),
+        _ => {}
     }
 }
 
@@ -66,7 +196,35 @@ pub(super) fn binary_i64(op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], ds
         BinaryOp::Sub => broadcast(layout, a, b, dst, i64::wrapping_sub),
         BinaryOp::Mul => broadcast(layout, a, b, dst, i64::wrapping_mul),
         BinaryOp::Div => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
-        BinaryOp::Pow => {}
+        BinaryOp::Max => broadcast(layout, a, b, dst, i64::max),
+        BinaryOp::Min => broadcast(layout, a, b, dst, i64::min),
+        BinaryOp::Mod => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { floor_mod_i64(x, y) }),
+        BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| {
+            if y == 0 {
+                0
+            } else {
+                fmod_via_f64(x as f64, y as f64) as i64
+            }
+        }),
+        _ => {}
+    }
+}
+
+/// C's `fmod` of two integers in double precision, as ORT computes it
+/// (exact up to 2^53; beyond, the same rounding as ORT's).
+#[inline(always)]
+fn fmod_via_f64(x: f64, y: f64) -> f64 {
+    x % y
+}
+
+/// The remainder with the divisor's sign (Python's `%`); `y != 0`.
+#[inline(always)]
+fn floor_mod_i64(x: i64, y: i64) -> i64 {
+    let r = x.wrapping_rem(y);
+    if r != 0 && (r < 0) != (y < 0) {
+        r + y
+    } else {
+        r
     }
 }
 
@@ -77,7 +235,28 @@ pub(super) fn binary_i32(op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], ds
         BinaryOp::Sub => broadcast(layout, a, b, dst, i32::wrapping_sub),
         BinaryOp::Mul => broadcast(layout, a, b, dst, i32::wrapping_mul),
         BinaryOp::Div => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
-        BinaryOp::Pow => {}
+        BinaryOp::Max => broadcast(layout, a, b, dst, i32::max),
+        BinaryOp::Min => broadcast(layout, a, b, dst, i32::min),
+        BinaryOp::Mod => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { floor_mod_i32(x, y) }),
+        BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| {
+            if y == 0 {
+                0
+            } else {
+                fmod_via_f64(x as f64, y as f64) as i32
+            }
+        }),
+        _ => {}
+    }
+}
+
+/// The remainder with the divisor's sign (Python's `%`); `y != 0`.
+#[inline(always)]
+fn floor_mod_i32(x: i32, y: i32) -> i32 {
+    let r = x.wrapping_rem(y);
+    if r != 0 && (r < 0) != (y < 0) {
+        r + y
+    } else {
+        r
     }
 }
 
@@ -110,7 +289,7 @@ fn map(src: &[f32], dst: &mut [f32], f: impl Fn(f32) -> f32) {
 }
 
 #[inline(always)]
-fn broadcast<T: Copy>(layout: &Layout, a: &[T], b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T + Copy) {
+fn broadcast<T: Copy, U: Copy>(layout: &Layout, a: &[T], b: &[T], dst: &mut [U], f: impl Fn(T, T) -> U + Copy) {
     match layout {
         Layout::Same => vv(a, b, dst, f),
         Layout::ScalarA => sv(a[0], b, dst, f),
@@ -131,7 +310,7 @@ fn broadcast<T: Copy>(layout: &Layout, a: &[T], b: &[T], dst: &mut [T], f: impl 
 
 /// Walks the outer dims with an odometer; each innermost run is a slice loop.
 #[inline(always)]
-fn strided<T: Copy>(s: &Strided, a: &[T], b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T + Copy) {
+fn strided<T: Copy, U: Copy>(s: &Strided, a: &[T], b: &[T], dst: &mut [U], f: impl Fn(T, T) -> U + Copy) {
     let outer = s.dims.len() - 1;
     let inner = s.dims[outer];
     let (step_a, step_b) = (s.a_strides[outer], s.b_strides[outer]);
@@ -161,21 +340,21 @@ fn strided<T: Copy>(s: &Strided, a: &[T], b: &[T], dst: &mut [T], f: impl Fn(T, 
 }
 
 #[inline(always)]
-fn vv<T: Copy>(a: &[T], b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T) {
+fn vv<T: Copy, U>(a: &[T], b: &[T], dst: &mut [U], f: impl Fn(T, T) -> U) {
     for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
         *d = f(x, y);
     }
 }
 
 #[inline(always)]
-fn vs<T: Copy>(a: &[T], y: T, dst: &mut [T], f: impl Fn(T, T) -> T) {
+fn vs<T: Copy, U>(a: &[T], y: T, dst: &mut [U], f: impl Fn(T, T) -> U) {
     for (d, &x) in dst.iter_mut().zip(a) {
         *d = f(x, y);
     }
 }
 
 #[inline(always)]
-fn sv<T: Copy>(x: T, b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T) {
+fn sv<T: Copy, U>(x: T, b: &[T], dst: &mut [U], f: impl Fn(T, T) -> U) {
     for (d, &y) in dst.iter_mut().zip(b) {
         *d = f(x, y);
     }

@@ -1,5 +1,5 @@
 //! Vectorisable f32 approximations of `exp`, `tanh`, `erf`, `erfc`, the
-//! logistic sigmoid and both GELUs.
+//! logistic sigmoid, both GELUs, `sin`/`cos`, softplus and mish.
 //!
 //! Everything is `#[inline(always)]` straight-line code (selects, no calls,
 //! no tables) so that LLVM vectorises the loops that use it for each target.
@@ -14,6 +14,9 @@
 //! | `sigmoid` | `1/(1+e^{-x})` | ≤ 2 ulp |
 //! | GELU (erf) | `x/2 · erfc(-x/√2)`, accurate even where `1+erf` cancels | ≤ 3e-7 relative for x > -4; below, rounding `x/√2` costs ~x²·ulp (≤ 1e-6·x²/8) on values under 1e-4 |
 //! | GELU (tanh) | `x · sigmoid(2u)`, `u = √(2/π)(x + 0.044715x³)` (= `x/2·(1+tanh u)` without cancellation) | ≤ 3 ulp for x > -2; below, rounding grows like |x|³·ulp (the exponent's size) on values under 1e-3 |
+//! | `sin_cos` (\|x\| ≤ 65536) | reduction by π/2 in f64, FreeBSD's double `sindf`/`cosdf` polynomials | ≤ 1 ulp |
+//! | `softplus` | `max(x,0) + 2·atanh(s)`, `s = e^-\|x\|/(2 + e^-\|x\|)`, odd series | ≤ 4 ulp |
+//! | `mish` | `x·n/(n+2)`, `n = eˣ(eˣ+2)` | ≤ 6 ulp |
 //!
 //! NaN propagates through all of them; `exp` overflows to `inf` above 88.72
 //! and underflows to 0 below -103.97. At ±inf they give the limits ORT's
@@ -157,6 +160,79 @@ pub fn gelu_tanh(x: f32) -> f32 {
 pub fn overflow_doubled(x: f32, y: f32) -> f32 {
     if x > f32::MAX / 2.0 {
         f32::INFINITY
+    } else {
+        y
+    }
+}
+
+/// Below this magnitude [`sin_cos`] reduces by π/2 in double precision
+/// exactly enough; callers use libm above it (and for NaN and ±inf).
+pub const SIN_COS_LIMIT: f32 = 65_536.0;
+
+/// `sin(x)` (`cos(x)` when `cos`) for `|x| ≤ SIN_COS_LIMIT`: FreeBSD's
+/// `sinf`/`cosf` scheme, branch-free. The argument is reduced by π/2 in
+/// double (`k·PIO2_HI` is exact for `|k| < 2^20`), and the kernels are the
+/// double minimax polynomials of FreeBSD's `__kernel_sindf`/`__kernel_cosdf`
+/// on `[-π/4, π/4]`: within 1 ulp of the true value (libm's own accuracy).
+#[inline(always)]
+pub fn sin_cos(x: f32, cos: bool) -> f32 {
+    const FRAC_2_PI: f64 = std::f64::consts::FRAC_2_PI;
+    const PIO2_HI: f64 = 1.570_796_326_734_125_614_17;
+    const PIO2_LO: f64 = 6.077_100_506_506_192_249_32e-11;
+    const S1: f64 = -0.166_666_666_416_265_235_595;
+    const S2: f64 = 0.008_333_329_385_889_463_175_6;
+    const S3: f64 = -0.000_198_393_348_360_966_317_347;
+    const S4: f64 = 0.000_002_718_311_493_989_821_906_4;
+    const C0: f64 = -0.499_999_997_251_031_003_12;
+    const C1: f64 = 0.041_666_623_323_739_063_189_4;
+    const C2: f64 = -0.001_388_676_377_460_992_946_92;
+    const C3: f64 = 0.000_024_390_448_796_277_409_065_4;
+    // 1.5·2^52: adding it rounds to an integer held in the low mantissa bits
+    // (vectorises, where an f64 → i64 conversion would not on AVX2).
+    const MAGIC52: f64 = 6_755_399_441_055_744.0;
+    let xd = x as f64;
+    let t = xd * FRAC_2_PI + MAGIC52;
+    let k = t - MAGIC52;
+    let r = xd - k * PIO2_HI - k * PIO2_LO;
+    let z = r * r;
+    let w = z * z;
+    let s = z * r;
+    let sin_r = (r + s * (S1 + z * S2)) + s * w * (S3 + z * S4);
+    let cos_r = ((1.0 + z * C0) + w * C1) + (w * z) * (C2 + z * C3);
+    // cos(x) = sin(x + π/2): one more quadrant.
+    let q = (t.to_bits() + u64::from(cos)) & 3;
+    let v = if q & 1 == 0 { sin_r } else { cos_r };
+    (if q & 2 == 0 { v } else { -v }) as f32
+}
+
+/// `ln(1 + eˣ)` as `max(x, 0) + log1p(e^-|x|)`, with `log1p(y) = 2·atanh(s)`,
+/// `s = y/(2 + y) ≤ 1/3`, summed as its odd series to s¹⁷ (≤ 3 ulp, exact
+/// for the tiny `y` of very negative `x`). NaN stays NaN.
+#[inline(always)]
+pub fn softplus(x: f32) -> f32 {
+    let y = exp(-x.abs());
+    let s = y / (2.0 + y);
+    let z = s * s;
+    let series =
+        ((((((((z / 17.0 + 1.0 / 15.0) * z + 1.0 / 13.0) * z + 1.0 / 11.0) * z + 1.0 / 9.0) * z + 1.0 / 7.0) * z
+            + 1.0 / 5.0)
+            * z
+            + 1.0 / 3.0)
+            * z)
+            + 1.0;
+    let pos = if x > 0.0 { x } else { 0.0 };
+    pos + 2.0 * s * series
+}
+
+/// `x·tanh(ln(1 + eˣ))` as `x·n/(n + 2)`, `n = eˣ(eˣ + 2)` (the same
+/// value without a logarithm); `x` itself above 20, where the ratio is 1.
+#[inline(always)]
+pub fn mish(x: f32) -> f32 {
+    let e = exp(x.min(20.0));
+    let n = e * (e + 2.0);
+    let y = x * (n / (n + 2.0));
+    if x > 20.0 {
+        x
     } else {
         y
     }

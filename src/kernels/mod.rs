@@ -29,9 +29,11 @@ use std::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::target::Target;
+use crate::tensor::DType;
 use parallel::Parallel;
 
-/// A unary elementwise op on f32.
+/// A unary elementwise op: f32 to f32, except the tests at the end
+/// ([`UnaryOp::src_dtype`], [`UnaryOp::dst_dtype`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryOp {
     Relu,
@@ -57,6 +59,28 @@ pub enum UnaryOp {
     GeluWritten,
     /// [`UnaryOp::GeluTanh`] fused from `(x·(1 + tanh(…)))·0.5`, see [`UnaryOp::GeluWritten`].
     GeluTanhWritten,
+    // Elementwise math, comparisons and logic (issue #12).
+    Floor,
+    Ceil,
+    /// Halves to even.
+    Round,
+    Sin,
+    Cos,
+    /// -1, 0 or 1; NaN stays NaN (as ORT).
+    Sign,
+    /// `ln(1 + eˣ)`.
+    Softplus,
+    /// `x·tanh(softplus(x))`.
+    Mish,
+    /// bool to bool.
+    Not,
+    /// f32 to bool.
+    IsNaN,
+    /// f32 to bool: which infinities count.
+    IsInf {
+        negative: bool,
+        positive: bool,
+    },
 }
 
 impl UnaryOp {
@@ -76,6 +100,33 @@ impl UnaryOp {
             UnaryOp::LeakyRelu(_) => "LeakyRelu",
             UnaryOp::Clip(..) => "Clip",
             UnaryOp::Gelu | UnaryOp::GeluTanh | UnaryOp::GeluWritten | UnaryOp::GeluTanhWritten => "Gelu",
+            UnaryOp::Floor => "Floor",
+            UnaryOp::Ceil => "Ceil",
+            UnaryOp::Round => "Round",
+            UnaryOp::Sin => "Sin",
+            UnaryOp::Cos => "Cos",
+            UnaryOp::Sign => "Sign",
+            UnaryOp::Softplus => "Softplus",
+            UnaryOp::Mish => "Mish",
+            UnaryOp::Not => "Not",
+            UnaryOp::IsNaN => "IsNaN",
+            UnaryOp::IsInf { .. } => "IsInf",
+        }
+    }
+
+    /// The element type the op reads.
+    pub fn src_dtype(self) -> DType {
+        match self {
+            UnaryOp::Not => DType::Bool,
+            _ => DType::F32,
+        }
+    }
+
+    /// The element type the op writes.
+    pub fn dst_dtype(self) -> DType {
+        match self {
+            UnaryOp::Not | UnaryOp::IsNaN | UnaryOp::IsInf { .. } => DType::Bool,
+            _ => DType::F32,
         }
     }
 }
@@ -89,6 +140,24 @@ pub enum BinaryOp {
     Div,
     /// f32 only.
     Pow,
+    // Elementwise math, comparisons and logic (issue #12).
+    /// Propagates NaN; on ties the first input.
+    Max,
+    Min,
+    /// Integer remainder with the divisor's sign (`Mod` with `fmod=0`).
+    Mod,
+    /// Remainder with the dividend's sign, C's `fmod` (`Mod` with `fmod=1`).
+    Fmod,
+    /// Comparisons: bool results.
+    Equal,
+    Greater,
+    Less,
+    GreaterOrEqual,
+    LessOrEqual,
+    /// Connectives of bools.
+    And,
+    Or,
+    Xor,
 }
 
 impl BinaryOp {
@@ -99,6 +168,52 @@ impl BinaryOp {
             BinaryOp::Mul => "Mul",
             BinaryOp::Div => "Div",
             BinaryOp::Pow => "Pow",
+            BinaryOp::Max => "Max",
+            BinaryOp::Min => "Min",
+            BinaryOp::Mod | BinaryOp::Fmod => "Mod",
+            BinaryOp::Equal => "Equal",
+            BinaryOp::Greater => "Greater",
+            BinaryOp::Less => "Less",
+            BinaryOp::GreaterOrEqual => "GreaterOrEqual",
+            BinaryOp::LessOrEqual => "LessOrEqual",
+            BinaryOp::And => "And",
+            BinaryOp::Or => "Or",
+            BinaryOp::Xor => "Xor",
+        }
+    }
+
+    /// Whether the op reads inputs of `dtype` (both inputs have it).
+    pub fn accepts(self, dtype: DType) -> bool {
+        use BinaryOp::*;
+        if dtype == DType::F16 {
+            // ORT computes float16 ops in float over whole groups of nodes;
+            // kiln leaves them to it (see `ir::check::F16_ARITHMETIC`).
+            return false;
+        }
+        match self {
+            Add | Sub | Mul | Div | Max | Min | Fmod | Greater | Less | GreaterOrEqual | LessOrEqual => {
+                dtype != DType::Bool
+            }
+            Pow => dtype == DType::F32,
+            // ORT runs integer Mod with fmod=0 only (floats need fmod=1).
+            Mod => dtype.is_int(),
+            Equal => true,
+            And | Or | Xor => dtype == DType::Bool,
+        }
+    }
+
+    /// Whether the op writes bools whatever it reads.
+    pub fn is_comparison(self) -> bool {
+        use BinaryOp::*;
+        matches!(self, Equal | Greater | Less | GreaterOrEqual | LessOrEqual)
+    }
+
+    /// The element type the op writes from inputs of `dtype`.
+    pub fn dst_dtype(self, dtype: DType) -> DType {
+        if self.is_comparison() {
+            DType::Bool
+        } else {
+            dtype
         }
     }
 }
@@ -289,6 +404,11 @@ isa_kernels! {
     fn binary_f32_isa(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], dst: &mut [f32]) => elementwise::binary_f32;
     fn binary_i64_isa(op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], dst: &mut [i64]) => elementwise::binary_i64;
     fn binary_i32_isa(op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], dst: &mut [i32]) => elementwise::binary_i32;
+    fn unary_to_bool_isa(op: UnaryOp, src: &[f32], dst: &mut [u8]) => elementwise::unary_to_bool;
+    fn compare_f32_isa(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], dst: &mut [u8]) => elementwise::compare_f32;
+    fn compare_i64_isa(op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], dst: &mut [u8]) => elementwise::compare_i64;
+    fn compare_i32_isa(op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], dst: &mut [u8]) => elementwise::compare_i32;
+    fn binary_bool_isa(op: BinaryOp, layout: &Layout, a: &[u8], b: &[u8], dst: &mut [u8]) => elementwise::binary_bool;
     fn softmax_isa(len: usize, inner: usize, shift: bool, src: &[f32], dst: &mut [f32]) => norm::softmax;
     fn layer_norm_isa(len: usize, epsilon: f32, decomposed: bool, src: &[f32], scale: &[f32], bias: Option<&[f32]>, dst: &mut [f32]) => norm::layer_norm;
     fn reduce_isa(kind: ReduceKind, len: usize, inner: usize, src: &[f32], dst: &mut [f32]) => norm::reduce;
@@ -329,7 +449,7 @@ fn par_rows<T: Send>(
 
 /// `dst[i] = op(src[i])`.
 pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32], par: &dyn Parallel) -> Result<()> {
-    if src.len() != dst.len() {
+    if src.len() != dst.len() || op.src_dtype() != DType::F32 || op.dst_dtype() != DType::F32 {
         return Err(length_error(format_args!(
             "{op:?} reads {} elements but writes {}",
             src.len(),
@@ -337,6 +457,34 @@ pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32], par: &dyn Para
         )));
     }
     par_rows(par, dst.len(), 1, dst, &|r, d| unary_isa(isa, op, &src[r], d));
+    Ok(())
+}
+
+/// `dst[i] = op(src[i])` for the f32 tests (IsNaN, IsInf), bool results.
+pub fn unary_to_bool(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [u8], par: &dyn Parallel) -> Result<()> {
+    if src.len() != dst.len() || op.src_dtype() != DType::F32 || op.dst_dtype() != DType::Bool {
+        return Err(length_error(format_args!(
+            "{op:?} from {} f32 elements into {} bools",
+            src.len(),
+            dst.len()
+        )));
+    }
+    par_rows(par, dst.len(), 1, dst, &|r, d| unary_to_bool_isa(isa, op, &src[r], d));
+    Ok(())
+}
+
+/// `dst[i] = !src[i]` on bools.
+pub fn not(src: &[u8], dst: &mut [u8]) -> Result<()> {
+    if src.len() != dst.len() {
+        return Err(length_error(format_args!(
+            "Not of {} elements into {}",
+            src.len(),
+            dst.len()
+        )));
+    }
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = u8::from(x == 0);
+    }
     Ok(())
 }
 
@@ -350,35 +498,84 @@ pub fn binary(
     dst: &mut [f32],
     par: &dyn Parallel,
 ) -> Result<()> {
-    check_layout(op, layout, a.len(), b.len(), dst.len())?;
-    if dst.is_empty() {
-        return Ok(());
+    check_binary(op, DType::F32, DType::F32, layout, a.len(), b.len(), dst.len())?;
+    par_binary(par, layout, a, b, dst, &|a, b, d| {
+        binary_f32_isa(isa, op, layout, a, b, d)
+    });
+    Ok(())
+}
+
+/// A comparison (`op.is_comparison()`) of f32, i64 or i32 elements (as
+/// bytes, `dtype` says which), or `Equal`/`And`/`Or`/`Xor` of bools: bool results.
+#[allow(clippy::too_many_arguments)]
+pub fn binary_to_bool(
+    isa: Isa,
+    op: BinaryOp,
+    dtype: DType,
+    layout: &Layout,
+    a: &[u8],
+    b: &[u8],
+    dst: &mut [u8],
+    par: &dyn Parallel,
+) -> Result<()> {
+    fn view<T: bytemuck::Pod>(b: &[u8]) -> Result<&[T]> {
+        bytemuck::try_cast_slice(b).map_err(|_| length_error(format_args!("misaligned comparison input")))
     }
-    match layout {
-        Layout::Same => par_rows(par, dst.len(), 1, dst, &|r, d| {
-            binary_f32_isa(isa, op, layout, &a[r.clone()], &b[r], d)
+    let n = |bytes: usize| bytes / dtype.size();
+    check_binary(op, dtype, DType::Bool, layout, n(a.len()), n(b.len()), dst.len())?;
+    match dtype {
+        DType::F32 => par_binary(par, layout, view(a)?, view(b)?, dst, &|a, b, d| {
+            compare_f32_isa(isa, op, layout, a, b, d)
         }),
-        Layout::ScalarA => par_rows(par, dst.len(), 1, dst, &|r, d| {
-            binary_f32_isa(isa, op, layout, a, &b[r], d)
+        DType::I64 => par_binary(par, layout, view(a)?, view(b)?, dst, &|a, b, d| {
+            compare_i64_isa(isa, op, layout, a, b, d)
         }),
-        Layout::ScalarB => par_rows(par, dst.len(), 1, dst, &|r, d| {
-            binary_f32_isa(isa, op, layout, &a[r], b, d)
+        DType::I32 => par_binary(par, layout, view(a)?, view(b)?, dst, &|a, b, d| {
+            compare_i32_isa(isa, op, layout, a, b, d)
         }),
-        Layout::RowA { inner } => par_rows(par, dst.len() / inner, *inner, dst, &|r, d| {
-            binary_f32_isa(isa, op, layout, a, &b[r.start * inner..r.end * inner], d)
+        DType::Bool => par_binary(par, layout, a, b, dst, &|a, b, d| {
+            binary_bool_isa(isa, op, layout, a, b, d)
         }),
-        Layout::RowB { inner } => par_rows(par, dst.len() / inner, *inner, dst, &|r, d| {
-            binary_f32_isa(isa, op, layout, &a[r.start * inner..r.end * inner], b, d)
-        }),
-        Layout::Strided(_) => binary_f32_isa(isa, op, layout, a, b, dst),
+        // check_binary refused it (float16 arithmetic stays with ORT).
+        DType::F16 => return Err(length_error(format_args!("{op:?} of float16"))),
     }
     Ok(())
+}
+
+/// A binary kernel over one part of its operands and destination.
+type BinaryPart<'f, T, U> = dyn Fn(&[T], &[T], &mut [U]) + Sync + 'f;
+
+/// Runs `f(a part, b part, dst part)` over row chunks of `dst`, each part
+/// sliced as `layout` reads it; `layout.fits` holds.
+fn par_binary<T: Sync, U: Send>(
+    par: &dyn Parallel,
+    layout: &Layout,
+    a: &[T],
+    b: &[T],
+    dst: &mut [U],
+    f: &BinaryPart<'_, T, U>,
+) {
+    if dst.is_empty() {
+        return;
+    }
+    match layout {
+        Layout::Same => par_rows(par, dst.len(), 1, dst, &|r, d| f(&a[r.clone()], &b[r], d)),
+        Layout::ScalarA => par_rows(par, dst.len(), 1, dst, &|r, d| f(a, &b[r], d)),
+        Layout::ScalarB => par_rows(par, dst.len(), 1, dst, &|r, d| f(&a[r], b, d)),
+        Layout::RowA { inner } => par_rows(par, dst.len() / inner, *inner, dst, &|r, d| {
+            f(a, &b[r.start * inner..r.end * inner], d)
+        }),
+        Layout::RowB { inner } => par_rows(par, dst.len() / inner, *inner, dst, &|r, d| {
+            f(&a[r.start * inner..r.end * inner], b, d)
+        }),
+        Layout::Strided(_) => f(a, b, dst),
+    }
 }
 
 /// Integer `dst = a op b` (Add, Sub, Mul, Div; wrapping). Division by zero is an error.
 pub fn binary_i64(isa: Isa, op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], dst: &mut [i64]) -> Result<()> {
     check_int_op(op, b.contains(&0))?;
-    check_layout(op, layout, a.len(), b.len(), dst.len())?;
+    check_binary(op, DType::I64, DType::I64, layout, a.len(), b.len(), dst.len())?;
     if !dst.is_empty() {
         binary_i64_isa(isa, op, layout, a, b, dst);
     }
@@ -387,7 +584,7 @@ pub fn binary_i64(isa: Isa, op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64],
 
 pub fn binary_i32(isa: Isa, op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], dst: &mut [i32]) -> Result<()> {
     check_int_op(op, b.contains(&0))?;
-    check_layout(op, layout, a.len(), b.len(), dst.len())?;
+    check_binary(op, DType::I32, DType::I32, layout, a.len(), b.len(), dst.len())?;
     if !dst.is_empty() {
         binary_i32_isa(isa, op, layout, a, b, dst);
     }
@@ -396,13 +593,20 @@ pub fn binary_i32(isa: Isa, op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32],
 
 fn check_int_op(op: BinaryOp, zero_divisor: bool) -> Result<()> {
     match op {
-        BinaryOp::Pow => Err(length_error(format_args!("Pow on integers"))),
         BinaryOp::Div if zero_divisor => Err(Error::invalid_argument("integer division by zero")),
+        BinaryOp::Mod | BinaryOp::Fmod if zero_divisor => {
+            Err(Error::invalid_argument("integer Mod by zero (a divisor is 0)"))
+        }
         _ => Ok(()),
     }
 }
 
-fn check_layout(op: BinaryOp, layout: &Layout, a: usize, b: usize, out: usize) -> Result<()> {
+/// Checks that `op` reads `dtype` and that the lengths fit `layout`.
+/// `dtype` elements, writing `to` elements.
+fn check_binary(op: BinaryOp, dtype: DType, to: DType, layout: &Layout, a: usize, b: usize, out: usize) -> Result<()> {
+    if !op.accepts(dtype) || op.dst_dtype(dtype) != to {
+        return Err(length_error(format_args!("{op:?} from {dtype} to {to}")));
+    }
     if !layout.fits(a, b, out) {
         return Err(length_error(format_args!(
             "{op:?} with layout {layout:?} cannot read {a} and {b} elements into {out}"

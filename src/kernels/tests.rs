@@ -57,7 +57,22 @@ fn unary_ref(op: UnaryOp, x: f32) -> f64 {
         UnaryOp::GeluWritten | UnaryOp::GeluTanhWritten if x > f32::MAX as f64 / 2.0 => f64::INFINITY,
         UnaryOp::GeluWritten => math::reference::gelu(x),
         UnaryOp::GeluTanhWritten => math::reference::gelu_tanh(x),
+        UnaryOp::Floor => x.floor(),
+        UnaryOp::Ceil => x.ceil(),
+        UnaryOp::Round => x.round_ties_even(),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
+        UnaryOp::Sign if x.is_nan() => x,
+        UnaryOp::Sign => (x > 0.0) as i32 as f64 - (x < 0.0) as i32 as f64,
+        UnaryOp::Softplus => softplus_ref(x),
+        UnaryOp::Mish => x * softplus_ref(x).tanh(),
+        UnaryOp::Not | UnaryOp::IsNaN | UnaryOp::IsInf { .. } => unreachable!("bool results"),
     }
+}
+
+/// `ln(1 + eˣ)` in f64 without overflow.
+fn softplus_ref(x: f64) -> f64 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
 }
 
 const UNARY: [UnaryOp; 16] = [
@@ -128,6 +143,12 @@ fn binary_ref(op: BinaryOp, a: f32, b: f32) -> f32 {
         BinaryOp::Mul => a * b,
         BinaryOp::Div => a / b,
         BinaryOp::Pow => a.powf(b),
+        BinaryOp::Max if a.is_nan() || b.is_nan() => f32::NAN,
+        BinaryOp::Max => a.max(b),
+        BinaryOp::Min if a.is_nan() || b.is_nan() => f32::NAN,
+        BinaryOp::Min => a.min(b),
+        BinaryOp::Fmod => a % b,
+        _ => unreachable!("{op:?} has no f32 result"),
     }
 }
 
@@ -633,4 +654,319 @@ fn casts_to_integers_give_x86_s_integer_indefinite() {
             0
         ]
     );
+}
+
+// ---- elementwise math, comparisons and logic (issue #12) ----
+
+#[test]
+fn math_unary_ops_match_reference() {
+    let mut x = data(67, 9);
+    x.iter_mut().step_by(3).for_each(|v| *v = (*v * 2.0).round() / 2.0); // exact halves
+    x.extend([INF, -INF, f32::NAN, -0.0, 1e30, -1e30, 100.0, -100.0, 2.5, -2.5, 1e10]);
+    let ops = [
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
+        UnaryOp::Sign,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Softplus,
+        UnaryOp::Mish,
+    ];
+    for isa in isas() {
+        for op in ops {
+            let mut y = vec![0.0; x.len()];
+            unary(isa, op, &x, &mut y, &Serial).unwrap();
+            for (&xi, &yi) in x.iter().zip(&y) {
+                let want = unary_ref(op, xi);
+                let exact = matches!(op, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Sign);
+                let ok = if exact {
+                    yi.to_bits() == (want as f32).to_bits() || yi.is_nan() && want.is_nan()
+                } else {
+                    close(yi, want, 2e-6) || (want.abs() < 1e-30 && yi.abs() < 1e-30)
+                };
+                assert!(ok, "{isa:?} {op:?}({xi:e}) = {yi:e}, want {want:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn float_tests_and_not_write_bools() {
+    let x = spread(&[f32::NAN, INF, -INF, 0.0, -1.0, f32::MAX]);
+    for isa in isas() {
+        let mut y = vec![7u8; x.len()];
+        unary_to_bool(isa, UnaryOp::IsNaN, &x, &mut y, &Serial).unwrap();
+        assert!(x.iter().zip(&y).all(|(v, &b)| b == u8::from(v.is_nan())));
+        for (negative, positive) in [(true, true), (true, false), (false, true), (false, false)] {
+            unary_to_bool(isa, UnaryOp::IsInf { negative, positive }, &x, &mut y, &Serial).unwrap();
+            for (&v, &b) in x.iter().zip(&y) {
+                let want = (positive && v == INF) || (negative && v == -INF);
+                assert_eq!(b, u8::from(want), "{isa:?} IsInf({negative}, {positive})({v})");
+            }
+        }
+        // an f32 -> f32 op is refused, not left unwritten
+        assert!(unary_to_bool(isa, UnaryOp::Floor, &x, &mut y, &Serial).is_err());
+        let mut f = vec![0.0; x.len()];
+        assert!(unary(isa, UnaryOp::IsNaN, &x, &mut f, &Serial).is_err());
+    }
+    let mut y = [9u8; 3];
+    not(&[0, 1, 5], &mut y).unwrap();
+    assert_eq!(y, [1, 0, 0]);
+    assert!(not(&[0, 1], &mut y).is_err());
+}
+
+#[test]
+fn max_min_keep_nan_and_the_first_of_a_tie() {
+    let a = [1.0, f32::NAN, 3.0, f32::NAN, -0.0, 0.0];
+    let b = [f32::NAN, 2.0, 1.0, f32::NAN, 0.0, -0.0];
+    for isa in isas() {
+        let mut y = [0.0; 6];
+        binary(isa, BinaryOp::Max, &Layout::Same, &a, &b, &mut y, &Serial).unwrap();
+        assert_eq!(y.map(f32::is_nan), [true, true, false, true, false, false]);
+        assert_eq!(y[2], 3.0);
+        assert_eq!(
+            y[4..].iter().map(|v| v.is_sign_negative()).collect::<Vec<_>>(),
+            [true, false]
+        );
+        binary(isa, BinaryOp::Min, &Layout::Same, &a, &b, &mut y, &Serial).unwrap();
+        assert_eq!(y.map(f32::is_nan), [true, true, false, true, false, false]);
+        assert_eq!(y[2], 1.0);
+        assert_eq!(
+            y[4..].iter().map(|v| v.is_sign_negative()).collect::<Vec<_>>(),
+            [true, false]
+        );
+    }
+}
+
+/// Every comparison and the f32 Max/Min/Fmod over broadcasting shapes, on
+/// every layout kind, against the naive definition.
+#[test]
+fn comparisons_and_new_f32_ops_broadcast() {
+    let shapes: [(&[usize], &[usize]); 5] = [
+        (&[3, 5], &[3, 5]),
+        (&[3, 5], &[5]),
+        (&[], &[4]),
+        (&[2, 1, 4], &[3, 1]),
+        (&[4, 1], &[1, 4]),
+    ];
+    for (sa, sb) in shapes {
+        let na: usize = sa.iter().product();
+        let nb: usize = sb.iter().product();
+        let a: Vec<f32> = data(na, 3).iter().map(|v| v.round()).collect();
+        let mut b: Vec<f32> = data(nb, 4).iter().map(|v| v.round()).collect();
+        b[0] = f32::NAN;
+        let out = broadcast_shapes(sa, sb).unwrap();
+        let n: usize = out.iter().product();
+        let layout = Layout::for_shapes(sa, sb).unwrap();
+        for isa in isas() {
+            for op in [BinaryOp::Max, BinaryOp::Min, BinaryOp::Fmod] {
+                let want = broadcast_ref(op, sa, &a, sb, &b);
+                let mut y = vec![0.0; n];
+                binary(isa, op, &layout, &a, &b, &mut y, &Serial).unwrap();
+                for (g, w) in y.iter().zip(&want) {
+                    assert!(
+                        g.to_bits() == w.to_bits() || g.is_nan() && w.is_nan(),
+                        "{op:?} {sa:?} {sb:?}"
+                    );
+                }
+            }
+            let cmps = [
+                BinaryOp::Equal,
+                BinaryOp::Greater,
+                BinaryOp::Less,
+                BinaryOp::GreaterOrEqual,
+                BinaryOp::LessOrEqual,
+            ];
+            for op in cmps {
+                // the reference as 1.0 / 0.0 through the f32 broadcast of Sub's shape logic
+                let pick = |x: f32, y: f32| match op {
+                    BinaryOp::Equal => x == y,
+                    BinaryOp::Greater => x > y,
+                    BinaryOp::Less => x < y,
+                    BinaryOp::GreaterOrEqual => x >= y,
+                    _ => x <= y,
+                };
+                let ia = broadcast_ref(BinaryOp::Add, sa, &a, sb, &vec![0.0; nb]);
+                let ib = broadcast_ref(BinaryOp::Add, sa, &vec![0.0; na], sb, &b);
+                let mut y = vec![9u8; n];
+                binary_to_bool(
+                    isa,
+                    op,
+                    DType::F32,
+                    &layout,
+                    bytemuck::cast_slice(&a),
+                    bytemuck::cast_slice(&b),
+                    &mut y,
+                    &Serial,
+                )
+                .unwrap();
+                for k in 0..n {
+                    assert_eq!(y[k], u8::from(pick(ia[k], ib[k])), "{op:?} {sa:?} {sb:?} [{k}]");
+                }
+                let (a64, b64): (Vec<i64>, Vec<i64>) = (
+                    a.iter().map(|&v| v as i64).collect(),
+                    b.iter().map(|&v| v as i64).collect(),
+                );
+                binary_to_bool(
+                    isa,
+                    op,
+                    DType::I64,
+                    &layout,
+                    bytemuck::cast_slice(&a64),
+                    bytemuck::cast_slice(&b64),
+                    &mut y,
+                    &Serial,
+                )
+                .unwrap();
+                for k in 0..n {
+                    let (x, z) = (ia[k] as i64, if ib[k].is_nan() { 0 } else { ib[k] as i64 });
+                    assert_eq!(
+                        y[k],
+                        u8::from(pick(x as f32, z as f32)),
+                        "i64 {op:?} {sa:?} {sb:?} [{k}]"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn integer_max_min_mod() {
+    let a: [i64; 8] = [5, -5, 5, -5, 0, 7, i64::MIN, i64::MAX];
+    let b: [i64; 8] = [3, 3, -3, -3, 2, -4, -1, 3];
+    for isa in isas() {
+        let mut y = [0i64; 8];
+        binary_i64(isa, BinaryOp::Mod, &Layout::Same, &a, &b, &mut y).unwrap();
+        assert_eq!(y[..6], [2, 1, -1, -2, 0, -1]);
+        assert_eq!(y[6], 0);
+        binary_i64(isa, BinaryOp::Fmod, &Layout::Same, &a[..6], &b[..6], &mut y[..6]).unwrap();
+        assert_eq!(y[..6], [2, -2, 2, -2, 0, 3]);
+        binary_i64(isa, BinaryOp::Max, &Layout::Same, &a, &b, &mut y).unwrap();
+        assert_eq!(y, [5, 3, 5, -3, 2, 7, -1, i64::MAX]);
+        let a32: Vec<i32> = a[..6].iter().map(|&v| v as i32).collect();
+        let b32: Vec<i32> = b[..6].iter().map(|&v| v as i32).collect();
+        let mut y32 = [0i32; 6];
+        binary_i32(isa, BinaryOp::Min, &Layout::Same, &a32, &b32, &mut y32).unwrap();
+        assert_eq!(y32, [3, -5, -3, -5, 0, -4]);
+        binary_i32(isa, BinaryOp::Mod, &Layout::ScalarB, &a32, &[-3], &mut y32).unwrap();
+        assert_eq!(y32, [-1, -2, -1, -2, 0, -2]);
+        let err = binary_i64(isa, BinaryOp::Mod, &Layout::ScalarB, &a, &[0], &mut y).unwrap_err();
+        assert!(err.to_string().contains("Mod by zero"), "{err}");
+        // ops on the wrong types are refused, not run
+        assert!(binary_i64(isa, BinaryOp::And, &Layout::Same, &a, &b, &mut y).is_err());
+        assert!(binary_i64(isa, BinaryOp::Equal, &Layout::Same, &a, &b, &mut y).is_err());
+    }
+}
+
+#[test]
+fn bool_connectives_and_equal() {
+    let a = [0u8, 0, 1, 1];
+    let b = [0u8, 1, 0, 1];
+    for isa in isas() {
+        let mut y = [9u8; 4];
+        for (op, want) in [
+            (BinaryOp::And, [0, 0, 0, 1]),
+            (BinaryOp::Or, [0, 1, 1, 1]),
+            (BinaryOp::Xor, [0, 1, 1, 0]),
+            (BinaryOp::Equal, [1, 0, 0, 1]),
+        ] {
+            binary_to_bool(isa, op, DType::Bool, &Layout::Same, &a, &b, &mut y, &Serial).unwrap();
+            assert_eq!(y, want, "{op:?}");
+        }
+        assert!(binary_to_bool(
+            isa,
+            BinaryOp::Greater,
+            DType::Bool,
+            &Layout::Same,
+            &a,
+            &b,
+            &mut y,
+            &Serial
+        )
+        .is_err());
+        assert!(binary_to_bool(
+            isa,
+            BinaryOp::Add,
+            DType::F32,
+            &Layout::ScalarB,
+            &[0; 16],
+            &[0; 4],
+            &mut y,
+            &Serial
+        )
+        .is_err());
+    }
+}
+
+/// Distance in units in the last place between two finite f32s.
+fn ulps(a: f32, b: f32) -> u32 {
+    let key = |v: f32| {
+        let i = v.to_bits() as i32;
+        if i < 0 {
+            i32::MIN.wrapping_sub(i) as i64
+        } else {
+            i as i64
+        }
+    };
+    (key(a) - key(b)).unsigned_abs().min(u32::MAX as u64) as u32
+}
+
+#[test]
+fn vectorised_sin_cos_softplus_mish_are_libm_accurate() {
+    // A dense sweep plus the edges of the vectorised range (and past it: libm).
+    let mut x: Vec<f32> = (-20_000..=20_000).map(|i| i as f32 * 0.003_141_5).collect();
+    x.extend((0..4000).map(|i| (i as f32 - 2000.0) * 33.7));
+    x.extend([
+        65_535.9,
+        65_536.0,
+        -65_536.0,
+        65_537.0,
+        1e10,
+        -1e20,
+        1e-30,
+        -0.0,
+        f32::MIN_POSITIVE,
+    ]);
+    for isa in isas() {
+        let mut y = vec![0.0; x.len()];
+        for (op, f) in [(UnaryOp::Sin, f64::sin as fn(f64) -> f64), (UnaryOp::Cos, f64::cos)] {
+            unary(isa, op, &x, &mut y, &Serial).unwrap();
+            for (&xi, &yi) in x.iter().zip(&y) {
+                let want = f(xi as f64) as f32;
+                // 1 ulp, or tiny absolute error next to a zero of the function
+                let ok = ulps(yi, want) <= 1 || (yi as f64 - f(xi as f64)).abs() < 1e-9;
+                assert!(ok, "{isa:?} {op:?}({xi:e}) = {yi:e}, want {want:e}");
+            }
+        }
+        assert_eq!(y.len(), x.len());
+        let x: Vec<f32> = (-2000..=2000)
+            .map(|i| i as f32 * 0.05)
+            .chain([-1e30, 1e30, 88.0, 89.0, -104.0])
+            .collect();
+        let mut y = vec![0.0; x.len()];
+        unary(isa, UnaryOp::Softplus, &x, &mut y, &Serial).unwrap();
+        for (&xi, &yi) in x.iter().zip(&y) {
+            let want = unary_ref(UnaryOp::Softplus, xi) as f32;
+            assert!(ulps(yi, want) <= 4, "{isa:?} softplus({xi:e}) = {yi:e}, want {want:e}");
+        }
+        unary(isa, UnaryOp::Mish, &x, &mut y, &Serial).unwrap();
+        for (&xi, &yi) in x.iter().zip(&y) {
+            let want = unary_ref(UnaryOp::Mish, xi) as f32;
+            assert!(
+                ulps(yi, want) <= 6 || want.abs() < 1e-37,
+                "{isa:?} mish({xi:e}) = {yi:e}, want {want:e}"
+            );
+        }
+        // the limits ORT gives
+        let x = [f32::NAN, INF, -INF];
+        let mut y = [0.0; 3];
+        unary(isa, UnaryOp::Softplus, &x, &mut y, &Serial).unwrap();
+        assert!(y[0].is_nan() && y[1] == INF && y[2] == 0.0, "{y:?}");
+        unary(isa, UnaryOp::Mish, &x, &mut y, &Serial).unwrap();
+        assert!(y[0].is_nan() && y[1] == INF && y[2].is_nan(), "{y:?}");
+        unary(isa, UnaryOp::Sin, &x, &mut y, &Serial).unwrap();
+        assert!(y.iter().all(|v| v.is_nan()), "{y:?}");
+    }
 }

@@ -298,7 +298,8 @@ impl Step {
     pub(crate) fn typed_srcs(&self) -> Vec<(BufRef, Option<DType>)> {
         use DType::*;
         match self {
-            Step::Unary { src, .. } | Step::Softmax { src, .. } | Step::Reduce { src, .. } => vec![(*src, Some(F32))],
+            Step::Unary { op, src, .. } => vec![(*src, Some(op.src_dtype()))],
+            Step::Softmax { src, .. } | Step::Reduce { src, .. } => vec![(*src, Some(F32))],
             Step::Binary { a, b, dtype, .. } => vec![(*a, Some(*dtype)), (*b, Some(*dtype))],
             Step::Copy { src, .. } => vec![(*src, None)],
             Step::MatMul(m) => {
@@ -340,16 +341,12 @@ impl Step {
     /// The element type the destination is written as (`None`: raw bytes).
     pub(crate) fn dst_dtype(&self) -> Option<DType> {
         match self {
-            Step::Unary { .. }
-            | Step::MatMul(_)
-            | Step::Softmax { .. }
-            | Step::LayerNorm { .. }
-            | Step::Reduce { .. }
-            | Step::Rnn(_) => Some(DType::F32),
-            Step::Binary { dtype, .. }
-            | Step::Strided { dtype, .. }
-            | Step::Gather { dtype, .. }
-            | Step::Where { dtype, .. } => Some(*dtype),
+            Step::Unary { op, .. } => Some(op.dst_dtype()),
+            Step::Binary { op, dtype, .. } => Some(op.dst_dtype(*dtype)),
+            Step::MatMul(_) | Step::Softmax { .. } | Step::LayerNorm { .. } | Step::Reduce { .. } | Step::Rnn(_) => {
+                Some(DType::F32)
+            }
+            Step::Strided { dtype, .. } | Step::Gather { dtype, .. } | Step::Where { dtype, .. } => Some(*dtype),
             Step::Cast { to, .. } => Some(*to),
             Step::Copy { .. } => None,
             Step::Index(x) => Some(x.dst_dtype()),
@@ -684,7 +681,21 @@ impl Memory<'_, '_, '_> {
         let packed = self.packed;
         let (src, dst) = self.split(step.dst())?;
         match step {
-            Step::Unary { op, src: s, .. } => kernels::unary(isa, *op, src.f32(*s)?, as_f32_mut(dst)?, par),
+            Step::Unary { op, src: s, .. } => match (op.src_dtype(), op.dst_dtype()) {
+                (DType::F32, DType::F32) => kernels::unary(isa, *op, src.f32(*s)?, as_f32_mut(dst)?, par),
+                (DType::F32, DType::Bool) => kernels::unary_to_bool(isa, *op, src.f32(*s)?, dst, par),
+                _ => kernels::not(src.get(*s)?, dst),
+            },
+            Step::Binary {
+                op,
+                dtype,
+                layout,
+                a,
+                b,
+                ..
+            } if op.dst_dtype(*dtype) == DType::Bool => {
+                kernels::binary_to_bool(isa, *op, *dtype, layout, src.get(*a)?, src.get(*b)?, dst, par)
+            }
             Step::Binary {
                 op,
                 dtype,

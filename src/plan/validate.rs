@@ -160,9 +160,7 @@ fn check_step(p: &Program, step: &Step) -> Result<()> {
     let mul = |a: usize, b: usize| a.checked_mul(b);
     let consistent = match step {
         Step::Unary { .. } => s[0] == d,
-        Step::Binary { layout, dtype, .. } => {
-            layout.fits(s[0], s[1], d) && matches!(dtype, DType::F32 | DType::I64 | DType::I32)
-        }
+        Step::Binary { op, layout, dtype, .. } => layout.fits(s[0], s[1], d) && op.accepts(*dtype),
         Step::Copy { .. } => s[0] == d,
         Step::Softmax { len, inner, .. } => {
             s[0] == d && mul(*len, *inner).is_some_and(|b| if b == 0 { d == 0 } else { d % b == 0 })

@@ -17,6 +17,7 @@ mod attrs;
 mod elementwise;
 mod index;
 mod logic;
+mod math;
 mod matmul;
 mod movement;
 mod norm;
@@ -78,6 +79,8 @@ static REGISTRY: &[&[OpFamily]] = &[
     // Shape and indexing ops (issue #12).
     index::OPS,
     recurrent::OPS,
+    // Elementwise math of issue #12.
+    math::OPS,
 ];
 
 fn families() -> impl Iterator<Item = &'static OpFamily> {
