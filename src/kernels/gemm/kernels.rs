@@ -90,7 +90,6 @@ impl Generic {
 impl Kernel for Generic {
     const MR: usize = Blocking::of(Target::Generic).mr;
     const NR: usize = Blocking::of(Target::Generic).nr;
-    const KC: usize = Blocking::of(Target::Generic).kc;
     const MC: usize = Blocking::of(Target::Generic).mc;
 
     #[inline(always)]
@@ -144,7 +143,6 @@ mod x86 {
     impl Kernel for Avx512 {
         const MR: usize = Blocking::of(Target::Avx512).mr;
         const NR: usize = Blocking::of(Target::Avx512).nr;
-        const KC: usize = Blocking::of(Target::Avx512).kc;
         const MC: usize = Blocking::of(Target::Avx512).mc;
 
         #[inline(always)]
@@ -467,7 +465,6 @@ mod x86 {
     impl Kernel for Avx2 {
         const MR: usize = Blocking::of(Target::Avx2).mr;
         const NR: usize = Blocking::of(Target::Avx2).nr;
-        const KC: usize = Blocking::of(Target::Avx2).kc;
         const MC: usize = Blocking::of(Target::Avx2).mc;
 
         #[inline(always)]
@@ -644,6 +641,7 @@ entry!(blocked(
     b: &BPanels<'_>,
     view: &mut CView<'_>,
     ks: Range<usize>,
+    kc: usize,
     first: bool,
     last: bool,
     epi: &Epi<'_>
