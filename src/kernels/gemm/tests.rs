@@ -477,7 +477,7 @@ fn k_blocks_are_equal_and_at_most_kc() {
         for k in [1, 3, 4, 255, 256, 257, 384, 767, 768, 769, 1536, 1700, 5000] {
             let kc = super::k_block(blk, k);
             let blocks = k.div_ceil(kc);
-            assert!(kc % 4 == 0 && kc <= blk.kc.max(4), "{t:?} k={k}: block {kc}");
+            assert!(kc.is_multiple_of(4) && kc <= blk.kc.max(4), "{t:?} k={k}: block {kc}");
             assert_eq!(blocks, k.div_ceil(blk.kc), "{t:?} k={k}: as few blocks as KC allows");
         }
     }
