@@ -2,6 +2,7 @@
 //! [`Storage`] (a memory-mapped file, or bytes in memory). Programs and
 //! shape-generic graphs point into the storage; nothing is copied.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use prost::Message;
@@ -56,6 +57,9 @@ pub struct ContextBinary {
     /// In file order; every program already passed `Program::from_parts`,
     /// every generic graph the record checks.
     graphs: Vec<(String, StoredGraph)>,
+    /// Position in `graphs` by name: a compiled model with hundreds of
+    /// EPContext nodes looks each one up once, in constant time.
+    index: HashMap<String, usize>,
 }
 
 impl ContextBinary {
@@ -93,7 +97,7 @@ impl ContextBinary {
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.graphs.iter().any(|(n, _)| n == name)
+        self.index.contains_key(name)
     }
 
     /// The graph's program, its weights pointing into the storage in place.
@@ -113,7 +117,7 @@ impl ContextBinary {
     /// The graph of that name, of either kind, its weights pointing into the
     /// storage in place; `None` if the binary has no graph of that name.
     pub fn stored_graph(&self, name: &str) -> Option<StoredGraph> {
-        self.graphs.iter().find(|(n, _)| n == name).map(|(_, g)| g.clone())
+        self.index.get(name).map(|&i| self.graphs[i].1.clone())
     }
 
     /// Distinct weights stored.
@@ -181,8 +185,9 @@ fn parse(storage: Arc<dyn Storage>) -> Result<ContextBinary> {
         constants.push(c);
     }
     let mut graphs: Vec<(String, StoredGraph)> = Vec::with_capacity(meta.graphs.len());
+    let mut index = HashMap::with_capacity(meta.graphs.len());
     for g in &meta.graphs {
-        if g.name.is_empty() || graphs.iter().any(|(n, _)| *n == g.name) {
+        if g.name.is_empty() || index.insert(g.name.clone(), graphs.len()).is_some() {
             crate::bail!(InvalidGraph, "graph name '{}' is empty or repeated", g.name);
         }
         let stored = stored_graph(g, header.version, target, &constants)
@@ -198,6 +203,7 @@ fn parse(storage: Arc<dyn Storage>) -> Result<ContextBinary> {
         weights: constants.len(),
         weight_bytes,
         graphs,
+        index,
         storage,
     })
 }

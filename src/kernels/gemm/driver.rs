@@ -16,7 +16,6 @@ use crate::error::Result;
 pub(super) trait Kernel {
     const MR: usize;
     const NR: usize;
-    const KC: usize;
     const MC: usize;
 
     /// `tile = store(A · B)` for one tile of `tile.rows() <= MR` rows and
@@ -312,7 +311,8 @@ pub(super) fn epilogue_only(view: &mut CView<'_>, epi: &Epi<'_>) {
     }
 }
 
-/// The blocked product over K rows `ks` for the block of C `view` covers:
+/// The blocked product over K rows `ks` for the block of C `view` covers,
+/// in K blocks of `kc` rows (see [`super::k_block`]):
 /// overwrites C if `first`, else adds to it; applies the epilogue if `last`.
 /// The view's columns start on a panel of `b`.
 ///
@@ -325,17 +325,18 @@ pub(super) unsafe fn blocked<K: Kernel>(
     b: &BPanels<'_>,
     view: &mut CView<'_>,
     ks: Range<usize>,
+    kc: usize,
     first: bool,
     last: bool,
     epi: &Epi<'_>,
 ) {
     let (rows, cols) = (view.rows(), view.cols());
     let post = last && epi.has_post();
-    let mut apack = vec![0.0f32; rows.len().min(K::MC) * ks.len().min(K::KC)];
+    let mut apack = vec![0.0f32; rows.len().min(K::MC) * ks.len().min(kc)];
     for ic in rows.clone().step_by(K::MC) {
         let mrows = ic..(ic + K::MC).min(rows.end);
-        for pc in ks.clone().step_by(K::KC) {
-            let kb = pc..(pc + K::KC).min(ks.end);
+        for pc in ks.clone().step_by(kc) {
+            let kb = pc..(pc + kc).min(ks.end);
             let kc = kb.len();
             // SAFETY: the caller guarantees the CPU supports K.
             unsafe { K::pack_a(a, mrows.clone(), kb.clone(), &mut apack) };

@@ -90,7 +90,6 @@ impl Generic {
 impl Kernel for Generic {
     const MR: usize = Blocking::of(Target::Generic).mr;
     const NR: usize = Blocking::of(Target::Generic).nr;
-    const KC: usize = Blocking::of(Target::Generic).kc;
     const MC: usize = Blocking::of(Target::Generic).mc;
 
     #[inline(always)]
@@ -144,7 +143,6 @@ mod x86 {
     impl Kernel for Avx512 {
         const MR: usize = Blocking::of(Target::Avx512).mr;
         const NR: usize = Blocking::of(Target::Avx512).nr;
-        const KC: usize = Blocking::of(Target::Avx512).kc;
         const MC: usize = Blocking::of(Target::Avx512).mc;
 
         #[inline(always)]
@@ -265,7 +263,28 @@ mod x86 {
                 );
             }
         }
-        for _ in 0..if MR == 1 { 0 } else { kc / 4 } {
+        // A tile of at most 16 columns (the last panel of an N like
+        // attention's 77) needs only the panel's first half: half the FMAs,
+        // in the same order per element as the full loop below.
+        let half = MR > 1 && nc <= 16;
+        if half {
+            for _ in 0..kc {
+                // SAFETY: fewer than kc k have been consumed, so b .. + 16 and
+                // a .. + MR of this k are readable.
+                let b0 = unsafe { _mm512_loadu_ps(bp) };
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: i < MR (see above).
+                    let ai = _mm512_set1_ps(unsafe { *ap.add(i) });
+                    acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
+                }
+                // SAFETY: one k consumed; at most one past the end.
+                unsafe {
+                    ap = ap.add(MR);
+                    bp = bp.add(32);
+                }
+            }
+        }
+        for _ in 0..if MR == 1 || half { 0 } else { kc / 4 } {
             for u in 0..4 {
                 // SAFETY: fewer than kc k have been consumed, so b + 32 (k + u) .. + 32
                 // and a + MR (k + u) .. + MR are readable.
@@ -283,7 +302,7 @@ mod x86 {
                 bp = bp.add(4 * 32);
             }
         }
-        for _ in 0..kc % 4 {
+        for _ in 0..if half { 0 } else { kc % 4 } {
             // SAFETY: as above, for the last kc % 4 k.
             let (b0, b1) = unsafe { (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16))) };
             for (i, acc) in acc.iter_mut().enumerate() {
@@ -467,7 +486,6 @@ mod x86 {
     impl Kernel for Avx2 {
         const MR: usize = Blocking::of(Target::Avx2).mr;
         const NR: usize = Blocking::of(Target::Avx2).nr;
-        const KC: usize = Blocking::of(Target::Avx2).kc;
         const MC: usize = Blocking::of(Target::Avx2).mc;
 
         #[inline(always)]
@@ -644,6 +662,7 @@ entry!(blocked(
     b: &BPanels<'_>,
     view: &mut CView<'_>,
     ks: Range<usize>,
+    kc: usize,
     first: bool,
     last: bool,
     epi: &Epi<'_>

@@ -309,10 +309,18 @@ fn runtime_matches_reference_for_odd_sizes_and_transposes() {
 
 #[test]
 fn several_cache_blocks_and_b_chunks() {
-    // K over two KC blocks and two of `gemm`'s B chunks (K chunk 2 * KC);
-    // N over two B chunks for K = 520 (B_SCRATCH_MAX / 512 = 1024 columns); M over MC.
+    // K over several K blocks and several of `gemm`'s B chunks (K chunk: two
+    // blocks) for every target (AVX-512's blocks hold up to 768 rows: K = 1700
+    // gives 3 blocks of 568, K = 2000 blocks of 668 and a last chunk of one
+    // block); N over several B chunks (B_SCRATCH_MAX / K chunk columns); M over MC.
     for isa in isas() {
-        for (m, n, k) in [(3, 1100, 520), (130, 40, 600), (260, 70, 90)] {
+        for (m, n, k) in [
+            (3, 1100, 520),
+            (3, 1100, 1700),
+            (5, 40, 2000),
+            (130, 40, 600),
+            (260, 70, 90),
+        ] {
             let p = Problem::new(m, n, k, false, false, 1);
             let packed = p.run_packed(isa, &Epilogue::PLAIN, &Serial);
             p.check(&packed, &Epilogue::PLAIN, &format!("{isa:?} packed {m}x{n}x{k}"));
@@ -460,6 +468,21 @@ fn threads_give_identical_results() {
             }
         }
     }
+}
+
+#[test]
+fn k_blocks_are_equal_and_at_most_kc() {
+    for t in [Target::Avx512, Target::Avx2, Target::Generic] {
+        let blk = Blocking::of(t);
+        for k in [1, 3, 4, 255, 256, 257, 384, 767, 768, 769, 1536, 1700, 5000] {
+            let kc = super::k_block(blk, k);
+            let blocks = k.div_ceil(kc);
+            assert!(kc.is_multiple_of(4) && kc <= blk.kc.max(4), "{t:?} k={k}: block {kc}");
+            assert_eq!(blocks, k.div_ceil(blk.kc), "{t:?} k={k}: as few blocks as KC allows");
+        }
+    }
+    assert_eq!(super::k_block(Blocking::of(Target::Avx512), 1536), 768);
+    assert_eq!(super::k_block(Blocking::of(Target::Avx512), 384), 384);
 }
 
 #[test]
