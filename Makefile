@@ -77,6 +77,7 @@ bench: build venv corpus
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/latency.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/gemm_ort.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/real.py
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/outside.py
 	$(CARGO) bench --bench gemm
 
 # The real-model corpus through kiln and the CPU EP: bench/results/real.md.

@@ -320,7 +320,8 @@ def main() -> int:
         "(`claim=cost`; the CPU EP runs what kiln does not claim) over a CPU-EP-only session, median of "
         f"{args.reps} interleaved repetitions of ~50 ms blocks after {args.pause_ms:.0f} ms idle; bold: above "
         "1.02 (the goal: at most 1.0, 1.02 for noise). \"load\": CPU time other processes used meanwhile, "
-        "when above 0.1 CPUs. \"error [n]\": what kiln reported (below).",
+        "when above 0.1 CPUs; where kiln claims no node both sessions run the same graph, so their ratio "
+        "shows the noise. \"error [n]\": what kiln reported (below).",
     ]
     if real.NOTES:
         lines += ["", "Errors:", ""] + [f"{i}. {text}" for i, text in enumerate(real.NOTES, 1)]
