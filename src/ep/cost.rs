@@ -15,7 +15,8 @@
 //! 2. An activation or affine op right after a convolution or matrix
 //!    product ORT runs (its only consumer) stays with ORT, which fuses it.
 //! 3. A partition (after merging) is claimed only if it holds an *anchor*:
-//!    `MatMul`/`Gemm` with a constant weight of at least 64×64 and, as far
+//!    `MatMul`/`Gemm` with a constant weight of at least 64×64 and 128
+//!    output columns and, as far
 //!    as the shapes tell, at least 16 rows (a leading batch dim of unknown
 //!    size counts as 1, a symbolic sequence dim as many) or a weight of at
 //!    least 2^20 elements (memory-bound even for one row), or `LSTM`/`GRU`.
@@ -28,6 +29,10 @@ use crate::ir::{ConstantSource, GraphDesc, NodeDesc};
 
 /// Rows a matrix product needs before kiln's packed GEMM beats ORT's.
 const MIN_ROWS: i64 = 16;
+/// Output columns (n) a product needs: kiln's register tiles are 16–32
+/// columns wide, and below 128 the packing and edge tiles cost more than
+/// they save (a 257×64 weight ran 1.5–2× slower than ORT on Zen 4).
+const MIN_COLS: i64 = 128;
 /// The smallest constant weight (k × n) worth packing.
 const MIN_WEIGHT: i64 = 64 * 64;
 /// A weight this large (4 MiB of f32) makes even a one-row product
@@ -201,9 +206,17 @@ impl<'a> CostRule<'a> {
         if !self.constant_like(b, 4) {
             return false;
         }
-        let weight = self.known_dims(b).map_or(0, |d| d.iter().product::<i64>());
-        let trans_a = matches!(node.attrs.get("transA"), Some(crate::ir::AttrValue::Int(1)));
-        weight >= STREAMED_WEIGHT || (weight >= MIN_WEIGHT && self.rows_at_least(a, trans_a) >= MIN_ROWS)
+        let Some(dims) = self.known_dims(b) else {
+            return false;
+        };
+        let weight = dims.iter().product::<i64>();
+        let flag = |name| matches!(node.attrs.get(name), Some(crate::ir::AttrValue::Int(1)));
+        let cols = match (dims.len(), flag("transB") && node.op_type == "Gemm") {
+            (2, true) => dims[0],
+            (_, _) => dims.last().copied().unwrap_or(0),
+        };
+        weight >= STREAMED_WEIGHT
+            || (weight >= MIN_WEIGHT && cols >= MIN_COLS && self.rows_at_least(a, flag("transA")) >= MIN_ROWS)
     }
 
     /// A lower bound of the rows (m) of matrix operand `a`: unknown leading

@@ -977,15 +977,6 @@ fn block_of(t: &[f32], i: usize, block: usize) -> Result<&[f32]> {
 }
 
 fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) -> Result<()> {
-    fn read(from: DType, src: &[u8]) -> Result<Vec<f64>> {
-        // Exact for every value but i64 beyond 2^53, handled below.
-        Ok(match from {
-            DType::F32 => cast_ref::<f32>(src)?.iter().map(|&x| x as f64).collect(),
-            DType::I32 => cast_ref::<i32>(src)?.iter().map(|&x| x as f64).collect(),
-            DType::Bool => src.iter().map(|&x| (x != 0) as u8 as f64).collect(),
-            DType::I64 | DType::F16 => unreachable!("handled by the caller"),
-        })
-    }
     if src.len() / from.size() != dst.len() / to.size() {
         return Err(cast_err());
     }
@@ -1001,23 +992,30 @@ fn cast(from: DType, to: DType, src: &[u8], dst: &mut [u8]) -> Result<()> {
                 DType::I32 => s.iter().zip(typed_mut::<i32>(dst)?).for_each(|(&x, d)| *d = x as i32),
                 DType::F32 => s.iter().zip(typed_mut::<f32>(dst)?).for_each(|(&x, d)| *d = x as f32),
                 DType::Bool => s.iter().zip(dst.iter_mut()).for_each(|(&x, d)| *d = u8::from(x != 0)),
-                DType::F16 => unreachable!("matched above"),
+                DType::F16 => return Err(cast_err()), // matched above
             }
         }
         (DType::F32, DType::F32) => dst.copy_from_slice(src),
         (DType::F32, DType::I64) => kernels::cast_f32_i64(cast_ref(src)?, typed_mut(dst)?),
         (DType::F32, DType::I32) => kernels::cast_f32_i32(cast_ref(src)?, typed_mut(dst)?),
-        _ => {
-            let v = read(from, src)?;
-            match to {
-                DType::F32 => v.iter().zip(typed_mut::<f32>(dst)?).for_each(|(&x, d)| *d = x as f32),
-                DType::I32 => v.iter().zip(typed_mut::<i32>(dst)?).for_each(|(&x, d)| *d = x as i32),
-                DType::I64 => v.iter().zip(typed_mut::<i64>(dst)?).for_each(|(&x, d)| *d = x as i64),
-                DType::Bool => v.iter().zip(dst.iter_mut()).for_each(|(&x, d)| *d = u8::from(x != 0.0)),
-                DType::F16 => unreachable!("matched above"),
-            }
-        }
+        (DType::F32, DType::Bool) => convert(src, dst, |x: f32| u8::from(x != 0.0))?,
+        (DType::I32, DType::F32) => convert(src, dst, |x: i32| x as f32)?,
+        (DType::I32, DType::I32) => dst.copy_from_slice(src),
+        (DType::I32, DType::I64) => convert(src, dst, |x: i32| i64::from(x))?,
+        (DType::I32, DType::Bool) => convert(src, dst, |x: i32| u8::from(x != 0))?,
+        (DType::Bool, DType::F32) => convert(src, dst, |x: u8| f32::from(u8::from(x != 0)))?,
+        (DType::Bool, DType::I32) => convert(src, dst, |x: u8| i32::from(x != 0))?,
+        (DType::Bool, DType::I64) => convert(src, dst, |x: u8| i64::from(x != 0))?,
+        (DType::Bool, DType::Bool) => convert(src, dst, |x: u8| u8::from(x != 0))?,
     }
+    Ok(())
+}
+
+/// Element-by-element conversion of equal-length typed buffers (one pass,
+/// no temporary: a bool mask cast to float runs at memory speed).
+fn convert<S: bytemuck::Pod, D: bytemuck::Pod>(src: &[u8], dst: &mut [u8], f: impl Fn(S) -> D) -> Result<()> {
+    let s = cast_ref::<S>(src)?;
+    s.iter().zip(typed_mut::<D>(dst)?).for_each(|(&x, d)| *d = f(x));
     Ok(())
 }
 

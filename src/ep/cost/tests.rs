@@ -52,7 +52,12 @@ fn a_matmul_over_a_symbolic_sequence_is_an_anchor() {
 
 #[test]
 fn a_batch_only_gemv_or_a_small_weight_is_not_an_anchor() {
-    for (x, w) in [(&[-1i64, 256][..], &[256i64, 256][..]), (&[64, 16][..], &[16, 16][..])] {
+    let cases = [
+        (&[-1i64, 256][..], &[256i64, 256][..]),
+        (&[64, 16][..], &[16, 16][..]),
+        (&[1, 2048, 257][..], &[257, 64][..]),
+    ];
+    for (x, w) in cases {
         let g = graph(vec![node("MatMul", &["x", "w"], &["y"])], &[("x", x), ("w", w)]);
         let c = weights(&["w"]);
         let mut rule = CostRule::new(&g, &c, &[]);
