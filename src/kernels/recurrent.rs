@@ -440,6 +440,7 @@ impl Direction<'_> {
         let (seq, batch, h) = (self.dims.seq, self.dims.batch, self.spec.hidden);
         let dirs = self.spec.direction.count();
         let reversed = self.spec.direction.reversed(self.d);
+        let par = step_parallelism(batch, h, self.spec.cell.gates(), par);
         for s in 0..seq {
             let t = if reversed { seq - 1 - s } else { s };
             match (self.spec.cell, cs.as_deref_mut()) {
@@ -608,6 +609,19 @@ pub(super) fn gate(f: RnnActivation, clip: Option<f32>, x: &mut [f32]) {
         RnnActivation::Sigmoid => each!(math::sigmoid),
         RnnActivation::Tanh => each!(math::tanh),
         other => each!(|v| other.apply(v)),
+    }
+}
+
+/// The pool for one time step's `H·Rᵀ`: a step of a small layer (Silero
+/// VAD's: 1×128 by 128×512) is a few microseconds of work on weights that
+/// stay in cache, and waking a second thread for it at every step costs
+/// more than it saves (2 threads ran 1.3× slower than 1).
+fn step_parallelism<'p>(batch: usize, hidden: usize, gates: usize, par: &'p dyn Parallel) -> &'p dyn Parallel {
+    const MIN_PARALLEL_MACS: usize = 1 << 20;
+    if batch * hidden * gates * hidden < MIN_PARALLEL_MACS {
+        &super::parallel::Serial
+    } else {
+        par
     }
 }
 
