@@ -616,7 +616,7 @@ pub(super) fn gate(f: RnnActivation, clip: Option<f32>, x: &mut [f32]) {
 /// VAD's: 1×128 by 128×512) is a few microseconds of work on weights that
 /// stay in cache, and waking a second thread for it at every step costs
 /// more than it saves (2 threads ran 1.3× slower than 1).
-fn step_parallelism<'p>(batch: usize, hidden: usize, gates: usize, par: &'p dyn Parallel) -> &'p dyn Parallel {
+fn step_parallelism(batch: usize, hidden: usize, gates: usize, par: &dyn Parallel) -> &dyn Parallel {
     const MIN_PARALLEL_MACS: usize = 1 << 20;
     if batch * hidden * gates * hidden < MIN_PARALLEL_MACS {
         &super::parallel::Serial
