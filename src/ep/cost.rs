@@ -143,10 +143,10 @@ impl<'a> CostRule<'a> {
             if part.iter().any(|&i| self.forced(i) || self.is_anchor(i)) {
                 continue;
             }
+            // One wording for every such partition, so the INFO summary counts them together.
             let why = format!(
-                "left to ORT by the cost rule: its partition ({} node(s)) has no work kiln runs faster than ORT \
-                 (a MatMul/Gemm with a constant weight over {MIN_ROWS}+ rows, LSTM, GRU)",
-                part.len()
+                "left to ORT by the cost rule: its partition has no work kiln runs faster than ORT \
+                 (a MatMul/Gemm with a constant weight of {MIN_COLS}+ columns over {MIN_ROWS}+ rows, LSTM, GRU)"
             );
             out.extend(part.iter().map(|&i| (i, why.clone())));
         }
