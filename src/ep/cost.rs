@@ -23,8 +23,7 @@
 //!
 //! Op types in the `force_ops` option are exempt from all three.
 
-use std::collections::HashMap;
-
+use crate::ir::desc::Links;
 use crate::ir::{ConstantSource, GraphDesc, NodeDesc};
 
 /// Rows a matrix product needs before kiln's packed GEMM beats ORT's.
@@ -76,8 +75,7 @@ pub struct CostRule<'a> {
     desc: &'a GraphDesc,
     constants: &'a dyn ConstantSource,
     forced: &'a [String],
-    producer: HashMap<&'a str, usize>,
-    consumers: HashMap<&'a str, Vec<usize>>,
+    links: Links<'a>,
     /// Nodes rule 2 left to ORT, as fused into an ORT producer: a node after
     /// them may be fused too (`Conv → Add → Relu`).
     fused_into_ort: Vec<bool>,
@@ -85,22 +83,11 @@ pub struct CostRule<'a> {
 
 impl<'a> CostRule<'a> {
     pub fn new(desc: &'a GraphDesc, constants: &'a dyn ConstantSource, forced: &'a [String]) -> Self {
-        let mut producer = HashMap::new();
-        let mut consumers: HashMap<&str, Vec<usize>> = HashMap::new();
-        for (i, node) in desc.nodes.iter().enumerate() {
-            for out in node.outputs.iter().filter(|o| !o.is_empty()) {
-                producer.insert(out.as_str(), i);
-            }
-            for input in node.inputs.iter().filter(|o| !o.is_empty()) {
-                consumers.entry(input.as_str()).or_default().push(i);
-            }
-        }
         CostRule {
             desc,
             constants,
             forced,
-            producer,
-            consumers,
+            links: desc.links(),
             fused_into_ort: vec![false; desc.nodes.len()],
         }
     }
@@ -122,7 +109,7 @@ impl<'a> CostRule<'a> {
         let into_q = node
             .outputs
             .iter()
-            .flat_map(|v| self.consumers_of(v))
+            .flat_map(|v| self.links.consumers_of(v))
             .any(|&c| self.desc.nodes[c].op_type == "QuantizeLinear");
         (from_dq || into_q).then(|| {
             "left to ORT by the cost rule: part of a quantize/dequantize group, which ORT runs as one int8 kernel"
@@ -178,12 +165,12 @@ impl<'a> CostRule<'a> {
         node.inputs
             .iter()
             .filter(|v| !v.is_empty() && !self.constants.is_constant(v))
-            .filter_map(|v| Some((v, *self.producer.get(v.as_str())?)))
+            .filter_map(|v| Some((v, *self.links.producer.get(v.as_str())?)))
             .find(|&(v, p)| {
                 let op = self.desc.nodes[p].op_type.as_str();
                 !claimed[p]
                     && (FUSING_PRODUCERS.contains(&op) || self.fused_into_ort[p])
-                    && self.consumers_of(v).len() == 1
+                    && self.links.consumers_of(v).len() == 1
             })
             .map(|(_, p)| p)
     }
@@ -248,7 +235,7 @@ impl<'a> CostRule<'a> {
         if self.constants.is_constant(value) {
             return true;
         }
-        let Some(&p) = self.producer.get(value) else {
+        let Some(&p) = self.links.producer.get(value) else {
             return false;
         };
         let node = &self.desc.nodes[p];
@@ -266,12 +253,8 @@ impl<'a> CostRule<'a> {
     }
 
     fn producer_op(&self, value: &str) -> Option<&str> {
-        let p = *self.producer.get(value)?;
+        let p = *self.links.producer.get(value)?;
         Some(self.desc.nodes[p].op_type.as_str())
-    }
-
-    fn consumers_of(&self, value: &str) -> &[usize] {
-        self.consumers.get(value).map_or(&[], Vec::as_slice)
     }
 }
 

@@ -131,6 +131,36 @@ impl GraphDesc {
             ..GraphDesc::default()
         }
     }
+
+    /// The producer and the readers of every value (omitted ones skipped).
+    pub fn links(&self) -> Links<'_> {
+        let mut links = Links {
+            producer: HashMap::new(),
+            consumers: HashMap::new(),
+        };
+        for (i, node) in self.nodes.iter().enumerate() {
+            for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+                links.producer.insert(out.as_str(), i);
+            }
+            for input in node.inputs.iter().filter(|x| !x.is_empty()) {
+                links.consumers.entry(input.as_str()).or_default().push(i);
+            }
+        }
+        links
+    }
+}
+
+/// Who produces and who reads each value of a [`GraphDesc`] (node indices).
+pub struct Links<'a> {
+    pub producer: HashMap<&'a str, usize>,
+    pub consumers: HashMap<&'a str, Vec<usize>>,
+}
+
+impl Links<'_> {
+    /// The nodes reading `value` (none for an unknown name).
+    pub fn consumers_of(&self, value: &str) -> &[usize] {
+        self.consumers.get(value).map_or(&[], Vec::as_slice)
+    }
 }
 
 /// A [`ConstantSource`] without constants.

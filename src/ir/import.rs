@@ -66,16 +66,7 @@ pub fn check_support(
 /// Were kiln to run the model's Cast, the pair would not be ORT's to drop
 /// and the values would be rounded to float16 in between: a different result.
 fn leave_f16_casts_beside_ort(graph: &GraphDesc, verdicts: &mut [std::result::Result<(), String>]) {
-    let mut producer: HashMap<&str, usize> = HashMap::new();
-    let mut consumers: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (i, n) in graph.nodes.iter().enumerate() {
-        for o in n.outputs.iter().filter(|o| !o.is_empty()) {
-            producer.insert(o, i);
-        }
-        for x in n.inputs.iter().filter(|x| !x.is_empty()) {
-            consumers.entry(x).or_default().push(i);
-        }
-    }
+    let links = graph.links();
     let is_f16 = |name: &str| {
         graph
             .values
@@ -91,8 +82,8 @@ fn leave_f16_casts_beside_ort(graph: &GraphDesc, verdicts: &mut [std::result::Re
             continue;
         };
         let beside = |name: &str| {
-            let from = producer.get(name).filter(|&&p| left[p]);
-            let to = consumers.get(name).and_then(|c| c.iter().find(|&&c| left[c]));
+            let from = links.producer.get(name).filter(|&&p| left[p]);
+            let to = links.consumers_of(name).iter().find(|&&c| left[c]);
             from.or(to).map(|&k| graph.nodes[k].name.clone())
         };
         let ort_node = match (is_f16(x), is_f16(y)) {
