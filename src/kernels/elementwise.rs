@@ -187,78 +187,54 @@ pub(super) fn binary_bool(op: BinaryOp, layout: &Layout, a: &[u8], b: &[u8], dst
     }
 }
 
-/// Integer `a op b` (wrapping, like ONNX Runtime); the caller refuses Pow
-/// and checks divisors for zero.
-#[inline(always)]
-pub(super) fn binary_i64(op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], dst: &mut [i64]) {
-    match op {
-        BinaryOp::Add => broadcast(layout, a, b, dst, i64::wrapping_add),
-        BinaryOp::Sub => broadcast(layout, a, b, dst, i64::wrapping_sub),
-        BinaryOp::Mul => broadcast(layout, a, b, dst, i64::wrapping_mul),
-        BinaryOp::Div => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
-        BinaryOp::Max => broadcast(layout, a, b, dst, i64::max),
-        BinaryOp::Min => broadcast(layout, a, b, dst, i64::min),
-        BinaryOp::Mod => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { floor_mod_i64(x, y) }),
-        BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| {
-            if y == 0 {
-                0
-            } else {
-                fmod_via_f64(x as f64, y as f64) as i64
+/// Integer `a op b` (wrapping, like ONNX Runtime) for one integer type: the
+/// caller refuses Pow and checks divisors for zero.
+macro_rules! int_binary {
+    ($name:ident, $t:ty) => {
+        #[inline(always)]
+        pub(super) fn $name(op: BinaryOp, layout: &Layout, a: &[$t], b: &[$t], dst: &mut [$t]) {
+            match op {
+                BinaryOp::Add => broadcast(layout, a, b, dst, <$t>::wrapping_add),
+                BinaryOp::Sub => broadcast(layout, a, b, dst, <$t>::wrapping_sub),
+                BinaryOp::Mul => broadcast(layout, a, b, dst, <$t>::wrapping_mul),
+                BinaryOp::Div => broadcast(
+                    layout,
+                    a,
+                    b,
+                    dst,
+                    |x, y| if y == 0 { 0 } else { x.wrapping_div(y) },
+                ),
+                BinaryOp::Max => broadcast(layout, a, b, dst, <$t>::max),
+                BinaryOp::Min => broadcast(layout, a, b, dst, <$t>::min),
+                // The remainder with the divisor's sign (Python's `%`).
+                BinaryOp::Mod => broadcast(layout, a, b, dst, |x, y| {
+                    if y == 0 {
+                        return 0;
+                    }
+                    let r = x.wrapping_rem(y);
+                    if r != 0 && (r < 0) != (y < 0) {
+                        r + y
+                    } else {
+                        r
+                    }
+                }),
+                // C's `fmod` in double precision, as ORT computes it (exact up
+                // to 2^53; beyond, the same rounding as ORT's).
+                BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| {
+                    if y == 0 {
+                        0
+                    } else {
+                        (x as f64 % y as f64) as $t
+                    }
+                }),
+                _ => {}
             }
-        }),
-        _ => {}
-    }
+        }
+    };
 }
 
-/// C's `fmod` of two integers in double precision, as ORT computes it
-/// (exact up to 2^53; beyond, the same rounding as ORT's).
-#[inline(always)]
-fn fmod_via_f64(x: f64, y: f64) -> f64 {
-    x % y
-}
-
-/// The remainder with the divisor's sign (Python's `%`); `y != 0`.
-#[inline(always)]
-fn floor_mod_i64(x: i64, y: i64) -> i64 {
-    let r = x.wrapping_rem(y);
-    if r != 0 && (r < 0) != (y < 0) {
-        r + y
-    } else {
-        r
-    }
-}
-
-#[inline(always)]
-pub(super) fn binary_i32(op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], dst: &mut [i32]) {
-    match op {
-        BinaryOp::Add => broadcast(layout, a, b, dst, i32::wrapping_add),
-        BinaryOp::Sub => broadcast(layout, a, b, dst, i32::wrapping_sub),
-        BinaryOp::Mul => broadcast(layout, a, b, dst, i32::wrapping_mul),
-        BinaryOp::Div => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { x.wrapping_div(y) }),
-        BinaryOp::Max => broadcast(layout, a, b, dst, i32::max),
-        BinaryOp::Min => broadcast(layout, a, b, dst, i32::min),
-        BinaryOp::Mod => broadcast(layout, a, b, dst, |x, y| if y == 0 { 0 } else { floor_mod_i32(x, y) }),
-        BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| {
-            if y == 0 {
-                0
-            } else {
-                fmod_via_f64(x as f64, y as f64) as i32
-            }
-        }),
-        _ => {}
-    }
-}
-
-/// The remainder with the divisor's sign (Python's `%`); `y != 0`.
-#[inline(always)]
-fn floor_mod_i32(x: i32, y: i32) -> i32 {
-    let r = x.wrapping_rem(y);
-    if r != 0 && (r < 0) != (y < 0) {
-        r + y
-    } else {
-        r
-    }
-}
+int_binary!(binary_i64, i64);
+int_binary!(binary_i32, i32);
 
 /// `x^y` with the common exponents done exactly and fast.
 #[inline(always)]
