@@ -168,15 +168,9 @@ def feeds_for(model: Model, path: str, dims: Dict[str, int], seed: int) -> Dict[
 def session(path: str, dev, threads: int, ep_options: Dict[str, str] = None,
             config: Dict[str, str] = None) -> ort.InferenceSession:
     """The CPU EP alone (dev None) or a default kiln session with ``ep_options``."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = GOL.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    for k, v in (config or {}).items():
-        so.add_session_config_entry(k, v)
+    so = real.options(threads, GOL.ORT_ENABLE_ALL, config, dev, dict(ep_options or {}))
     if dev is None:
         return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    so.add_provider_for_devices([dev], dict(ep_options or {}))
     return ort.InferenceSession(path, so, enable_fallback=0)
 
 
@@ -269,13 +263,7 @@ def main() -> int:
     args = ap.parse_args()
     args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
     args.pause = args.pause_ms / 1e3
-    models = list(MODELS)
-    if args.models:
-        wanted = args.models.split(",")
-        unknown = sorted(set(wanted) - {m.key for m in models})
-        if unknown:
-            ap.error(f"unknown model(s) {unknown}; known: {[m.key for m in models]}")
-        models = [m for m in models if m.key in wanted]
+    models = real.select(ap, MODELS, args.models)
 
     try:
         paths = fetch_models()

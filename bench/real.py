@@ -65,7 +65,8 @@ EP_OPTIONS: Dict[str, str] = {}
 
 
 def options(threads: int, level=GOL.ORT_ENABLE_ALL, config: Optional[Dict[str, str]] = None,
-            dev=None) -> ort.SessionOptions:
+            dev=None, ep_options: Optional[Dict[str, str]] = None) -> ort.SessionOptions:
+    """Session options; with ``dev``, kiln appended with ``ep_options`` (default: ``EP_OPTIONS``)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = level
     so.intra_op_num_threads = threads
@@ -73,8 +74,20 @@ def options(threads: int, level=GOL.ORT_ENABLE_ALL, config: Optional[Dict[str, s
     for k, v in (config or {}).items():
         so.add_session_config_entry(k, v)
     if dev is not None:
-        so.add_provider_for_devices([dev], dict(EP_OPTIONS))
+        so.add_provider_for_devices([dev], dict(EP_OPTIONS if ep_options is None else ep_options))
     return so
+
+
+def select(ap: argparse.ArgumentParser, items: list, wanted: str) -> list:
+    """The ``items`` (each with a ``key``) named in the comma-separated ``wanted``;
+    all of them when it is empty; an argparse error naming the unknown ones."""
+    if not wanted:
+        return list(items)
+    names = wanted.split(",")
+    unknown = sorted(set(names) - {i.key for i in items})
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; known: {[i.key for i in items]}")
+    return [i for i in items if i.key in names]
 
 
 def cpu_session(path: str, threads: int = 1) -> ort.InferenceSession:
@@ -278,13 +291,7 @@ def main() -> int:
     args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
     EP_OPTIONS.update(kv.split("=", 1) for kv in args.option)
     args.pause = args.pause_ms / 1e3
-    specs = list(rc.SPECS)
-    if args.models:
-        wanted = args.models.split(",")
-        unknown = sorted(set(wanted) - {s.key for s in specs})
-        if unknown:
-            ap.error(f"unknown model(s) {unknown}; known: {[s.key for s in specs]}")
-        specs = [s for s in specs if s.key in wanted]
+    specs = select(ap, rc.SPECS, args.models)
 
     try:
         paths = rc.all_models()
