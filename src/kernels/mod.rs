@@ -20,6 +20,7 @@ pub mod movement;
 mod norm;
 pub mod parallel;
 pub mod recurrent;
+pub mod spatial;
 
 pub use layout::{Layout, Strided};
 pub use movement::{cast_f32_i32, cast_f32_i64, CopyPlan, Where3};

@@ -24,6 +24,9 @@ mod norm;
 mod recurrent;
 mod reduce;
 mod shape;
+// Shared by the convolution and pool families of issue #13 (unused until they land).
+#[allow(dead_code)]
+mod spatial;
 
 use std::sync::LazyLock;
 
