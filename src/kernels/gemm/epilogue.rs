@@ -155,10 +155,10 @@ pub(crate) fn gelu_tanh_with<F: MulAdd>(x: f32) -> f32 {
     x / (1.0 + exp_with::<F>(-u2))
 }
 
-/// Applies `act` to every value of `row`.
-#[cfg(test)]
+/// Applies `act` to every value of `row` (scalar polynomials; kernels
+/// outside the GEMM driver use it on their tiles).
 #[inline(always)]
-pub(super) fn activate(act: Activation, row: &mut [f32]) {
+pub(crate) fn activate(act: Activation, row: &mut [f32]) {
     activate_with::<Plain>(act, row)
 }
 

@@ -33,6 +33,7 @@
 
 mod driver;
 mod epilogue;
+pub(crate) use epilogue::activate;
 mod kernels;
 mod pack;
 #[cfg(test)]
