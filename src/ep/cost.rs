@@ -19,7 +19,9 @@
 //!    output columns and, as far
 //!    as the shapes tell, at least 16 rows (a leading batch dim of unknown
 //!    size counts as 1, a symbolic sequence dim as many) or a weight of at
-//!    least 2^20 elements (memory-bound even for one row), or `LSTM`/`GRU`.
+//!    least 2^20 elements (memory-bound even for one row), `LSTM`/`GRU`,
+//!    or a `Conv`/`ConvTranspose` with a constant weight of at least 64×64
+//!    elements (packed once, run channels-last with the ops around it).
 //!
 //! Op types in the `force_ops` option are exempt from all three.
 
@@ -41,6 +43,8 @@ const STREAMED_WEIGHT: i64 = 1 << 20;
 
 /// Ops whose work kiln does better than ORT (rule 3), besides matrix products.
 const RECURRENT: [&str; 2] = ["LSTM", "GRU"];
+/// Convolutions (rule 3): like a product, a constant weight of `MIN_WEIGHT`.
+const CONVOLUTIONS: [&str; 2] = ["Conv", "ConvTranspose"];
 /// ORT-run ops that absorb a following activation or affine op (rule 2).
 const FUSING_PRODUCERS: [&str; 6] = ["Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedGemm"];
 /// Ops ORT fuses into such a producer (activation, bias, scale, residual).
@@ -133,7 +137,7 @@ impl<'a> CostRule<'a> {
             // One wording for every such partition, so the INFO summary counts them together.
             let why = format!(
                 "left to ORT by the cost rule: its partition has no work kiln runs faster than ORT \
-                 (a MatMul/Gemm with a constant weight of {MIN_COLS}+ columns over {MIN_ROWS}+ rows, LSTM, GRU)"
+                 (a MatMul/Gemm with a constant weight of {MIN_COLS}+ columns over {MIN_ROWS}+ rows, a Conv with a constant weight, LSTM, GRU)"
             );
             out.extend(part.iter().map(|&i| (i, why.clone())));
         }
@@ -180,6 +184,7 @@ impl<'a> CostRule<'a> {
         let node = &self.desc.nodes[i];
         match node.op_type.as_str() {
             "MatMul" | "Gemm" => self.pays_as_gemm(node),
+            op if CONVOLUTIONS.contains(&op) => self.pays_as_conv(node),
             op => RECURRENT.contains(&op),
         }
     }
@@ -204,6 +209,18 @@ impl<'a> CostRule<'a> {
         };
         weight >= STREAMED_WEIGHT
             || (weight >= MIN_WEIGHT && cols >= MIN_COLS && self.rows_at_least(a, flag("transA")) >= MIN_ROWS)
+    }
+
+    /// A convolution whose constant weight is big enough to pack. Its rows
+    /// are output pixels, which even a small image has by the hundred.
+    fn pays_as_conv(&self, node: &NodeDesc) -> bool {
+        let Some(w) = node.inputs.get(1) else {
+            return false;
+        };
+        self.constant_like(w, 4)
+            && self
+                .known_dims(w)
+                .is_some_and(|d| d.iter().product::<i64>() >= MIN_WEIGHT)
     }
 
     /// A lower bound of the rows (m) of matrix operand `a`: unknown leading

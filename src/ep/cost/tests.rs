@@ -173,3 +173,26 @@ fn quantize_dequantize_groups_stay_with_ort() {
         .quantized(1)
         .is_none());
 }
+
+#[test]
+fn a_convolution_with_a_packable_weight_is_an_anchor() {
+    let g = graph(
+        vec![node("Conv", &["x", "w"], &["y"]), node("Relu", &["y"], &["z"])],
+        &[("x", &[-1, 64, -1, -1]), ("w", &[64, 64, 3, 3])],
+    );
+    let c = weights(&["w"]);
+    assert!(CostRule::new(&g, &c, &[])
+        .judge(&[vec![0, 1]], &[true, true])
+        .is_empty());
+    // A 3→8 stem alone is too little work to pay for a partition.
+    let small = graph(
+        vec![node("Conv", &["x", "w"], &["y"])],
+        &[("x", &[1, 3, 224, 224]), ("w", &[8, 3, 3, 3])],
+    );
+    assert_eq!(reasons(&CostRule::new(&small, &c, &[]).judge(&[vec![0]], &[true])), [0]);
+    // Run-time weights are not packed.
+    assert_eq!(
+        reasons(&CostRule::new(&g, &weights(&[]), &[]).judge(&[vec![0, 1]], &[true, true])),
+        [0, 1]
+    );
+}
