@@ -36,10 +36,10 @@ TARGETS = kiln.TARGETS  # best first
 RANK = {t: len(TARGETS) - i for i, t in enumerate(TARGETS)}  # higher = better
 
 
-def expected(compiled_target, device_target, version=kiln.__version__, fmt="2"):
+def expected(compiled_target, device_target, version=kiln.__version__, fmt=str(tu.CONTEXT_FORMAT)):
     if RANK[compiled_target] > RANK[device_target]:
         return UNSUPPORTED
-    if RANK[compiled_target] < RANK[device_target] or older(version) or fmt == "1":
+    if RANK[compiled_target] < RANK[device_target] or older(version) or int(fmt) < tu.CONTEXT_FORMAT:
         return PREFER
     return OPTIMAL
 
@@ -84,7 +84,7 @@ def verdict(devs, info):
 @pytest.mark.parametrize("target", TARGETS)
 def test_ort_reads_kiln_string_from_each_compiled_model(compiled, target):
     path = compiled[target]
-    want = f"kiln;format=2;version={kiln.__version__};target={target}"
+    want = f"kiln;format={tu.CONTEXT_FORMAT};version={kiln.__version__};target={target}"
     assert info_of(path) == want
     with open(path, "rb") as f:
         assert C.get_compatibility_info_from_model_bytes(f.read(), kiln.EP_NAME) == want
@@ -104,7 +104,7 @@ def test_verdict_of_each_compiled_model_on_each_device(compiled, devices, target
 # --------------------------------------------------------------------------
 # tampered strings, written into the compiled model and read back by ORT
 # --------------------------------------------------------------------------
-def good(target, version=kiln.__version__, fmt="2"):
+def good(target, version=kiln.__version__, fmt=str(tu.CONTEXT_FORMAT)):
     return f"kiln;format={fmt};version={version};target={target}"
 
 
@@ -113,16 +113,16 @@ MIB = 1 << 20
 # (id, string, compiled target for the rules or None if never supported, version)
 TAMPERED = [
     ("format-0", good(G, fmt="0"), None),
-    ("format-3", good(G, fmt="3"), None),
+    ("format-next", good(G, fmt=str(tu.CONTEXT_FORMAT + 1)), None),
     ("format-99", good(G, fmt="99"), None),
     ("format-u32-overflow", good(G, fmt="4294967296"), None),
     ("format-negative", good(G, fmt="-1"), None),
     ("format-empty", good(G, fmt=""), None),
-    ("format-twice", good(G) + ";format=2", None),
+    ("format-twice", good(G) + f";format={tu.CONTEXT_FORMAT}", None),
     ("no-format", f"kiln;version={kiln.__version__};target={G}", None),
     ("target-unknown", good("arm64-neon"), None),
     ("target-empty", good(""), None),
-    ("no-target", f"kiln;format=2;version={kiln.__version__}", None),
+    ("no-target", f"kiln;format={tu.CONTEXT_FORMAT};version={kiln.__version__}", None),
     ("version-garbage", good(G, version="one"), None),
     ("other-ep", "other;format=1;version=0.1.0;target=x86_64-generic", None),
     ("not-key-value", "kiln;format=1;version=0.1.0;target=x86_64-generic;oops", None),
@@ -133,8 +133,9 @@ TAMPERED = [
     ("huge-format", good(G, fmt="9" * 4096), None),
     # still kiln's and readable: the rules apply to its target / version
     ("huge-unknown-field", good(G) + ";padding=" + "p" * MIB, G),
-    ("fields-reordered", f"kiln;target={G};version={kiln.__version__};format=2", G),
+    ("fields-reordered", f"kiln;target={G};version={kiln.__version__};format={tu.CONTEXT_FORMAT}", G),
     ("format-1-older", good(G, fmt="1"), G),
+    ("format-2-older", good(G, fmt="2"), G),
     ("older-kiln", good(G, version="0.0.9"), G),
     ("our-pre-release", good(G, version=kiln.__version__ + "-rc.1"), G),
     ("newer-kiln", good(G, version="9.0.0"), G),

@@ -45,7 +45,7 @@ def compile_amr(models, dev, folder, embed=False, route="compile"):
 def test_compatibility_info_in_compiled_model(models, kiln_virtual, tmp_path):
     dev = kiln_virtual["host"]
     out, _ = compile_amr(models, dev, tmp_path)
-    want = f"kiln;format=2;version={kiln.__version__};target={tu.host_target()}"
+    want = f"kiln;format={tu.CONTEXT_FORMAT};version={kiln.__version__};target={tu.host_target()}"
     assert tu.metadata(out)[tu.COMPAT_KEY] == want
     assert C.get_compatibility_info_from_model(out, kiln.EP_NAME) == want
     assert C.get_compatibility_info_from_model_bytes(open(out, "rb").read(), kiln.EP_NAME) == want
@@ -61,11 +61,12 @@ def test_verdicts_for_the_host_device(kiln_virtual):
         (info(t), OPTIMAL),
         (info(t, version="0.1.0+build.7"), OPTIMAL),
         (info(t, version="0.2.0"), OPTIMAL),  # newer kiln wrote it
-        (f"kiln;target={t};extra=1;version={kiln.__version__};format=2", OPTIMAL),  # order, unknown keys
-        (info(t, fmt=1), PREFER),  # an older format kiln still reads
+        (f"kiln;target={t};extra=1;version={kiln.__version__};format={tu.CONTEXT_FORMAT}", OPTIMAL),  # order, unknown keys
+        (info(t, fmt=1), PREFER),  # older formats kiln still reads
+        (info(t, fmt=2), PREFER),
         (info(t, version="0.0.9"), PREFER),  # older kiln
         (info(t, version="0.1.0-alpha.1"), PREFER),
-        (info(t, fmt=3), UNSUPPORTED),
+        (info(t, fmt=tu.CONTEXT_FORMAT + 1), UNSUPPORTED),
         (info(t, fmt=99), UNSUPPORTED),
         (info(t, fmt=0), UNSUPPORTED),
         (info("arm64"), UNSUPPORTED),

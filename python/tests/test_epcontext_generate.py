@@ -23,7 +23,7 @@ import kiln_testutil as tu
 
 KILN = kiln.EP_NAME
 SOURCE = b"KilnExecutionProvider"
-SDK_VERSION = b"kiln 0.1.0 (context format 2)"
+SDK_VERSION = f"kiln 0.1.0 (context format {tu.CONTEXT_FORMAT})".encode()
 
 
 # --------------------------------------------------------------------------

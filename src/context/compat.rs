@@ -26,7 +26,7 @@ pub enum Compatibility {
     Unsupported,
 }
 
-/// e.g. `kiln;format=2;version=0.1.0;target=x86_64-avx512`.
+/// e.g. `kiln;format=3;version=0.1.0;target=x86_64-avx512`.
 pub fn compatibility_info(target: Target) -> String {
     format!(
         "kiln;format={FORMAT_VERSION};version={KILN_VERSION};target={}",
@@ -223,7 +223,7 @@ mod tests {
         }
         assert_eq!(
             compatibility_info(Target::Avx512),
-            format!("kiln;format=2;version={KILN_VERSION};target=x86_64-avx512")
+            format!("kiln;format={FORMAT_VERSION};version={KILN_VERSION};target=x86_64-avx512")
         );
     }
 
@@ -251,11 +251,11 @@ mod tests {
 
     #[test]
     fn unreadable_format_is_unsupported() {
-        for f in [0, 3, u32::MAX] {
+        for f in [0, FORMAT_VERSION + 1, u32::MAX] {
             let (c, why) = check_compatibility(&info(f, KILN_VERSION, "x86_64-generic"), Target::Generic);
             assert_eq!(c, Unsupported);
             assert!(
-                why.contains(&format!("format {f}")) && why.contains("reads 1 to 2"),
+                why.contains(&format!("format {f}")) && why.contains(&format!("reads 1 to {FORMAT_VERSION}")),
                 "{why}"
             );
         }
@@ -265,7 +265,10 @@ mod tests {
     fn older_readable_format_prefers_recompilation() {
         let (c, why) = check_compatibility(&info(1, KILN_VERSION, "x86_64-generic"), Target::Generic);
         assert_eq!(c, PreferRecompilation);
-        assert!(why.contains("context format 1") && why.contains("writes 2"), "{why}");
+        assert!(
+            why.contains("context format 1") && why.contains(&format!("writes {FORMAT_VERSION}")),
+            "{why}"
+        );
         // an unsupported target still wins
         let (c, _) = check_compatibility(&info(1, KILN_VERSION, "x86_64-avx512"), Target::Avx2);
         assert_eq!(c, Unsupported);
@@ -273,20 +276,21 @@ mod tests {
 
     #[test]
     fn targets_decide_between_all_three() {
-        let at =
-            |compiled: Target, device: Target| check_compatibility(&info(2, KILN_VERSION, compiled.name()), device).0;
+        let at = |compiled: Target, device: Target| {
+            check_compatibility(&info(FORMAT_VERSION, KILN_VERSION, compiled.name()), device).0
+        };
         assert_eq!(at(Target::Avx512, Target::Avx2), Unsupported);
         assert_eq!(at(Target::Avx2, Target::Generic), Unsupported);
         assert_eq!(at(Target::Avx2, Target::Avx512), PreferRecompilation);
         assert_eq!(at(Target::Generic, Target::Avx2), PreferRecompilation);
         assert_eq!(at(Target::Avx2, Target::Avx2), Optimal);
-        let (_, why) = check_compatibility(&info(2, KILN_VERSION, "x86_64-avx512"), Target::Generic);
+        let (_, why) = check_compatibility(&info(FORMAT_VERSION, KILN_VERSION, "x86_64-avx512"), Target::Generic);
         assert!(why.contains("x86_64-avx512") && why.contains("x86_64-generic"), "{why}");
     }
 
     #[test]
     fn older_kiln_prefers_recompilation_newer_is_fine() {
-        let at = |v: &str| check_compatibility(&info(2, v, "x86_64-generic"), Target::Generic);
+        let at = |v: &str| check_compatibility(&info(FORMAT_VERSION, v, "x86_64-generic"), Target::Generic);
         let (c, why) = at("0.0.9");
         assert_eq!(c, PreferRecompilation);
         assert!(why.contains("0.0.9"), "{why}");
@@ -295,13 +299,13 @@ mod tests {
         assert_eq!(at("0.1.1").0, Optimal);
         assert_eq!(at("1.0.0-rc.1").0, Optimal);
         // Unsupported target wins over an old version.
-        let (c, _) = check_compatibility(&info(2, "0.0.1", "x86_64-avx512"), Target::Avx2);
+        let (c, _) = check_compatibility(&info(FORMAT_VERSION, "0.0.1", "x86_64-avx512"), Target::Avx2);
         assert_eq!(c, Unsupported);
     }
 
     #[test]
     fn extra_fields_and_order_do_not_matter() {
-        let s = format!("kiln;target=x86_64-avx2;packing=none;version={KILN_VERSION};format=2");
+        let s = format!("kiln;target=x86_64-avx2;packing=none;version={KILN_VERSION};format={FORMAT_VERSION}");
         assert_eq!(check_compatibility(&s, Target::Avx2).0, Optimal);
     }
 

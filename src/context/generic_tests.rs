@@ -163,7 +163,7 @@ fn generic_graphs_round_trip_beside_programs() {
         let bytes = b.to_bytes().unwrap();
         let s = storage(&bytes);
         let ctx = ContextBinary::parse(s.clone()).unwrap();
-        assert_eq!(ctx.format_version(), 2);
+        assert_eq!(ctx.format_version(), FORMAT_VERSION);
         assert_eq!(ctx.graph_names(), ["a", "bert", "odd"]);
         assert!(matches!(ctx.stored_graph("a"), Some(StoredGraph::Program(_))));
         for name in ["a", "bert"] {
@@ -183,7 +183,7 @@ fn generic_graphs_round_trip_beside_programs() {
         assert!(ctx.program("a").unwrap().is_some());
         let text = ctx.describe();
         assert!(
-            text.contains("format 2") && text.contains("'bert': shape-generic for"),
+            text.contains(&format!("format {}", FORMAT_VERSION)) && text.contains("'bert': shape-generic for"),
             "{text}"
         );
         assert!(text.contains("MatMul x"), "{text}");
@@ -564,13 +564,15 @@ fn format_1_binaries_still_load() {
 }
 
 #[test]
-fn versions_newer_than_2_are_refused() {
+fn versions_newer_than_ours_are_refused() {
     let mut bytes = sample_generic();
-    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+    let next = FORMAT_VERSION + 1;
+    bytes[8..12].copy_from_slice(&next.to_le_bytes());
     let e = parse(&bytes).unwrap_err();
     assert_eq!(e.kind, ErrorKind::InvalidGraph);
     assert!(
-        e.message.contains("format version 3 is newer than") && e.message.contains("versions 1 to 2"),
+        e.message.contains(&format!("format version {next} is newer than"))
+            && e.message.contains(&format!("versions 1 to {FORMAT_VERSION}")),
         "{e}"
     );
 }

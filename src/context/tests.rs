@@ -382,7 +382,7 @@ fn every_weight_is_64_byte_aligned_in_the_file() {
 fn header_fields_are_as_documented() {
     let bytes = sample_bytes();
     assert_eq!(&bytes[0..8], b"KILNCTX\0");
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 2);
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), FORMAT_VERSION);
     assert_eq!(u32::from_le_bytes(bytes[12..16].try_into().unwrap()), 64);
     assert_eq!(u64::from_le_bytes(bytes[16..24].try_into().unwrap()), 64);
     let meta_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap());
@@ -405,13 +405,13 @@ fn bad_magic() {
 
 #[test]
 fn unreadable_versions_say_which_are_read() {
-    for (v, word) in [(0u32, "older"), (3, "newer"), (u32::MAX, "newer")] {
+    for (v, word) in [(0u32, "older"), (FORMAT_VERSION + 1, "newer"), (u32::MAX, "newer")] {
         let mut bytes = sample_bytes();
         bytes[8..12].copy_from_slice(&v.to_le_bytes());
         let e = parse(&bytes).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidGraph);
         assert!(e.message.contains(&format!("format version {v} is {word}")), "{e}");
-        assert!(e.message.contains("versions 1 to 2"), "{e}");
+        assert!(e.message.contains(&format!("versions 1 to {FORMAT_VERSION}")), "{e}");
     }
 }
 
