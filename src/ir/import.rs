@@ -43,9 +43,38 @@ pub fn check_support(
     disabled: &[String],
     fold: &dyn Fold,
 ) -> Vec<std::result::Result<(), String>> {
-    let probes = Probe::for_graph(graph);
+    let mut verdicts = check_family(graph, constants, disabled, fold, 1);
+    if Probe::dynamic(graph) && verdicts.iter().any(|v| v.is_err()) {
+        // Detectors and segmenters only accept image sizes that their
+        // strides divide (an upsampled level is concatenated with the one
+        // above it): a node refused at odd sizes is checked again at
+        // multiples of 32. Either family passing is a size at which the
+        // node runs; at run time the real sizes decide, as in ORT.
+        let strided = check_family(graph, constants, disabled, fold, STRIDED_PROBE);
+        for (v, s) in verdicts.iter_mut().zip(strided) {
+            if s.is_ok() {
+                *v = Ok(());
+            }
+        }
+    }
+    leave_f16_casts_beside_ort(graph, &mut verdicts);
+    verdicts
+}
+
+/// The multiple of the second family of probe sizes (see [`check_support`]).
+const STRIDED_PROBE: i64 = 32;
+
+/// A node's verdict over one family of probes: `Ok` only if it imports at
+/// every probe of the family.
+fn check_family(
+    graph: &GraphDesc,
+    constants: &dyn ConstantSource,
+    disabled: &[String],
+    fold: &dyn Fold,
+    scale: i64,
+) -> Vec<std::result::Result<(), String>> {
     let mut verdicts = vec![Ok(()); graph.nodes.len()];
-    for probe in &probes {
+    for probe in &Probe::for_graph(graph, scale) {
         for (v, r) in verdicts
             .iter_mut()
             .zip(check_at(graph, constants, disabled, probe, fold))
@@ -55,7 +84,6 @@ pub fn check_support(
             }
         }
     }
-    leave_f16_casts_beside_ort(graph, &mut verdicts);
     verdicts
 }
 
@@ -136,6 +164,8 @@ fn check_at(
 /// sizes, so a tensor of unknown rank stays unclaimed.
 pub struct Probe {
     first: i64,
+    /// Every size is a multiple of this (1, or [`STRIDED_PROBE`]).
+    scale: i64,
     named: std::cell::RefCell<HashMap<String, i64>>,
     next: std::cell::Cell<usize>,
 }
@@ -167,16 +197,22 @@ const PROBE_PRIMES: [i64; 2 * PROBE_SYMBOLS] = {
 const PROBE_SYMBOLS: usize = 64;
 
 impl Probe {
-    /// No probe for a graph without unknown dims; else two.
-    fn for_graph(graph: &GraphDesc) -> Vec<Probe> {
-        let dynamic = graph
+    /// Whether the graph has a dim of unknown size (or a value of unknown rank).
+    fn dynamic(graph: &GraphDesc) -> bool {
+        graph
             .values
             .values()
-            .any(|v| v.dims.as_ref().is_none_or(|d| d.iter().any(|&x| x < 0)));
-        let sets: &[i64] = if dynamic { &[0, 1] } else { &[0] };
+            .any(|v| v.dims.as_ref().is_none_or(|d| d.iter().any(|&x| x < 0)))
+    }
+
+    /// No probe for a graph without unknown dims; else two, whose sizes
+    /// are multiples of `scale`.
+    fn for_graph(graph: &GraphDesc, scale: i64) -> Vec<Probe> {
+        let sets: &[i64] = if Probe::dynamic(graph) { &[0, 1] } else { &[0] };
         sets.iter()
             .map(|&first| Probe {
                 first,
+                scale,
                 named: Default::default(),
                 next: Default::default(),
             })
@@ -186,7 +222,7 @@ impl Probe {
     fn fresh(&self) -> i64 {
         let k = self.next.get();
         self.next.set(k + 1);
-        PROBE_PRIMES[(k % PROBE_SYMBOLS) * 2 + self.first as usize]
+        PROBE_PRIMES[(k % PROBE_SYMBOLS) * 2 + self.first as usize] * self.scale
     }
 
     /// The size of a symbolic dim at this probe: each symbol gets its own

@@ -858,3 +858,22 @@ fn a_subset_keeps_its_nodes_and_the_types_they_touch() {
         vec![Err("'Relu_1_0' has no type information".into())]
     );
 }
+
+#[test]
+fn a_node_valid_only_at_strided_sizes_is_checked_at_multiples_of_32() {
+    // A detector's levels only line up when the strides divide the image
+    // size; a Reshape into rows of 32 stands for that here.
+    let at = |row: i64| {
+        let mut d = D::new(13);
+        let x = d.input("x", 1, &[1, -1]);
+        let shape = d.i64s("shape", &[1, -1, row]);
+        let r = d.node("Reshape", &[&x, &shape], vec![]);
+        d.output(&r);
+        reasons(&d).remove(0)
+    };
+    assert_eq!(at(32), Ok(()));
+    assert_eq!(at(16), Ok(()));
+    // No multiple of 32 is a multiple of 7 by design (the sizes are 32 × primes ≥ 17).
+    let e = at(7).unwrap_err();
+    assert!(e.contains("cannot reshape"), "{e}");
+}
