@@ -330,10 +330,9 @@ impl Specializer {
             )));
         }
         let mut desc = g.desc.clone();
-        let mut bound: HashMap<String, i64> = HashMap::new();
         for (i, (name, d)) in g.desc.inputs.iter().zip(dims).enumerate() {
             let declared = g.desc.values.get(name).cloned().unwrap_or_default();
-            bind(&declared.symbolic_dims(name), d, &mut bound).map_err(|why| {
+            check_declared(&declared.symbolic_dims(name), d).map_err(|why| {
                 Error::invalid_argument(format!("input {} cannot be {d:?}: {why}", g.input_label(i),))
             })?;
             let v = desc.values.entry(name.clone()).or_default();
@@ -345,37 +344,24 @@ impl Specializer {
     }
 }
 
-/// Binds the symbols of one input's declared dims to its run-time `dims`:
-/// ranks and known sizes must match, and a symbol (a `dim_param`) must have
-/// one size across all inputs, which kiln assumed when it checked the graph.
-fn bind(
-    declared: &Option<Vec<Dim>>,
-    dims: &[i64],
-    bound: &mut HashMap<String, i64>,
-) -> std::result::Result<(), String> {
+/// Checks one input's run-time `dims` against its declared dims: ranks and
+/// known sizes must match. Symbols are not bound across inputs: ORT does not
+/// enforce a `dim_param` (exporters name unrelated dims alike, e.g. `?` for
+/// both H and W), so the import at the real sizes decides, as ORT's kernels would.
+fn check_declared(declared: &Option<Vec<Dim>>, dims: &[i64]) -> std::result::Result<(), String> {
     let Some(declared) = declared else {
         return Ok(());
     };
-    if declared.len() != dims.len() {
-        return Err(format!("the model declares {}", DimsDisplay(declared)));
+    let fits = declared.len() == dims.len()
+        && declared
+            .iter()
+            .zip(dims)
+            .all(|(want, &got)| want.as_known().is_none_or(|k| k == got));
+    if fits {
+        Ok(())
+    } else {
+        Err(format!("the model declares {}", DimsDisplay(declared)))
     }
-    for (want, &got) in declared.iter().zip(dims) {
-        if let Some(k) = want.as_known() {
-            if k != got {
-                return Err(format!("the model declares {}", DimsDisplay(declared)));
-            }
-            continue;
-        }
-        let name = want.to_string();
-        let first = *bound.entry(name.clone()).or_insert(got);
-        if first != got {
-            return Err(format!(
-                "the model declares {} and another input has {name} = {first}",
-                DimsDisplay(declared)
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The generic graph's constants as the importer reads them.

@@ -110,7 +110,9 @@ fn a_shape_the_model_does_not_accept_is_refused_clearly() {
 }
 
 #[test]
-fn one_symbol_has_one_size_across_inputs() {
+fn a_symbol_may_take_different_sizes_in_different_inputs() {
+    // ORT does not enforce dim_params (PP-OCR's classifier names both H
+    // and W `?`): the ops at the real sizes decide.
     let mut d = D::new(17);
     let a = d.input("a", 1, &[-1, 4]);
     let b = d.input("b", 1, &[-1, 4]);
@@ -120,6 +122,16 @@ fn one_symbol_has_one_size_across_inputs() {
     d.output(&y);
     let s = specializer(&d, 2);
     assert!(s.program_for(&[vec![3, 4], vec![3, 4]]).is_ok());
+    assert!(s.program_for(&[vec![3, 4], vec![1, 4]]).is_ok(), "broadcasts");
     let e = s.program_for(&[vec![3, 4], vec![2, 4]]).unwrap_err();
-    assert!(e.message.contains("another input has n = 3"), "{e}");
+    assert!(e.message.contains("do not broadcast"), "{e}");
+}
+
+#[test]
+fn placeholder_dim_params_name_nothing() {
+    let v = ValueDesc::named(1, &[-1, 3, -1, -1], &["batch", "", "?", "?"]);
+    assert_eq!(v.dim_param(0), Some("batch"));
+    assert_eq!((v.dim_param(2), v.dim_param(3)), (None, None));
+    let dims = v.symbolic_dims("x").unwrap();
+    assert_ne!(dims[2], dims[3], "two '?' dims are two unknowns");
 }

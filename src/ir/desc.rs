@@ -70,9 +70,14 @@ impl ValueDesc {
         Some(dims.iter().enumerate().map(dim).collect())
     }
 
-    /// The name of dim `i`, if ORT gave it one.
+    /// The name of dim `i`, if ORT gave it one. A placeholder without a
+    /// letter or digit (Paddle2ONNX writes `?` for every unknown dim) names
+    /// nothing: such dims are not one size.
     pub fn dim_param(&self, i: usize) -> Option<&str> {
-        self.dim_params.get(i).map(String::as_str).filter(|s| !s.is_empty())
+        self.dim_params
+            .get(i)
+            .map(String::as_str)
+            .filter(|s| s.chars().any(char::is_alphanumeric))
     }
 }
 
