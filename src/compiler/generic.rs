@@ -67,11 +67,23 @@ pub struct GenericGraph {
 #[derive(Default)]
 pub struct PackedWeights {
     by_source: HashMap<(usize, usize, bool, usize, usize), Weight>,
+    /// Convolution weights, one pack per group: key (source, group, k, n).
+    conv: HashMap<((usize, usize, bool, usize, usize), usize), Weight>,
 }
 
 impl PackedWeights {
     pub fn insert(&mut self, source: &Weight, trans_b: bool, k: usize, n: usize, packed: Weight) {
         self.by_source.insert(key(source, trans_b, k, n), packed);
+    }
+
+    /// Group `group` of convolution weights `source` packed as `[k, n]`
+    /// (`kernels::conv::pack_groups`).
+    pub fn insert_conv(&mut self, source: &Weight, group: usize, k: usize, n: usize, packed: Weight) {
+        self.conv.insert((key(source, true, k, n), group), packed);
+    }
+
+    pub fn get_conv(&self, source: &Weight, group: usize, k: usize, n: usize) -> Option<Weight> {
+        self.conv.get(&(key(source, true, k, n), group)).cloned()
     }
 
     /// The packed form of `source` for a `[k, n]` product, if packed before.
