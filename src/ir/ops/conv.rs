@@ -5,7 +5,7 @@
 //! ops. The weights must be constants (they are packed at compile time);
 //! 1-D weights `[Co, Ci/g, k]` are viewed as `[Co, Ci/g, 1, k]`.
 
-use super::attrs::attr_int;
+use super::attrs::{attr_int, attr_str};
 use super::spatial::{channels_first, channels_last, window};
 use super::OpFamily;
 use crate::ir::desc::NodeDesc;
@@ -45,6 +45,11 @@ fn conv(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
         ));
     }
     let win = window(n, &xs[2..], Some(&ws[2..]), false)?;
+    let same = matches!(attr_str(n, "auto_pad", "NOTSET")?, "SAME_UPPER" | "SAME_LOWER");
+    if same && (win.h.dilation > 1 || win.w.dilation > 1) {
+        // ORT's CPU EP refuses this combination; kiln does not guess a meaning.
+        return Err("Conv with dilations and auto_pad SAME_*: ORT's CPU EP does not run it".into());
+    }
     let w4 = if rank == 3 {
         imp.emit(n, Op::Reshape, &[w], None, Some(&[ws[0], ws[1], 1, ws[2]]))?
     } else {
