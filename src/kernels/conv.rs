@@ -358,3 +358,150 @@ pub fn reference(c: &Conv<'_>, onnx_w: &[f32], y: &mut [f32]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::parallel::ScopedThreads;
+
+    fn data(n: usize, seed: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0).collect()
+    }
+
+    fn axis(input: usize, kernel: usize, stride: usize, dilation: usize, pads: (usize, usize)) -> Axis {
+        let output = output_len(input, kernel, stride, dilation, pads, false).unwrap();
+        Axis {
+            input,
+            output,
+            kernel,
+            stride,
+            dilation,
+            pad_begin: pads.0,
+            pad_end: pads.1,
+        }
+    }
+
+    struct Case {
+        batch: usize,
+        ci: usize,
+        co: usize,
+        groups: usize,
+        window: Window,
+    }
+
+    /// Every path on every runnable target, serial and on two threads,
+    /// with and without the epilogue, against the definition.
+    fn check(case: &Case) {
+        let w = &case.window;
+        let (ci, co, g) = (case.ci, case.co, case.groups);
+        let x = data(case.batch * w.input_pixels() * ci, 1);
+        let wt = data(co * (ci / g) * w.taps(), 2);
+        let bias = data(co, 3);
+        let out_len = case.batch * w.output_pixels() * co;
+        let res = data(out_len, 4);
+        for (epi, act) in [(false, Activation::None), (true, Activation::Relu)] {
+            let base = Conv {
+                window: w,
+                batch: case.batch,
+                in_channels: ci,
+                out_channels: co,
+                groups: g,
+                x: &x,
+                weights: ConvWeights::Depthwise(&[]),
+                bias: epi.then_some(&bias[..]),
+                activation: act,
+                residual: epi.then_some(&res[..]),
+            };
+            let mut want = vec![0.0; out_len];
+            reference(&base, &wt, &mut want);
+            for target in Target::ALL {
+                let Some(isa) = Isa::new(target) else { continue };
+                let packs = pack_groups(target, &wt, co, ci / g, w.taps(), g).unwrap();
+                let refs: Vec<&PackedB> = packs.iter().collect();
+                let dw = depthwise_weights(&wt, co, w.taps());
+                let mut ways = vec![ConvWeights::Packed(&refs)];
+                if g == ci && ci == co {
+                    ways.push(ConvWeights::Depthwise(&dw));
+                }
+                for weights in ways {
+                    let c = Conv { weights, ..base };
+                    for par in [&Serial as &dyn Parallel, &ScopedThreads(2)] {
+                        let mut y = vec![f32::NAN; out_len];
+                        conv(isa, &c, &mut y, par).unwrap();
+                        for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                            assert!((a - b).abs() <= 1e-4 * b.abs() + 1e-4, "{target} [{i}]: {a} vs {b}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn case(batch: usize, ci: usize, co: usize, groups: usize, h: Axis, w: Axis) -> Case {
+        Case {
+            batch,
+            ci,
+            co,
+            groups,
+            window: Window { h, w },
+        }
+    }
+
+    #[test]
+    fn paths_match_the_definition() {
+        let unit = axis(1, 1, 1, 1, (0, 0));
+        let cases = [
+            // 3×3 pad 1, dense.
+            case(2, 5, 7, 1, axis(6, 3, 1, 1, (1, 1)), axis(7, 3, 1, 1, (1, 1))),
+            // Pointwise, dense and grouped.
+            case(2, 12, 20, 1, axis(5, 1, 1, 1, (0, 0)), axis(3, 1, 1, 1, (0, 0))),
+            case(1, 12, 9, 3, axis(4, 1, 1, 1, (0, 0)), axis(5, 1, 1, 1, (0, 0))),
+            // 1×1 stride 2 (im2col path).
+            case(1, 6, 4, 1, axis(7, 1, 2, 1, (0, 0)), axis(8, 1, 2, 1, (0, 0))),
+            // Strides, dilations, asymmetric pads, groups.
+            case(1, 8, 6, 2, axis(9, 3, 2, 1, (0, 2)), axis(10, 2, 1, 3, (1, 0))),
+            // Depthwise and a channel multiplier.
+            case(2, 9, 9, 9, axis(7, 3, 1, 1, (1, 1)), axis(6, 3, 2, 1, (1, 1))),
+            case(1, 4, 8, 4, axis(5, 3, 1, 2, (2, 2)), axis(5, 3, 1, 1, (1, 1))),
+            // 1-D.
+            case(2, 3, 5, 1, unit, axis(17, 5, 2, 1, (2, 2))),
+            // Enough pixels for one task per block on two threads.
+            case(2, 3, 8, 1, axis(64, 3, 1, 1, (1, 1)), axis(64, 3, 1, 1, (1, 1))),
+            // A deep K (several K blocks) and a block of fewer rows.
+            case(1, 96, 16, 1, axis(7, 3, 1, 1, (1, 1)), axis(6, 3, 1, 1, (1, 1))),
+        ];
+        for c in &cases {
+            check(c);
+        }
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        let win = Window {
+            h: axis(4, 3, 1, 1, (1, 1)),
+            w: axis(4, 3, 1, 1, (1, 1)),
+        };
+        let isa = Isa::new(Target::Generic).unwrap();
+        let packs = pack_groups(Target::Generic, &data(2 * 2 * 9, 1), 2, 2, 9, 1).unwrap();
+        let refs: Vec<&PackedB> = packs.iter().collect();
+        let x = data(16 * 2, 2);
+        let c = Conv {
+            window: &win,
+            batch: 1,
+            in_channels: 2,
+            out_channels: 2,
+            groups: 1,
+            x: &x,
+            weights: ConvWeights::Packed(&refs),
+            bias: None,
+            activation: Activation::None,
+            residual: None,
+        };
+        let mut y = vec![0.0; 31];
+        assert!(conv(isa, &c, &mut y, &Serial).is_err());
+        let mut bad = win;
+        bad.h.output = 5;
+        assert!(!window_ok(&bad));
+        assert!(pack_groups(Target::Generic, &[0.0; 5], 2, 2, 9, 1).is_err());
+    }
+}
