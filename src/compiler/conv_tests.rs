@@ -126,3 +126,51 @@ fn what_does_not_fold() {
     b.output(y);
     assert_eq!(fused_ops(&b.g), ["Conv", "Add"]);
 }
+
+/// A 1-D and a 2-D convolution stack over symbolic sizes: `GenericGraph`
+/// packs every non-depthwise group once, each specialisation uses those
+/// packs (no copy), and computes what a static compile of that size does.
+#[test]
+fn shape_generic_convolutions_pack_once() {
+    use super::generic::{GenericGraph, Specializer};
+    use crate::ir::tests::{run_program, D, T};
+    use crate::ir::{AttrValue, ValueDesc};
+    use crate::kernels::parallel::Serial;
+
+    let mut d = D::new(17);
+    let x = d.input("x", 1, &[-1, 4, -1, -1]);
+    d.g.values
+        .insert("x".into(), ValueDesc::named(1, &[-1, 4, -1, -1], &["n", "", "h", "w"]));
+    let w1 = d.f32s("w1", &[8, 2, 3, 3], 1);
+    let w2 = d.f32s("w2", &[8, 1, 3, 3], 2);
+    let w3 = d.f32s("w3", &[6, 8, 1, 1], 3);
+    let pads = ("pads", AttrValue::Ints(vec![1, 1, 1, 1]));
+    let a = d.node("Conv", &[&x, &w1], vec![("group", AttrValue::Int(2)), pads.clone()]);
+    let b = d.node("Conv", &[&a, &w2], vec![("group", AttrValue::Int(8)), pads]);
+    let y = d.node("Conv", &[&b, &w3], vec![]);
+    d.output(&y);
+    let g = GenericGraph::build(d.g.clone(), &d.consts, Target::cpu_best()).unwrap();
+    let groups: Vec<(&str, Option<usize>)> = g.packed.iter().map(|p| (p.source.as_str(), p.conv_group)).collect();
+    assert_eq!(groups, [("w1", Some(0)), ("w1", Some(1)), ("w3", Some(0))]);
+    let packs: Vec<*const u8> = g.packed.iter().map(|p| p.data.as_bytes().as_ptr()).collect();
+    let s = Specializer::new(g, 4).unwrap();
+    for (n, h, w) in [(1, 5, 7), (2, 9, 4)] {
+        let (p, _) = s.program_for(&[vec![n, 4, h, w]]).unwrap();
+        let shared = p
+            .constants()
+            .iter()
+            .filter(|c| packs.contains(&c.data.as_bytes().as_ptr()))
+            .count();
+        assert_eq!(shared, 3, "{n}x{h}x{w}: a program packs its own weights");
+        let mut fixed = d.g.clone();
+        fixed.values.get_mut("x").unwrap().dims = Some(vec![n, 4, h, w]);
+        let st = compile(&import(&fixed, &d.consts).unwrap(), Target::cpu_best()).unwrap();
+        let numel = (n * 4 * h * w) as usize;
+        let ins = vec![T::new(
+            1,
+            &[n as usize, 4, h as usize, w as usize],
+            data(numel, 9).iter().map(|&v| v as f64).collect(),
+        )];
+        assert_eq!(run_program(&p, &ins, &Serial), run_program(&st, &ins, &Serial));
+    }
+}

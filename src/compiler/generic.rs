@@ -45,6 +45,9 @@ impl NamedConstant {
 pub struct PackedConstant {
     pub source: String,
     pub trans_b: bool,
+    /// Convolution weights (issue #13): this group's `[kh·kw·Ci/g, Co/g]`
+    /// B in `kernels::conv::pack_groups`'s order (`trans_b` is then true).
+    pub conv_group: Option<usize>,
     pub k: usize,
     pub n: usize,
     pub data: Weight,
@@ -169,6 +172,10 @@ fn pack_gemm_weights(desc: &GraphDesc, constants: &[NamedConstant], target: Targ
             pack_recurrent_weights(node, &by_name, target, &mut out);
             continue;
         }
+        if matches!(node.domain.as_str(), "" | "ai.onnx") && node.op_type == "Conv" {
+            pack_conv_weights(node, &by_name, target, &mut out);
+            continue;
+        }
         let trans_b = match (node.domain.as_str(), node.op_type.as_str()) {
             ("" | "ai.onnx", "MatMul") => false,
             ("" | "ai.onnx", "Gemm") => matches!(node.attrs.get("transB"), Some(AttrValue::Int(t)) if *t != 0),
@@ -194,6 +201,7 @@ fn pack_gemm_weights(desc: &GraphDesc, constants: &[NamedConstant], target: Targ
         out.push(PackedConstant {
             source: c.name.clone(),
             trans_b,
+            conv_group: None,
             k,
             n,
             data: pb.data().clone(),
@@ -234,8 +242,51 @@ fn pack_recurrent_weights(
         out.push(PackedConstant {
             source: c.name.clone(),
             trans_b: true,
+            conv_group: None,
             k,
             n,
+            data: pb.data().clone(),
+        });
+    }
+}
+
+/// A convolution's constant weights `[Co, Ci/g, kh(, kw)]`, one pack per
+/// group as lowering packs them (`kernels::conv::pack_groups`), so that no
+/// image size packs them again. Depthwise weights (one input channel per
+/// group, as many groups as channels) are only reordered, per
+/// specialisation: lowering does not pack them.
+fn pack_conv_weights(
+    node: &crate::ir::NodeDesc,
+    by_name: &HashMap<&str, &NamedConstant>,
+    target: Target,
+    out: &mut Vec<PackedConstant>,
+) {
+    let Some(c) = node.inputs.get(1).and_then(|w| by_name.get(w.as_str())) else {
+        return;
+    };
+    let groups = match node.attrs.get("group") {
+        None => 1,
+        Some(AttrValue::Int(g)) if *g >= 1 => *g as usize,
+        Some(_) => return,
+    };
+    if c.dtype != DType::F32 || !(3..=4).contains(&c.shape.len()) || out.iter().any(|p| p.source == c.name) {
+        return;
+    }
+    let (co, cig) = (c.shape[0], c.shape[1]);
+    let taps: usize = c.shape[2..].iter().product();
+    if co % groups != 0 || (cig == 1 && groups == co) {
+        return;
+    }
+    let Ok(packs) = crate::kernels::conv::pack_groups(target, c.data.as_slice(), co, cig, taps, groups) else {
+        return;
+    };
+    for (g, pb) in packs.into_iter().enumerate() {
+        out.push(PackedConstant {
+            source: c.name.clone(),
+            trans_b: true,
+            conv_group: Some(g),
+            k: pb.k(),
+            n: pb.n(),
             data: pb.data().clone(),
         });
     }
@@ -292,7 +343,10 @@ impl Specializer {
             let &i = index
                 .get(&p.source)
                 .ok_or_else(|| Error::invalid_graph(format!("packed weight of '{}' names no constant", p.source)))?;
-            packs.insert(&generic.constants[i].data, p.trans_b, p.k, p.n, p.data.clone());
+            match p.conv_group {
+                Some(g) => packs.insert_conv(&generic.constants[i].data, g, p.k, p.n, p.data.clone()),
+                None => packs.insert(&generic.constants[i].data, p.trans_b, p.k, p.n, p.data.clone()),
+            }
         }
         Ok(Specializer {
             generic,

@@ -220,6 +220,10 @@ pub struct PackedWeight {
     pub trans_b: bool,
     #[prost(uint32, tag = "3")]
     pub weight_id: u32,
+    /// Convolution weights (issue #13): group `conv_group` of `[Co, Ci/g, kh(, kw)]`
+    /// packed as `[kh * kw * Ci/g, Co/g]` (taps, then channels).
+    #[prost(uint64, optional, tag = "4")]
+    pub conv_group: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
