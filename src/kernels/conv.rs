@@ -312,6 +312,13 @@ fn im2col(c: &Conv<'_>, g: usize, pixels: std::ops::Range<usize>, a: &mut [f32])
                 dst.fill(0.0);
                 continue;
             };
+            // One group, dilation 1, all taps inside: the row's taps are one
+            // contiguous run of the input (NHWC), one copy.
+            let start = (ow * w.w.stride).wrapping_sub(w.w.pad_begin);
+            if cig == ci && w.w.dilation == 1 && w.w.interior(ow) {
+                dst.copy_from_slice(&image[(ih * w.w.input + start) * ci..][..w.w.kernel * ci]);
+                continue;
+            }
             for (kw, tap) in dst.chunks_exact_mut(cig).enumerate() {
                 match w.w.source(ow, kw) {
                     Some(iw) => tap.copy_from_slice(&image[(ih * w.w.input + iw) * ci + g * cig..][..cig]),
