@@ -83,7 +83,9 @@ fn main() {
             w: axis(size, k, stride),
         };
         let x: Vec<f32> = (0..size * size * ci).map(|i| (i % 17) as f32 * 0.01).collect();
-        let w: Vec<f32> = (0..co * (ci / groups) * k * k).map(|i| (i % 13) as f32 * 0.01).collect();
+        let w: Vec<f32> = (0..co * (ci / groups) * k * k)
+            .map(|i| (i % 13) as f32 * 0.01)
+            .collect();
         let bias = vec![0.1f32; co];
         let packs: Vec<PackedB> = pack_groups(target, &w, co, ci / groups, k * k, groups).unwrap();
         let refs: Vec<&PackedB> = packs.iter().collect();

@@ -113,7 +113,13 @@ fn absorb(g: &mut Graph, v: &View<'_>, conv: &Node, attrs: &ConvAttrs, next: &No
         match per_channel(s, c, co).filter(|_| open) {
             Some(shift) => {
                 let vals = match bias {
-                    Some(b) => s.constant(b)?.as_slice().iter().zip(&shift).map(|(x, d)| x + d).collect(),
+                    Some(b) => s
+                        .constant(b)?
+                        .as_slice()
+                        .iter()
+                        .zip(&shift)
+                        .map(|(x, d)| x + d)
+                        .collect(),
                     None => shift,
                 };
                 bias = Some(add_constant(g, "conv_bias", &[co], vals)?);

@@ -76,7 +76,11 @@ fn scale_shift_activation_and_residual_fold_into_the_conv() {
         let r = b.un(UnaryOp::Relu, a, "r");
         let y = b.bin(BinaryOp::Add, r, x, "y");
         b.output(y);
-        assert_eq!(fused_ops(&b.g), ["Conv+Bias+Relu+Residual"], "groups {groups} bias {bias}");
+        assert_eq!(
+            fused_ops(&b.g),
+            ["Conv+Bias+Relu+Residual"],
+            "groups {groups} bias {bias}"
+        );
     }
 }
 

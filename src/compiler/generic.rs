@@ -69,9 +69,9 @@ pub struct GenericGraph {
 /// specialisation of one partition shares) and the product's layout.
 #[derive(Default)]
 pub struct PackedWeights {
-    by_source: HashMap<(usize, usize, bool, usize, usize), Weight>,
+    by_source: HashMap<PackKey, Weight>,
     /// Convolution weights, one pack per group: key (source, group, k, n).
-    conv: HashMap<((usize, usize, bool, usize, usize), usize), Weight>,
+    conv: HashMap<(PackKey, usize), Weight>,
 }
 
 impl PackedWeights {
@@ -95,7 +95,10 @@ impl PackedWeights {
     }
 }
 
-fn key(w: &Weight, trans_b: bool, k: usize, n: usize) -> (usize, usize, bool, usize, usize) {
+/// A packed weight's identity: its source's address and length, `trans_b`, `k`, `n`.
+type PackKey = (usize, usize, bool, usize, usize);
+
+fn key(w: &Weight, trans_b: bool, k: usize, n: usize) -> PackKey {
     (w.as_bytes().as_ptr() as usize, w.byte_len(), trans_b, k, n)
 }
 
@@ -274,7 +277,7 @@ fn pack_conv_weights(
     }
     let (co, cig) = (c.shape[0], c.shape[1]);
     let taps: usize = c.shape[2..].iter().product();
-    if co % groups != 0 || (cig == 1 && groups == co) {
+    if !co.is_multiple_of(groups) || (cig == 1 && groups == co) {
         return;
     }
     let Ok(packs) = crate::kernels::conv::pack_groups(target, c.data.as_slice(), co, cig, taps, groups) else {

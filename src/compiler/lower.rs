@@ -19,8 +19,8 @@ use crate::kernels::movement::broadcast_strides;
 use crate::kernels::recurrent::RnnDims;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
-    BufRef, Constant, ConvStep, ConvWeightsRef, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, RnnStep, Step, TensorSpec,
-    Weight,
+    BufRef, Constant, ConvStep, ConvWeightsRef, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts,
+    RnnStep, Step, TensorSpec, Weight,
 };
 use crate::target::Target;
 
@@ -620,7 +620,11 @@ impl Lowering<'_> {
         } else {
             None
         };
-        let residual = if attrs.residual { Some(self.buf(ins[next])?) } else { None };
+        let residual = if attrs.residual {
+            Some(self.buf(ins[next])?)
+        } else {
+            None
+        };
         Ok(Step::Conv(Box::new(ConvStep {
             window: attrs.window,
             batch,

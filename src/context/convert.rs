@@ -6,9 +6,12 @@ use super::proto::{self, buf_info, layout_info, step_info};
 use crate::error::{Error, Result};
 use crate::ir::{Activation, DType};
 use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDims, RnnDirection, RnnSpec};
-use crate::kernels::{BinaryOp, CopyPlan, Layout, ReduceKind, Strided, UnaryOp, Where3};
 use crate::kernels::spatial::{Axis, Window};
-use crate::plan::{BufRef, Constant, ConvStep, ConvWeightsRef, MatB, MatBias, MatMulStep, Program, ProgramParts, RnnStep, Step, TensorSpec};
+use crate::kernels::{BinaryOp, CopyPlan, Layout, ReduceKind, Strided, UnaryOp, Where3};
+use crate::plan::{
+    BufRef, Constant, ConvStep, ConvWeightsRef, MatB, MatBias, MatMulStep, Program, ProgramParts, RnnStep, Step,
+    TensorSpec,
+};
 use crate::target::Target;
 
 // ---- encoding ----
@@ -228,8 +231,22 @@ fn step_info(step: &Step) -> proto::StepInfo {
 
 // Convolution (issue #13).
 fn conv_info(c: &ConvStep) -> proto::ConvStep {
-    let axis = |a: &Axis| [a.input, a.output, a.kernel, a.stride, a.dilation, a.pad_begin, a.pad_end];
-    let window = axis(&c.window.h).into_iter().chain(axis(&c.window.w)).map(|v| v as u64).collect();
+    let axis = |a: &Axis| {
+        [
+            a.input,
+            a.output,
+            a.kernel,
+            a.stride,
+            a.dilation,
+            a.pad_begin,
+            a.pad_end,
+        ]
+    };
+    let window = axis(&c.window.h)
+        .into_iter()
+        .chain(axis(&c.window.w))
+        .map(|v| v as u64)
+        .collect();
     let (packed_w, depthwise_w) = match &c.weights {
         ConvWeightsRef::Packed(ids) => (ids.iter().map(|&i| i as u64).collect(), None),
         ConvWeightsRef::Depthwise(w) => (Vec::new(), Some(buf(*w))),

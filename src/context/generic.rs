@@ -393,7 +393,7 @@ fn check_conv_packed(p: &PackedConstant, g: usize, source: &NamedConstant) -> Re
         && (3..=4).contains(&s.len())
         && s[1..].iter().try_fold(1usize, |a, &d| a.checked_mul(d)) == Some(p.k)
         && p.n > 0
-        && s[0] % p.n == 0
+        && s[0].is_multiple_of(p.n)
         && g < s[0] / p.n;
     if !fits {
         crate::bail!(

@@ -463,13 +463,21 @@ fn infer_conv(c: &super::ConvAttrs, ins: &[&TensorType]) -> Result<TensorType, W
     };
     let win = &c.window;
     if !crate::kernels::conv::window_ok(win) || (h, w) != (win.h.input, win.w.input) {
-        return Err(format!("Conv window {win:?} does not fit the input {}", shape(&ins[0].shape)));
+        return Err(format!(
+            "Conv window {win:?} does not fit the input {}",
+            shape(&ins[0].shape)
+        ));
     }
     let g = c.groups;
     let [co, cig, kh, kw] = ins[1].shape[..] else {
         return Err(format!("Conv weights {} are not 4-D", shape(&ins[1].shape)));
     };
-    if g == 0 || ci % g != 0 || co % g != 0 || cig * g != ci || (kh, kw) != (win.h.kernel, win.w.kernel) {
+    if g == 0
+        || !ci.is_multiple_of(g)
+        || !co.is_multiple_of(g)
+        || cig * g != ci
+        || (kh, kw) != (win.h.kernel, win.w.kernel)
+    {
         return Err(format!(
             "Conv weights {} do not fit {ci} input channels in {g} group(s) and a {}x{} kernel",
             shape(&ins[1].shape),

@@ -13,8 +13,8 @@ use std::fmt;
 
 pub use crate::kernels::gemm::Activation;
 pub use crate::kernels::index::ScatterReduction;
-pub use crate::kernels::spatial::{Axis, Window};
 pub use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDirection, RnnSpec};
+pub use crate::kernels::spatial::{Axis, Window};
 pub use crate::kernels::{BinaryOp, ReduceKind, UnaryOp};
 pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc, NO_CONSTANTS};
 pub use import::{check_support, import, Fold};

@@ -54,7 +54,17 @@ pub struct Conv<'a> {
 pub fn window_ok(w: &Window) -> bool {
     let small = |v: usize| v <= u32::MAX as usize; // no overflow below, even from a hostile file
     let ok = |a: &Axis| {
-        [a.input, a.output, a.kernel, a.stride, a.dilation, a.pad_begin, a.pad_end].into_iter().all(small)
+        [
+            a.input,
+            a.output,
+            a.kernel,
+            a.stride,
+            a.dilation,
+            a.pad_begin,
+            a.pad_end,
+        ]
+        .into_iter()
+        .all(small)
             && a.kernel >= 1
             && a.stride >= 1
             && a.dilation >= 1
@@ -73,8 +83,15 @@ pub fn is_pointwise(w: &Window) -> bool {
 /// ONNX weights `[co, cig, kh, kw]` (`taps = kh·kw`) as one B `[taps·cig,
 /// co/groups]` per group, rows in the order im2col writes (tap, then
 /// channel), packed for `target`.
-pub fn pack_groups(target: Target, w: &[f32], co: usize, cig: usize, taps: usize, groups: usize) -> Result<Vec<PackedB>> {
-    if groups == 0 || co % groups != 0 || w.len() != co * cig * taps {
+pub fn pack_groups(
+    target: Target,
+    w: &[f32],
+    co: usize,
+    cig: usize,
+    taps: usize,
+    groups: usize,
+) -> Result<Vec<PackedB>> {
+    if groups == 0 || !co.is_multiple_of(groups) || w.len() != co * cig * taps {
         return Err(Error::invalid_graph(format!(
             "convolution weights of {} values are not [{co}, {cig}, {taps} taps] in {groups} group(s)",
             w.len()
@@ -145,8 +162,10 @@ fn size_error(what: impl std::fmt::Display) -> Error {
 fn check(c: &Conv<'_>, y_len: usize) -> Result<()> {
     let w = c.window;
     let (ci, co, g) = (c.in_channels, c.out_channels, c.groups);
-    if !window_ok(w) || g == 0 || ci % g != 0 || co % g != 0 {
-        return Err(size_error(format_args!("bad window or groups ({g}, {ci} -> {co} channels)")));
+    if !window_ok(w) || g == 0 || !ci.is_multiple_of(g) || !co.is_multiple_of(g) {
+        return Err(size_error(format_args!(
+            "bad window or groups ({g}, {ci} -> {co} channels)"
+        )));
     }
     let x_len = c.batch * w.input_pixels() * ci;
     let y_want = c.batch * w.output_pixels() * co;
@@ -239,8 +258,11 @@ fn im2col_gemm(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: 
         // Enough blocks to go round: tasks of whole blocks, their GEMMs serial.
         let tasks = (4 * par.threads()).min(blocks);
         let per = blocks.div_ceil(tasks) * rows;
-        let chunks: Vec<Mutex<(usize, &mut [f32])>> =
-            y.chunks_mut(per * co).enumerate().map(|(t, ch)| Mutex::new((t * per, ch))).collect();
+        let chunks: Vec<Mutex<(usize, &mut [f32])>> = y
+            .chunks_mut(per * co)
+            .enumerate()
+            .map(|(t, ch)| Mutex::new((t * per, ch)))
+            .collect();
         let err = Mutex::new(None);
         par.for_each(chunks.len(), &|t| {
             let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
@@ -284,7 +306,17 @@ fn blocks_serial(
             for (g, pb) in packed.iter().enumerate() {
                 let a = &mut cols[..(end - start) * k];
                 im2col(c, g, start..end, a);
-                gemm::gemm_packed(isa, end - start, a, k, pb, &mut out[g * cog..], co, &epilogue(c, g, start..end), par)?;
+                gemm::gemm_packed(
+                    isa,
+                    end - start,
+                    a,
+                    k,
+                    pb,
+                    &mut out[g * cog..],
+                    co,
+                    &epilogue(c, g, start..end),
+                    par,
+                )?;
             }
             add_residual(c, start..end, out);
             start = end;
@@ -372,7 +404,9 @@ mod tests {
     use crate::kernels::parallel::ScopedThreads;
 
     fn data(n: usize, seed: usize) -> Vec<f32> {
-        (0..n).map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0).collect()
+        (0..n)
+            .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
     }
 
     fn axis(input: usize, kernel: usize, stride: usize, dilation: usize, pads: (usize, usize)) -> Axis {

@@ -311,7 +311,7 @@ fn rnn_fits(p: &Program, r: &super::RnnStep, s: &[usize], d: usize) -> bool {
 fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
     use super::ConvWeightsRef;
     let (ci, co, g, w) = (c.in_channels, c.out_channels, c.groups, &c.window);
-    if !crate::kernels::conv::window_ok(w) || g == 0 || ci % g != 0 || co % g != 0 {
+    if !crate::kernels::conv::window_ok(w) || g == 0 || !ci.is_multiple_of(g) || !co.is_multiple_of(g) {
         return false;
     }
     let len = |pixels: usize, ch: usize| c.batch.checked_mul(pixels).and_then(|x| x.checked_mul(ch));
@@ -328,7 +328,9 @@ fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
         }
         ConvWeightsRef::Depthwise(_) => g == ci && ci == co && s.get(1).copied() == w.taps().checked_mul(ci),
     };
-    let mut rest = s[1 + usize::from(matches!(c.weights, ConvWeightsRef::Depthwise(_)))..].iter().copied();
+    let mut rest = s[1 + usize::from(matches!(c.weights, ConvWeightsRef::Depthwise(_)))..]
+        .iter()
+        .copied();
     let bias_ok = c.bias.is_none() || rest.next() == Some(co);
     let out = len(w.output_pixels(), co);
     let residual_ok = c.residual.is_none() || rest.next() == out;

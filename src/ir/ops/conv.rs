@@ -21,7 +21,9 @@ fn conv(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
     let ws = imp.ty(w).shape.clone();
     let rank = xs.len();
     if !(3..=4).contains(&rank) {
-        return Err(format!("Conv input of rank {rank}: kiln runs 1-D and 2-D convolutions only"));
+        return Err(format!(
+            "Conv input of rank {rank}: kiln runs 1-D and 2-D convolutions only"
+        ));
     }
     if ws.len() != rank {
         return Err(format!("Conv weights of rank {} for an input of rank {rank}", ws.len()));
@@ -38,7 +40,7 @@ fn conv(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
     }
     let groups = groups as usize;
     let (ci, co) = (xs[1], ws[0]);
-    if ci % groups != 0 || co % groups != 0 || ws[1] * groups != ci {
+    if !ci.is_multiple_of(groups) || !co.is_multiple_of(groups) || ws[1] * groups != ci {
         return Err(format!(
             "Conv weights [{co}, {}, ...] do not fit {ci} input channels in {groups} group(s)",
             ws[1]
