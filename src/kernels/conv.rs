@@ -14,6 +14,7 @@
 //! each tile is in cache.
 
 use std::cell::RefCell;
+use std::ops::Range;
 use std::sync::Mutex;
 
 use super::depthwise::{depthwise, Depthwise};
@@ -191,7 +192,7 @@ fn check(c: &Conv<'_>, y_len: usize) -> Result<()> {
 
 /// The epilogue of group `g`'s GEMM over output pixels `rows` (the
 /// residual only with one group: a group's columns are not dense).
-fn epilogue<'a>(c: &Conv<'a>, g: usize, rows: std::ops::Range<usize>) -> Epilogue<'a> {
+fn epilogue<'a>(c: &Conv<'a>, g: usize, rows: Range<usize>) -> Epilogue<'a> {
     let cog = c.out_channels / c.groups;
     Epilogue {
         alpha: 1.0,
@@ -208,7 +209,7 @@ fn epilogue<'a>(c: &Conv<'a>, g: usize, rows: std::ops::Range<usize>) -> Epilogu
 }
 
 /// Adds the residual of output pixels `rows` after a grouped GEMM.
-fn add_residual(c: &Conv<'_>, rows: std::ops::Range<usize>, y: &mut [f32]) {
+fn add_residual(c: &Conv<'_>, rows: Range<usize>, y: &mut [f32]) {
     if let (Some(r), true) = (c.residual, c.groups > 1) {
         let co = c.out_channels;
         for (a, &b) in y.iter_mut().zip(&r[rows.start * co..rows.end * co]) {
@@ -281,54 +282,61 @@ fn im2col_gemm(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: 
 }
 
 /// Output pixels `pixels` (their output rows in `y`), `rows` at a time,
-/// each block's GEMMs split over `par`.
+/// each block's GEMMs split over `par`, in this thread's im2col buffer.
 fn blocks_serial(
     isa: Isa,
     c: &Conv<'_>,
     packed: &[&PackedB],
-    pixels: std::ops::Range<usize>,
+    pixels: Range<usize>,
     rows: usize,
     y: &mut [f32],
     par: &dyn Parallel,
 ) -> Result<()> {
+    COLUMNS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut cols) => blocks_in(isa, c, packed, pixels, rows, y, par, &mut cols),
+        // Re-entered on this thread (a pool running another task while it
+        // waits): a buffer of its own.
+        Err(_) => blocks_in(isa, c, packed, pixels, rows, y, par, &mut Vec::new()),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn blocks_in(
+    isa: Isa,
+    c: &Conv<'_>,
+    packed: &[&PackedB],
+    pixels: Range<usize>,
+    rows: usize,
+    y: &mut [f32],
+    par: &dyn Parallel,
+    cols: &mut Vec<f32>,
+) -> Result<()> {
     let co = c.out_channels;
     let cog = co / c.groups;
     let k = c.window.taps() * (c.in_channels / c.groups);
-    COLUMNS.with(|cell| {
-        let mut cols = cell.borrow_mut();
-        if cols.len() < rows * k {
-            cols.resize(rows * k, 0.0);
+    if cols.len() < rows * k {
+        cols.resize(rows * k, 0.0);
+    }
+    let mut start = pixels.start;
+    while start < pixels.end {
+        let end = (start + rows).min(pixels.end);
+        let out = &mut y[(start - pixels.start) * co..(end - pixels.start) * co];
+        for (g, pb) in packed.iter().enumerate() {
+            let a = &mut cols[..(end - start) * k];
+            im2col(c, g, start..end, a);
+            let epi = epilogue(c, g, start..end);
+            gemm::gemm_packed(isa, end - start, a, k, pb, &mut out[g * cog..], co, &epi, par)?;
         }
-        let mut start = pixels.start;
-        while start < pixels.end {
-            let end = (start + rows).min(pixels.end);
-            let out = &mut y[(start - pixels.start) * co..(end - pixels.start) * co];
-            for (g, pb) in packed.iter().enumerate() {
-                let a = &mut cols[..(end - start) * k];
-                im2col(c, g, start..end, a);
-                gemm::gemm_packed(
-                    isa,
-                    end - start,
-                    a,
-                    k,
-                    pb,
-                    &mut out[g * cog..],
-                    co,
-                    &epilogue(c, g, start..end),
-                    par,
-                )?;
-            }
-            add_residual(c, start..end, out);
-            start = end;
-        }
-        Ok(())
-    })
+        add_residual(c, start..end, out);
+        start = end;
+    }
+    Ok(())
 }
 
 /// Rows of group `g`'s im2col for output pixels `pixels` (flat over batch,
 /// output rows, output columns): per pixel, its taps in (kh, kw) order,
 /// each the group's `cig` input channels, or zeros in the padding.
-fn im2col(c: &Conv<'_>, g: usize, pixels: std::ops::Range<usize>, a: &mut [f32]) {
+fn im2col(c: &Conv<'_>, g: usize, pixels: Range<usize>, a: &mut [f32]) {
     let w = c.window;
     let ci = c.in_channels;
     let cig = ci / c.groups;
