@@ -70,9 +70,15 @@ impl ValueDesc {
         Some(dims.iter().enumerate().map(dim).collect())
     }
 
-    /// The name of dim `i`, if ORT gave it one.
+    /// The name of dim `i`, if ORT gave it one. `"?"` is no name: exporters
+    /// (paddle2onnx) write it for every unknown dim, which need not be equal
+    /// (PP-OCR's `[?, 3, ?, ?]` images are not square), and ORT does not
+    /// hold them equal either.
     pub fn dim_param(&self, i: usize) -> Option<&str> {
-        self.dim_params.get(i).map(String::as_str).filter(|s| !s.is_empty())
+        self.dim_params
+            .get(i)
+            .map(String::as_str)
+            .filter(|s| !s.is_empty() && *s != "?")
     }
 }
 
