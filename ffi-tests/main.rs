@@ -273,7 +273,10 @@ fn bad_options_are_invalid_argument_naming_the_option() {
     type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
     let cases: [Case; 3] = [
         (&[("target", "riscv64")], &["'target'", "riscv64", "x86_64-generic"]),
-        (&[("disabled_ops", "Relu,Conv")], &["'disabled_ops'", "Conv", "Sigmoid"]),
+        (
+            &[("disabled_ops", "Relu,QLinearConv")],
+            &["'disabled_ops'", "QLinearConv", "Sigmoid"],
+        ),
         (
             &[("fast_math", "1")],
             &["unknown kiln option 'fast_math'", "target", "disabled_ops"],

@@ -281,7 +281,10 @@ SPECS: Tuple[Spec, ...] = (
          "box coordinates are in pixels (up to ~100 here) after ~60 convolutions: 1e-3 relative"),
     Spec("silero_vad", "Silero VAD v5, 16 kHz chunk of 512 samples, body inside If",
          (("b1", (1,)), ("b4", (4,))),
-         _vad, 1e-4, 1e-5, "STFT conv + 4 convs + LSTM; probabilities and state O(1)"),
+         _vad, 1e-4, 1e-4,
+         "STFT conv + 4 convs + LSTM; probabilities and state O(1). With the convolutions on kiln "
+         "(summing in another order than ORT's) a state unit of batch 4 differs by 4e-5; the "
+         "probabilities agree to 3e-8"),
     Spec("silero_vad_seq", "Silero VAD, 16 kHz, sequence of 576-sample windows, LSTM",
          (("seq 3", (3,)), ("seq 8", (8,))),
          _vad_sequence, 1e-4, 1e-5, "STFT conv + 4 convs + LSTM; probabilities and state O(1)"),

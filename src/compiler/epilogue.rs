@@ -124,7 +124,7 @@ pub(crate) fn see_through_reshapes(g: &mut Graph) -> usize {
     count
 }
 
-fn activation(op: &Op) -> Option<Activation> {
+pub(super) fn activation(op: &Op) -> Option<Activation> {
     Some(match op {
         Op::Unary(UnaryOp::Relu) => Activation::Relu,
         Op::Unary(UnaryOp::LeakyRelu(a)) => Activation::LeakyRelu(*a),

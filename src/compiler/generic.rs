@@ -45,6 +45,9 @@ impl NamedConstant {
 pub struct PackedConstant {
     pub source: String,
     pub trans_b: bool,
+    /// Convolution weights (issue #13): this group's `[kh·kw·Ci/g, Co/g]`
+    /// B in `kernels::conv::pack_groups`'s order (`trans_b` is then true).
+    pub conv_group: Option<usize>,
     pub k: usize,
     pub n: usize,
     pub data: Weight,
@@ -66,12 +69,24 @@ pub struct GenericGraph {
 /// specialisation of one partition shares) and the product's layout.
 #[derive(Default)]
 pub struct PackedWeights {
-    by_source: HashMap<(usize, usize, bool, usize, usize), Weight>,
+    by_source: HashMap<PackKey, Weight>,
+    /// Convolution weights, one pack per group: key (source, group, k, n).
+    conv: HashMap<(PackKey, usize), Weight>,
 }
 
 impl PackedWeights {
     pub fn insert(&mut self, source: &Weight, trans_b: bool, k: usize, n: usize, packed: Weight) {
         self.by_source.insert(key(source, trans_b, k, n), packed);
+    }
+
+    /// Group `group` of convolution weights `source` packed as `[k, n]`
+    /// (`kernels::conv::pack_groups`).
+    pub fn insert_conv(&mut self, source: &Weight, group: usize, k: usize, n: usize, packed: Weight) {
+        self.conv.insert((key(source, true, k, n), group), packed);
+    }
+
+    pub fn get_conv(&self, source: &Weight, group: usize, k: usize, n: usize) -> Option<Weight> {
+        self.conv.get(&(key(source, true, k, n), group)).cloned()
     }
 
     /// The packed form of `source` for a `[k, n]` product, if packed before.
@@ -80,7 +95,10 @@ impl PackedWeights {
     }
 }
 
-fn key(w: &Weight, trans_b: bool, k: usize, n: usize) -> (usize, usize, bool, usize, usize) {
+/// A packed weight's identity: its source's address and length, `trans_b`, `k`, `n`.
+type PackKey = (usize, usize, bool, usize, usize);
+
+fn key(w: &Weight, trans_b: bool, k: usize, n: usize) -> PackKey {
     (w.as_bytes().as_ptr() as usize, w.byte_len(), trans_b, k, n)
 }
 
@@ -157,6 +175,10 @@ fn pack_gemm_weights(desc: &GraphDesc, constants: &[NamedConstant], target: Targ
             pack_recurrent_weights(node, &by_name, target, &mut out);
             continue;
         }
+        if matches!(node.domain.as_str(), "" | "ai.onnx") && node.op_type == "Conv" {
+            pack_conv_weights(node, &by_name, target, &mut out);
+            continue;
+        }
         let trans_b = match (node.domain.as_str(), node.op_type.as_str()) {
             ("" | "ai.onnx", "MatMul") => false,
             ("" | "ai.onnx", "Gemm") => matches!(node.attrs.get("transB"), Some(AttrValue::Int(t)) if *t != 0),
@@ -182,6 +204,7 @@ fn pack_gemm_weights(desc: &GraphDesc, constants: &[NamedConstant], target: Targ
         out.push(PackedConstant {
             source: c.name.clone(),
             trans_b,
+            conv_group: None,
             k,
             n,
             data: pb.data().clone(),
@@ -222,8 +245,51 @@ fn pack_recurrent_weights(
         out.push(PackedConstant {
             source: c.name.clone(),
             trans_b: true,
+            conv_group: None,
             k,
             n,
+            data: pb.data().clone(),
+        });
+    }
+}
+
+/// A convolution's constant weights `[Co, Ci/g, kh(, kw)]`, one pack per
+/// group as lowering packs them (`kernels::conv::pack_groups`), so that no
+/// image size packs them again. Depthwise weights (one input channel per
+/// group, as many groups as channels) are only reordered, per
+/// specialisation: lowering does not pack them.
+fn pack_conv_weights(
+    node: &crate::ir::NodeDesc,
+    by_name: &HashMap<&str, &NamedConstant>,
+    target: Target,
+    out: &mut Vec<PackedConstant>,
+) {
+    let Some(c) = node.inputs.get(1).and_then(|w| by_name.get(w.as_str())) else {
+        return;
+    };
+    let groups = match node.attrs.get("group") {
+        None => 1,
+        Some(AttrValue::Int(g)) if *g >= 1 => *g as usize,
+        Some(_) => return,
+    };
+    if c.dtype != DType::F32 || !(3..=4).contains(&c.shape.len()) || out.iter().any(|p| p.source == c.name) {
+        return;
+    }
+    let (co, cig) = (c.shape[0], c.shape[1]);
+    let taps: usize = c.shape[2..].iter().product();
+    if !co.is_multiple_of(groups) || (cig == 1 && groups == co) {
+        return;
+    }
+    let Ok(packs) = crate::kernels::conv::pack_groups(target, c.data.as_slice(), co, cig, taps, groups) else {
+        return;
+    };
+    for (g, pb) in packs.into_iter().enumerate() {
+        out.push(PackedConstant {
+            source: c.name.clone(),
+            trans_b: true,
+            conv_group: Some(g),
+            k: pb.k(),
+            n: pb.n(),
             data: pb.data().clone(),
         });
     }
@@ -280,7 +346,10 @@ impl Specializer {
             let &i = index
                 .get(&p.source)
                 .ok_or_else(|| Error::invalid_graph(format!("packed weight of '{}' names no constant", p.source)))?;
-            packs.insert(&generic.constants[i].data, p.trans_b, p.k, p.n, p.data.clone());
+            match p.conv_group {
+                Some(g) => packs.insert_conv(&generic.constants[i].data, g, p.k, p.n, p.data.clone()),
+                None => packs.insert(&generic.constants[i].data, p.trans_b, p.k, p.n, p.data.clone()),
+            }
         }
         Ok(Specializer {
             generic,

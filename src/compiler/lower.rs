@@ -12,14 +12,15 @@ use super::alias::Folded;
 use super::generic::PackedWeights;
 use super::memplan::{plan_arena, Lifetime};
 use crate::error::{Error, Result};
-use crate::ir::{matmul_dims, BiasKind, DType, Graph, MatMulAttrs, Node, Op, RnnAttrs, ValueId};
+use crate::ir::{matmul_dims, BiasKind, ConvAttrs, DType, Graph, MatMulAttrs, Node, Op, RnnAttrs, ValueId};
+use crate::kernels::conv;
 use crate::kernels::gemm::PackedB;
 use crate::kernels::movement::broadcast_strides;
 use crate::kernels::recurrent::RnnDims;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
-    BufRef, Constant, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, RnnStep, Step, TensorSpec,
-    Weight,
+    BufRef, Constant, ConvStep, ConvWeightsRef, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts,
+    RnnStep, Step, TensorSpec, Weight,
 };
 use crate::target::Target;
 
@@ -337,6 +338,7 @@ impl Lowering<'_> {
             | Op::CumSum { .. }
             | Op::OneHot { .. } => Step::Index(Box::new(self.index_step(&node.op, ins, out, dst)?)),
             Op::Rnn(attrs) => self.rnn(attrs, ins, dst)?,
+            Op::Conv(attrs) => self.conv(attrs, ins, dst)?,
             Op::Reshape => return Err(internal("an alias reached lowering")),
             Op::Shape { .. } => return Err(internal("Shape was not folded")),
         };
@@ -562,6 +564,78 @@ impl Lowering<'_> {
             initial_h: opt(self, has.initial_h)?,
             initial_c: opt(self, has.initial_c)?,
             p: opt(self, has.p)?,
+            dst,
+        })))
+    }
+
+    /// A convolution (issue #13): depthwise weights reordered tap-major,
+    /// others packed per group (reusing a shape-generic partition's packs).
+    fn conv(&mut self, attrs: &ConvAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
+        let [batch, _, _, ci] = self.shape(ins[0])[..] else {
+            return Err(internal("Conv input is not 4-D"));
+        };
+        let [co, cig, ..] = self.shape(ins[1])[..] else {
+            return Err(internal("Conv weights are not 4-D"));
+        };
+        let w = self
+            .graph
+            .constant(ins[1])
+            .cloned()
+            .ok_or_else(|| internal("Conv weights are not a constant"))?;
+        let (g, taps) = (attrs.groups, attrs.window.taps());
+        let weights = if g == ci && ci == co && cig == 1 {
+            let dw = conv::depthwise_weights(w.as_slice(), co, taps);
+            self.constants
+                .push(Constant::plain(DType::F32, &[taps, co], Weight::from_vec(dw)));
+            ConvWeightsRef::Depthwise(BufRef::Constant(self.constants.len() - 1))
+        } else {
+            let (k, n) = (taps * cig, co / g);
+            let mut fresh = None;
+            let mut ids = Vec::with_capacity(g);
+            for gi in 0..g {
+                let data = match self.packs.and_then(|p| p.get_conv(&w, gi, k, n)) {
+                    Some(data) => data,
+                    None => {
+                        let all = match &fresh {
+                            Some(all) => all,
+                            None => fresh.insert(conv::pack_groups(self.target, w.as_slice(), co, cig, taps, g)?),
+                        };
+                        all[gi].data().clone()
+                    }
+                };
+                self.constants.push(Constant {
+                    dtype: DType::F32,
+                    shape: vec![k, n].into(),
+                    data,
+                    packing: Packing::GemmB { k, n },
+                });
+                ids.push(self.constants.len() - 1);
+            }
+            ConvWeightsRef::Packed(ids)
+        };
+        let mut next = 2;
+        let bias = if attrs.bias {
+            next += 1;
+            Some(self.buf(ins[2])?)
+        } else {
+            None
+        };
+        let residual = if attrs.residual {
+            Some(self.buf(ins[next])?)
+        } else {
+            None
+        };
+        Ok(Step::Conv(Box::new(ConvStep {
+            window: attrs.window,
+            batch,
+            in_channels: ci,
+            out_channels: co,
+            groups: g,
+            x: self.buf(ins[0])?,
+            weights,
+            bias,
+            activation: attrs.activation,
+            residual,
             dst,
         })))
     }

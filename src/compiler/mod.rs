@@ -5,7 +5,9 @@
 //! 2. [`fold`] — evaluate constant subgraphs (shape arithmetic, `Shape` of
 //!    static shapes, constant transposes, ...).
 //! 3. [`patterns`] — recognise decomposed GELU, LayerNorm and Softmax.
-//! 4. [`epilogue`] — fuse scale, bias, activation and residual into GEMMs.
+//! 4. [`epilogue`] — fuse scale, bias, activation and residual into GEMMs;
+//!    [`conv_fusion`] — per-channel scale/shift, activation and residual
+//!    into convolutions.
 //! 5. [`dce`] — drop nodes whose results reach no graph output.
 //! 6. [`alias`] — layout-only ops become buffer aliases.
 //! 7. [`lower`] — pick kernels and layouts, pack constant GEMM weights for
@@ -14,6 +16,8 @@
 //!    by [`memplan`]).
 
 mod alias;
+// Convolution (issue #13).
+mod conv_fusion;
 mod dce;
 mod epilogue;
 mod fold;
@@ -98,6 +102,7 @@ pub fn optimise(graph: &Graph, passes: Passes) -> Result<Graph> {
     }
     if passes.epilogue {
         epilogue::fuse(&mut g);
+        conv_fusion::fuse(&mut g);
     }
     dce::remove_dead(&mut g);
     if cfg!(debug_assertions) {
@@ -112,3 +117,7 @@ mod tests;
 
 #[cfg(test)]
 mod generic_tests;
+
+// Convolution (issue #13).
+#[cfg(test)]
+mod conv_tests;

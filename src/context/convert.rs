@@ -6,8 +6,12 @@ use super::proto::{self, buf_info, layout_info, step_info};
 use crate::error::{Error, Result};
 use crate::ir::{Activation, DType};
 use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDims, RnnDirection, RnnSpec};
+use crate::kernels::spatial::{Axis, Window};
 use crate::kernels::{BinaryOp, CopyPlan, Layout, ReduceKind, Strided, UnaryOp, Where3};
-use crate::plan::{BufRef, Constant, MatB, MatBias, MatMulStep, Program, ProgramParts, RnnStep, Step, TensorSpec};
+use crate::plan::{
+    BufRef, Constant, ConvStep, ConvWeightsRef, MatB, MatBias, MatMulStep, Program, ProgramParts, RnnStep, Step,
+    TensorSpec,
+};
 use crate::target::Target;
 
 // ---- encoding ----
@@ -220,8 +224,94 @@ fn step_info(step: &Step) -> proto::StepInfo {
         }),
         Step::Index(x) => super::convert_index::index_info(x),
         Step::Rnn(r) => K::Rnn(rnn_info(r)),
+        Step::Conv(c) => K::Conv(conv_info(c)),
     };
     proto::StepInfo { kind: Some(kind) }
+}
+
+// Convolution (issue #13).
+fn conv_info(c: &ConvStep) -> proto::ConvStep {
+    let axis = |a: &Axis| {
+        [
+            a.input,
+            a.output,
+            a.kernel,
+            a.stride,
+            a.dilation,
+            a.pad_begin,
+            a.pad_end,
+        ]
+    };
+    let window = axis(&c.window.h)
+        .into_iter()
+        .chain(axis(&c.window.w))
+        .map(|v| v as u64)
+        .collect();
+    let (packed_w, depthwise_w) = match &c.weights {
+        ConvWeightsRef::Packed(ids) => (ids.iter().map(|&i| i as u64).collect(), None),
+        ConvWeightsRef::Depthwise(w) => (Vec::new(), Some(buf(*w))),
+    };
+    proto::ConvStep {
+        window,
+        batch: c.batch as u64,
+        in_channels: c.in_channels as u64,
+        out_channels: c.out_channels as u64,
+        groups: c.groups as u64,
+        x: Some(buf(c.x)),
+        packed_w,
+        depthwise_w,
+        bias: c.bias.map(buf),
+        activation: Some(activation_info(c.activation)),
+        residual: c.residual.map(buf),
+        dst: Some(buf(c.dst)),
+    }
+}
+
+fn conv(c: &proto::ConvStep) -> Result<ConvStep> {
+    let v: Vec<usize> = c
+        .window
+        .iter()
+        .map(|&x| usize_of(x, "window size"))
+        .collect::<Result<_>>()?;
+    let [hi, ho, hk, hs, hd, hb, he, wi, wo, wk, ws, wd, wb, we] = v[..] else {
+        crate::bail!(InvalidGraph, "a convolution window has {} values, not 14", v.len());
+    };
+    let axis = |input, output, kernel, stride, dilation, pad_begin, pad_end| Axis {
+        input,
+        output,
+        kernel,
+        stride,
+        dilation,
+        pad_begin,
+        pad_end,
+    };
+    let weights = match (&c.depthwise_w, c.packed_w.is_empty()) {
+        (None, false) => ConvWeightsRef::Packed(
+            c.packed_w
+                .iter()
+                .map(|&i| usize_of(i, "packed constant"))
+                .collect::<Result<_>>()?,
+        ),
+        (Some(_), true) => ConvWeightsRef::Depthwise(buf_ref(&c.depthwise_w)?),
+        _ => crate::bail!(InvalidGraph, "a convolution needs exactly one of packed_w, depthwise_w"),
+    };
+    let opt = |b: &Option<proto::BufInfo>| b.as_ref().map(|_| buf_ref(b)).transpose();
+    Ok(ConvStep {
+        window: Window {
+            h: axis(hi, ho, hk, hs, hd, hb, he),
+            w: axis(wi, wo, wk, ws, wd, wb, we),
+        },
+        batch: usize_of(c.batch, "batch")?,
+        in_channels: usize_of(c.in_channels, "input channels")?,
+        out_channels: usize_of(c.out_channels, "output channels")?,
+        groups: usize_of(c.groups, "groups")?,
+        x: buf_ref(&c.x)?,
+        weights,
+        bias: opt(&c.bias)?,
+        activation: activation(c.activation.as_ref().ok_or_else(|| missing("activation"))?)?,
+        residual: opt(&c.residual)?,
+        dst: buf_ref(&c.dst)?,
+    })
 }
 
 fn rnn_info(r: &RnnStep) -> proto::RnnStep {
@@ -562,6 +652,7 @@ fn step(s: &proto::StepInfo) -> Result<Step> {
             dst: buf_ref(&w.dst)?,
         },
         K::Rnn(r) => Step::Rnn(Box::new(rnn(r)?)),
+        K::Conv(c) => Step::Conv(Box::new(conv(c)?)),
     })
 }
 

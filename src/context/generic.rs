@@ -51,6 +51,7 @@ pub(crate) fn generic_info(g: &GenericGraph, constant_ids: &[u32], packed_ids: &
                 source: p.source.clone(),
                 trans_b: p.trans_b,
                 weight_id,
+                conv_group: p.conv_group.map(|g| g as u64),
             })
             .collect(),
     }
@@ -155,6 +156,10 @@ fn packed_constant(p: &proto::PackedWeight, weights: &[Constant]) -> Result<Pack
     Ok(PackedConstant {
         source: p.source.clone(),
         trans_b: p.trans_b,
+        conv_group: p
+            .conv_group
+            .map(|g| crate::context::convert::usize_of(g, "convolution group"))
+            .transpose()?,
         k,
         n,
         data: w.data.clone(),
@@ -316,7 +321,7 @@ pub(crate) fn check_weights(g: &GenericGraph) -> Result<()> {
     let mut layouts = HashSet::with_capacity(g.packed.len());
     for p in &g.packed {
         check_packed(p, g.target, &by_name).map_err(|e| e.context(format_args!("packed weight of '{}'", p.source)))?;
-        if !layouts.insert((&p.source, p.trans_b)) {
+        if !layouts.insert((&p.source, p.trans_b, p.conv_group)) {
             crate::bail!(
                 InvalidGraph,
                 "constant '{}' is packed twice (trans_b {})",
@@ -357,6 +362,9 @@ fn check_packed(p: &PackedConstant, target: Target, constants: &HashMap<&str, &N
     let source = constants
         .get(p.source.as_str())
         .ok_or_else(|| Error::invalid_graph("it packs no constant of the graph"))?;
+    if let Some(g) = p.conv_group {
+        return check_conv_packed(p, g, source);
+    }
     let shape = if p.trans_b { [p.n, p.k] } else { [p.k, p.n] };
     // A recurrent layer's `W`/`R` (`[dirs, rows, k]`) is packed as its `[dirs * rows, k]` view.
     let flat = match source.shape.split_last() {
@@ -371,6 +379,29 @@ fn check_packed(p: &PackedConstant, target: Target, constants: &HashMap<&str, &N
             "it packs a {} constant of shape {:?}, expected float {shape:?}",
             source.dtype,
             source.shape
+        );
+    }
+    Ok(())
+}
+
+/// Group `g` of convolution weights `[Co, Ci/groups, kh(, kw)]`: `k =
+/// Ci/groups · kh · kw`, `n = Co / groups`, `g < groups` (issue #13).
+fn check_conv_packed(p: &PackedConstant, g: usize, source: &NamedConstant) -> Result<()> {
+    let s = &source.shape;
+    let fits = source.dtype == DType::F32
+        && p.trans_b
+        && (3..=4).contains(&s.len())
+        && s[1..].iter().try_fold(1usize, |a, &d| a.checked_mul(d)) == Some(p.k)
+        && p.n > 0
+        && s[0].is_multiple_of(p.n)
+        && g < s[0] / p.n;
+    if !fits {
+        crate::bail!(
+            InvalidGraph,
+            "it packs group {g} ({} x {}) of a {} constant of shape {s:?}, which is no such convolution group",
+            p.k,
+            p.n,
+            source.dtype
         );
     }
     Ok(())

@@ -53,6 +53,7 @@ pub(super) fn generic_of(d: &D, target: Target, symbolic: bool) -> GenericGraph 
         let b = PackedB::pack(target, c.data.as_slice(), k, n, trans_b);
         packed.push(PackedConstant {
             source: c.name.clone(),
+            conv_group: None,
             trans_b,
             k,
             n,

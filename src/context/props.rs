@@ -316,6 +316,7 @@ fn generic_graph(desc: GraphDesc, weights: &[RandomWeight], target: Target) -> G
             let b = PackedB::pack(target, c.data.as_slice(), k, n, *trans_b);
             packed.push(PackedConstant {
                 source: c.name.clone(),
+                conv_group: None,
                 trans_b: *trans_b,
                 k,
                 n,

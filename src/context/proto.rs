@@ -220,6 +220,10 @@ pub struct PackedWeight {
     pub trans_b: bool,
     #[prost(uint32, tag = "3")]
     pub weight_id: u32,
+    /// Convolution weights (issue #13): group `conv_group` of `[Co, Ci/g, kh(, kw)]`
+    /// packed as `[kh * kw * Ci/g, Co/g]` (taps, then channels).
+    #[prost(uint64, optional, tag = "4")]
+    pub conv_group: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -257,7 +261,7 @@ pub struct OpCount {
 pub struct StepInfo {
     #[prost(
         oneof = "step_info::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50"
     )]
     pub kind: Option<step_info::Kind>,
 }
@@ -301,7 +305,42 @@ pub mod step_info {
         // Recurrent layers (issue #12): tags 40-49.
         #[prost(message, tag = "40")]
         Rnn(super::RnnStep),
+        // Convolution (issue #13): tags 50-54.
+        #[prost(message, tag = "50")]
+        Conv(super::ConvStep),
     }
+}
+
+/// A channels-last convolution (`plan::ConvStep`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ConvStep {
+    /// Per axis (h, then w): input, output, kernel, stride, dilation, pad_begin, pad_end.
+    #[prost(uint64, repeated, tag = "1")]
+    pub window: Vec<u64>,
+    #[prost(uint64, tag = "2")]
+    pub batch: u64,
+    #[prost(uint64, tag = "3")]
+    pub in_channels: u64,
+    #[prost(uint64, tag = "4")]
+    pub out_channels: u64,
+    #[prost(uint64, tag = "5")]
+    pub groups: u64,
+    #[prost(message, optional, tag = "6")]
+    pub x: Option<BufInfo>,
+    /// One packed constant per group, or ...
+    #[prost(uint64, repeated, tag = "7")]
+    pub packed_w: Vec<u64>,
+    /// ... depthwise weights `[kh * kw, C]`.
+    #[prost(message, optional, tag = "8")]
+    pub depthwise_w: Option<BufInfo>,
+    #[prost(message, optional, tag = "9")]
+    pub bias: Option<BufInfo>,
+    #[prost(message, optional, tag = "10")]
+    pub activation: Option<ActivationInfo>,
+    #[prost(message, optional, tag = "11")]
+    pub residual: Option<BufInfo>,
+    #[prost(message, optional, tag = "12")]
+    pub dst: Option<BufInfo>,
 }
 
 /// A recurrent layer (`plan::RnnStep`).

@@ -855,3 +855,81 @@ fn recurrent_step_round_trips() {
     let ctx = parse(&b.to_bytes().unwrap()).unwrap();
     assert_same_program(&ctx.program("rnn").unwrap().unwrap(), &want);
 }
+
+/// Convolutions (issue #13): a grouped conv with bias, activation and
+/// residual (packed weights per group) and a depthwise one (tap-major
+/// plain weights): their steps (tag 50) go through the file and run
+/// identically; a window that does not fit its sizes is refused at load.
+#[test]
+fn conv_steps_round_trip() {
+    use crate::ir::{Activation, Axis, ConvAttrs, Window};
+    let axis = |input: usize, kernel: usize, stride: usize, pad: usize| Axis {
+        input,
+        output: (input + 2 * pad - kernel) / stride + 1,
+        kernel,
+        stride,
+        dilation: 1,
+        pad_begin: pad,
+        pad_end: pad,
+    };
+    let mut g = G::new("conv");
+    let x = g.input("x", &[2, 5, 6, 4]);
+    let w1 = g.constant("w1", &[6, 2, 3, 3], row(6 * 2 * 9, 2));
+    let b1 = g.constant("b1", &[6], row(6, 3));
+    let res = g.input("res", &[2, 3, 3, 6]);
+    let w2 = g.constant("w2", &[6, 1, 3, 3], row(6 * 9, 4));
+    let a = g.value("a", &[2, 3, 3, 6]);
+    let y = g.value("y", &[2, 3, 3, 6]);
+    let win = Window {
+        h: axis(5, 3, 2, 1),
+        w: axis(6, 3, 2, 1),
+    };
+    let dense = ConvAttrs {
+        window: win,
+        groups: 2,
+        bias: true,
+        activation: Activation::LeakyRelu(0.1),
+        residual: true,
+    };
+    g.0.add_node("c1", Op::Conv(Box::new(dense)), vec![x, w1, b1, res], vec![a]);
+    let dw = ConvAttrs {
+        window: Window {
+            h: axis(3, 3, 1, 1),
+            w: axis(3, 3, 1, 1),
+        },
+        groups: 6,
+        bias: false,
+        activation: Activation::None,
+        residual: false,
+    };
+    g.0.add_node("c2", Op::Conv(Box::new(dw)), vec![a, w2], vec![y]);
+    g.0.outputs.push(y);
+    let want = compile(&g.0, Target::Generic).unwrap();
+    let convs = want
+        .steps()
+        .iter()
+        .filter(|s| matches!(s, crate::plan::Step::Conv(_)))
+        .count();
+    assert_eq!(convs, 2);
+    let mut b = ContextBuilder::new(Target::Generic);
+    b.add_graph("conv", &want).unwrap();
+    let ctx = parse(&b.to_bytes().unwrap()).unwrap();
+    assert_same_program(&ctx.program("conv").unwrap().unwrap(), &want);
+
+    let mut parts = crate::plan::ProgramParts {
+        target: want.target(),
+        inputs: want.inputs().to_vec(),
+        outputs: want.outputs().to_vec(),
+        constants: want.constants().to_vec(),
+        steps: want.steps().to_vec(),
+        arena_bytes: want.arena_bytes(),
+        op_counts: want.op_counts().to_vec(),
+    };
+    for s in &mut parts.steps {
+        if let crate::plan::Step::Conv(c) = s {
+            c.window.w.output += 1;
+        }
+    }
+    let e = Program::from_parts(parts).unwrap_err();
+    assert!(e.message.contains("Conv"), "{e}");
+}

@@ -325,7 +325,7 @@ mod tests {
             e.message.contains("'target'") && e.message.contains("x86_64-avx2"),
             "{e}"
         );
-        let e = parse(&[("ep.kilnexecutionprovider.disabled_ops", "Relu,Conv")]).unwrap_err();
+        let e = parse(&[("ep.kilnexecutionprovider.disabled_ops", "Relu,QLinearConv")]).unwrap_err();
         assert!(
             e.message.contains("disabled_ops") && e.message.contains("Sigmoid"),
             "{e}"

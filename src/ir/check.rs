@@ -77,6 +77,7 @@ fn arity(op: &Op, ins: usize, outs: usize) -> Result<(), Why> {
         Op::LayerNorm { .. } => (&[2, 3], 1),
         Op::MatMul(m) => return exact(op, ins, m.num_inputs(), outs, 1),
         Op::Rnn(r) => return exact(op, ins, 3 + r.has.count(), outs, 1),
+        Op::Conv(c) => return exact(op, ins, c.num_inputs(), outs, 1),
         Op::Concat { .. } => {
             if ins == 0 {
                 return Err("Concat needs at least one input".into());
@@ -313,6 +314,7 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
         | Op::CumSum { .. }
         | Op::OneHot { .. } => infer_index(op, ins, given)?,
         Op::Rnn(r) => infer_rnn(r, ins)?,
+        Op::Conv(c) => infer_conv(c, ins)?,
     };
     Ok(vec![out])
 }
@@ -449,6 +451,52 @@ fn infer_rnn(r: &super::RnnAttrs, ins: &[&TensorType]) -> Result<TensorType, Why
         return Err(format!("inputs {lens:?} do not fit {spec:?} at {dims:?}"));
     }
     Ok(TensorType::f32(&[lens.dst]))
+}
+
+/// A convolution's output `[N, Ho, Wo, Co]` (issue #13; see [`super::ConvAttrs`]).
+fn infer_conv(c: &super::ConvAttrs, ins: &[&TensorType]) -> Result<TensorType, Why> {
+    for (i, t) in ins.iter().enumerate() {
+        expect_dtype(&format!("input {i}"), t, &[DType::F32])?;
+    }
+    let [n, h, w, ci] = ins[0].shape[..] else {
+        return Err(format!("Conv input {} is not [N, H, W, C]", shape(&ins[0].shape)));
+    };
+    let win = &c.window;
+    if !crate::kernels::conv::window_ok(win) || (h, w) != (win.h.input, win.w.input) {
+        return Err(format!(
+            "Conv window {win:?} does not fit the input {}",
+            shape(&ins[0].shape)
+        ));
+    }
+    let g = c.groups;
+    let [co, cig, kh, kw] = ins[1].shape[..] else {
+        return Err(format!("Conv weights {} are not 4-D", shape(&ins[1].shape)));
+    };
+    if g == 0
+        || !ci.is_multiple_of(g)
+        || !co.is_multiple_of(g)
+        || cig * g != ci
+        || (kh, kw) != (win.h.kernel, win.w.kernel)
+    {
+        return Err(format!(
+            "Conv weights {} do not fit {ci} input channels in {g} group(s) and a {}x{} kernel",
+            shape(&ins[1].shape),
+            win.h.kernel,
+            win.w.kernel
+        ));
+    }
+    let out = [n, win.h.output, win.w.output, co];
+    if c.bias && ins[2].shape != [co] {
+        return Err(format!("Conv bias {} is not [{co}]", shape(&ins[2].shape)));
+    }
+    if c.residual && ins[ins.len() - 1].shape != out {
+        return Err(format!(
+            "residual {} is not of the output's shape {}",
+            shape(&ins[ins.len() - 1].shape),
+            shape(&out)
+        ));
+    }
+    Ok(TensorType::f32(&out))
 }
 
 /// Whether kiln can run `op` on these exact types; `Err` says why not.

@@ -71,8 +71,9 @@ impl ValueDesc {
     }
 
     /// The name of dim `i`, if ORT gave it one. A placeholder without a
-    /// letter or digit (Paddle2ONNX writes `?` for every unknown dim) names
-    /// nothing: such dims are not one size.
+    /// letter or digit names nothing: exporters (paddle2onnx) write `?` for
+    /// every unknown dim, which need not be equal (PP-OCR's `[?, 3, ?, ?]`
+    /// images are not square), and ORT does not hold them equal either.
     pub fn dim_param(&self, i: usize) -> Option<&str> {
         self.dim_params
             .get(i)

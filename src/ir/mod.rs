@@ -14,6 +14,7 @@ use std::fmt;
 pub use crate::kernels::gemm::Activation;
 pub use crate::kernels::index::ScatterReduction;
 pub use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDirection, RnnSpec};
+pub use crate::kernels::spatial::{Axis, Window};
 pub use crate::kernels::{BinaryOp, ReduceKind, UnaryOp};
 pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc, NO_CONSTANTS};
 pub use import::{check_support, import, Fold};
@@ -162,6 +163,42 @@ pub struct RnnAttrs {
     pub has: RnnInputs,
 }
 
+/// A convolution over channels-last activations (issue #13): inputs `x
+/// [N, H, W, Ci]`, constant weights in ONNX's layout `[Co, Ci / groups, kh,
+/// kw]`, then the bias `[Co]` when `bias`, then the residual `[N, Ho, Wo,
+/// Co]` when `residual`. Output `[N, Ho, Wo, Co]` = `act(conv(x) + bias) +
+/// residual`. 1-D convolutions have `H = kh = 1`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvAttrs {
+    pub window: Window,
+    pub groups: usize,
+    pub bias: bool,
+    pub activation: Activation,
+    pub residual: bool,
+}
+
+impl ConvAttrs {
+    pub fn num_inputs(&self) -> usize {
+        2 + usize::from(self.bias) + usize::from(self.residual)
+    }
+
+    /// e.g. `Conv+Bias+Relu+Residual`.
+    pub fn name(&self) -> String {
+        let mut s = String::from("Conv");
+        if self.bias {
+            s.push_str("+Bias");
+        }
+        if self.activation != Activation::None {
+            s.push('+');
+            s.push_str(activation_name(self.activation));
+        }
+        if self.residual {
+            s.push_str("+Residual");
+        }
+        s
+    }
+}
+
 /// An operator with its attributes resolved against static shapes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -251,6 +288,9 @@ pub enum Op {
     },
     // Recurrent layers (issue #12).
     Rnn(Box<RnnAttrs>),
+    // Convolution (issue #13).
+    /// Channels-last convolution (see [`ConvAttrs`]).
+    Conv(Box<ConvAttrs>),
 }
 
 impl Op {
@@ -297,6 +337,7 @@ impl Op {
             Op::CumSum { .. } => "CumSum".into(),
             Op::OneHot { .. } => "OneHot".into(),
             Op::Rnn(r) => r.spec.cell.onnx_name().into(),
+            Op::Conv(c) => c.name(),
         }
     }
 

@@ -176,6 +176,33 @@ impl RnnStep {
     }
 }
 
+/// How a convolution step holds its weights (issue #13).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConvWeightsRef {
+    /// One constant per group, packed ([`Packing::GemmB`]) as `[kh·kw·Ci/g, Co/g]`
+    /// (`kernels::conv::pack_groups`).
+    Packed(Vec<usize>),
+    /// Depthwise: a plain f32 constant `[kh·kw, C]`.
+    Depthwise(BufRef),
+}
+
+/// A channels-last convolution (`kernels::conv`): `x [batch, H, W, Ci]` to
+/// `dst [batch, Ho, Wo, Co]` = `act(conv(x) + bias) + residual`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvStep {
+    pub window: crate::kernels::spatial::Window,
+    pub batch: usize,
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub groups: usize,
+    pub x: BufRef,
+    pub weights: ConvWeightsRef,
+    pub bias: Option<BufRef>,
+    pub activation: Activation,
+    pub residual: Option<BufRef>,
+    pub dst: BufRef,
+}
+
 /// One instruction of a program.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
@@ -268,6 +295,8 @@ pub enum Step {
     Index(Box<IndexStep>),
     // Recurrent layers (issue #12).
     Rnn(Box<RnnStep>),
+    // Convolution (issue #13).
+    Conv(Box<ConvStep>),
 }
 
 impl Step {
@@ -286,6 +315,7 @@ impl Step {
             Step::MatMul(m) => m.dst,
             Step::Index(x) => x.dst(),
             Step::Rnn(r) => r.dst,
+            Step::Conv(c) => c.dst,
         }
     }
 
@@ -335,6 +365,15 @@ impl Step {
                 v.extend(r.optional().iter().filter_map(|(b, t)| b.map(|b| (b, Some(*t)))));
                 v
             }
+            Step::Conv(c) => {
+                let mut v = vec![(c.x, Some(F32))];
+                if let ConvWeightsRef::Depthwise(w) = c.weights {
+                    v.push((w, Some(F32)));
+                }
+                v.extend(c.bias.map(|b| (b, Some(F32))));
+                v.extend(c.residual.map(|r| (r, Some(F32))));
+                v
+            }
         }
     }
 
@@ -343,9 +382,12 @@ impl Step {
         match self {
             Step::Unary { op, .. } => Some(op.dst_dtype()),
             Step::Binary { op, dtype, .. } => Some(op.dst_dtype(*dtype)),
-            Step::MatMul(_) | Step::Softmax { .. } | Step::LayerNorm { .. } | Step::Reduce { .. } | Step::Rnn(_) => {
-                Some(DType::F32)
-            }
+            Step::MatMul(_)
+            | Step::Softmax { .. }
+            | Step::LayerNorm { .. }
+            | Step::Reduce { .. }
+            | Step::Rnn(_)
+            | Step::Conv(_) => Some(DType::F32),
             Step::Strided { dtype, .. } | Step::Gather { dtype, .. } | Step::Where { dtype, .. } => Some(*dtype),
             Step::Cast { to, .. } => Some(*to),
             Step::Copy { .. } => None,
@@ -369,6 +411,7 @@ impl Step {
             Step::Where { .. } => "Where".into(),
             Step::Index(x) => x.kind().into(),
             Step::Rnn(r) => r.spec.cell.onnx_name().into(),
+            Step::Conv(_) => "Conv".into(),
         }
     }
 }
@@ -814,6 +857,7 @@ impl Memory<'_, '_, '_> {
             }
             Step::Index(x) => x.run(&src, dst),
             Step::Rnn(r) => rnn(isa, r, &src, packed, as_f32_mut(dst)?, par),
+            Step::Conv(c) => conv(isa, c, &src, packed, as_f32_mut(dst)?, par),
         }
     }
 
@@ -966,6 +1010,40 @@ fn rnn(
         p: f32_of(r.p)?,
     };
     recurrent::rnn(isa, &r.spec, &r.dims, &args, dst, par)
+}
+
+/// A convolution step (issue #13).
+fn conv(
+    isa: Isa,
+    c: &ConvStep,
+    src: &Sources<'_>,
+    packed: &[Option<Arc<PackedB>>],
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
+    use kernels::conv::{Conv, ConvWeights};
+    let pack = |i: usize| packed.get(i).and_then(|p| p.as_deref()).ok_or_else(cast_err);
+    let groups: Vec<&PackedB> = match &c.weights {
+        ConvWeightsRef::Packed(ids) => ids.iter().map(|&i| pack(i)).collect::<Result<_>>()?,
+        ConvWeightsRef::Depthwise(_) => Vec::new(),
+    };
+    let weights = match c.weights {
+        ConvWeightsRef::Packed(_) => ConvWeights::Packed(&groups),
+        ConvWeightsRef::Depthwise(w) => ConvWeights::Depthwise(src.f32(w)?),
+    };
+    let args = Conv {
+        window: &c.window,
+        batch: c.batch,
+        in_channels: c.in_channels,
+        out_channels: c.out_channels,
+        groups: c.groups,
+        x: src.f32(c.x)?,
+        weights,
+        bias: c.bias.map(|b| src.f32(b)).transpose()?,
+        activation: c.activation,
+        residual: c.residual.map(|r| src.f32(r)).transpose()?,
+    };
+    kernels::conv::conv(isa, &args, dst, par)
 }
 
 /// Batched products of at most this many flops each run one product per

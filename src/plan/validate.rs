@@ -191,6 +191,7 @@ fn check_step(p: &Program, step: &Step) -> Result<()> {
         Step::MatMul(m) => matmul_fits(p, m, &s, d)?,
         Step::Index(x) => x.fits(&s, d),
         Step::Rnn(r) => rnn_fits(p, r, &s, d),
+        Step::Conv(c) => conv_fits(p, c, &s, d),
     };
     if !consistent {
         crate::bail!(
@@ -303,6 +304,37 @@ fn rnn_fits(p: &Program, r: &super::RnnStep, s: &[usize], d: usize) -> bool {
         dst: d,
     };
     sizes_fit(spec, &r.dims, &lens)
+}
+
+/// A convolution step (issue #13): a valid window, channels that split
+/// into the groups, packed weights of each group's size, buffers that fit.
+fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
+    use super::ConvWeightsRef;
+    let (ci, co, g, w) = (c.in_channels, c.out_channels, c.groups, &c.window);
+    if !crate::kernels::conv::window_ok(w) || g == 0 || !ci.is_multiple_of(g) || !co.is_multiple_of(g) {
+        return false;
+    }
+    let len = |pixels: usize, ch: usize| c.batch.checked_mul(pixels).and_then(|x| x.checked_mul(ch));
+    let k = w.taps().checked_mul(ci / g);
+    let weights_ok = match &c.weights {
+        ConvWeightsRef::Packed(ids) => {
+            ids.len() == g
+                && ids.iter().all(|&i| {
+                    p.packed
+                        .get(i)
+                        .and_then(|x| x.as_ref())
+                        .is_some_and(|pb| Some(pb.k()) == k && pb.n() == co / g)
+                })
+        }
+        ConvWeightsRef::Depthwise(_) => g == ci && ci == co && s.get(1).copied() == w.taps().checked_mul(ci),
+    };
+    let mut rest = s[1 + usize::from(matches!(c.weights, ConvWeightsRef::Depthwise(_)))..]
+        .iter()
+        .copied();
+    let bias_ok = c.bias.is_none() || rest.next() == Some(co);
+    let out = len(w.output_pixels(), co);
+    let residual_ok = c.residual.is_none() || rest.next() == out;
+    weights_ok && bias_ok && residual_ok && Some(s[0]) == len(w.input_pixels(), ci) && Some(d) == out
 }
 
 fn overlaps(src: BufRef, dst: BufRef) -> bool {

@@ -24,9 +24,11 @@ mod norm;
 mod recurrent;
 mod reduce;
 mod shape;
-// Shared by the convolution and pool families of issue #13 (unused until they land).
+// Shared by the convolution and pool families of issue #13.
 #[allow(dead_code)]
 mod spatial;
+// Convolution (issue #13).
+mod conv;
 
 use std::sync::LazyLock;
 
@@ -84,6 +86,8 @@ static REGISTRY: &[&[OpFamily]] = &[
     recurrent::OPS,
     // Elementwise math of issue #12.
     math::OPS,
+    // Convolution (issue #13).
+    conv::OPS,
 ];
 
 fn families() -> impl Iterator<Item = &'static OpFamily> {

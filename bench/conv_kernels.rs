@@ -1,0 +1,125 @@
+//! Convolution kernel check (issue #13): `cargo bench --bench conv_kernels`.
+//!
+//! GFLOP/s of `kernels::conv` at ResNet-50 and MobileNet layer shapes
+//! (batch 1, channels-last, weights packed beforehand), on this machine's
+//! best target, 1 and 2 threads, against the microkernel's in-cache rate
+//! (`gemm::microkernel_flops`: the FMA ceiling the GEMM can reach). Each
+//! number is the median of several timed runs. The formal comparison with
+//! ORT's own convolution is `bench/conv.py`'s. Without `--bench` (as
+//! `cargo test --benches` runs it) it only checks that every case runs.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use kiln_ep::kernels::conv::{conv, depthwise_weights, pack_groups, Conv, ConvWeights};
+use kiln_ep::kernels::gemm::{microkernel_flops, Activation, PackedB};
+use kiln_ep::kernels::parallel::{Parallel, ScopedThreads, Serial};
+use kiln_ep::kernels::spatial::{output_len, Axis, Window};
+use kiln_ep::kernels::Isa;
+use kiln_ep::target::Target;
+
+/// (name, size, in channels, out channels, kernel, stride, groups)
+const CASES: &[(&str, usize, usize, usize, usize, usize, usize)] = &[
+    ("resnet conv1 7x7/2 3->64 @224", 224, 3, 64, 7, 2, 1),
+    ("resnet 3x3 64->64 @56", 56, 64, 64, 3, 1, 1),
+    ("resnet 3x3 128->128 @28", 28, 128, 128, 3, 1, 1),
+    ("resnet 3x3 256->256 @14", 14, 256, 256, 3, 1, 1),
+    ("resnet 3x3 512->512 @7", 7, 512, 512, 3, 1, 1),
+    ("resnet 1x1 64->256 @56", 56, 64, 256, 1, 1, 1),
+    ("resnet 1x1 256->64 @56", 56, 256, 64, 1, 1, 1),
+    ("resnet 1x1 1024->256 @14", 14, 1024, 256, 1, 1, 1),
+    ("resnet 1x1/2 512->1024 @28", 28, 512, 1024, 1, 2, 1),
+    ("mobilenet 1x1 32->64 @112", 112, 32, 64, 1, 1, 1),
+    ("mobilenet dw 3x3 128 @56", 56, 128, 128, 3, 1, 128),
+];
+
+fn axis(input: usize, kernel: usize, stride: usize) -> Axis {
+    let pad = kernel / 2;
+    Axis {
+        input,
+        output: output_len(input, kernel, stride, 1, (pad, pad), false).unwrap(),
+        kernel,
+        stride,
+        dilation: 1,
+        pad_begin: pad,
+        pad_end: pad,
+    }
+}
+
+fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..reps)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[reps / 2]
+}
+
+fn main() {
+    let timed = std::env::args().any(|a| a == "--bench");
+    let target = Target::cpu_best();
+    let isa = Isa::new(target).unwrap();
+    let reps = if timed { 15 } else { 1 };
+    let ceiling = {
+        let kc = 256;
+        // Short runs (a few ms, like the cases), so that a median dodges
+        // the time slices other processes take on a shared machine.
+        let r = if timed { 2_000 } else { 10 };
+        let secs = median_secs(if timed { 41 } else { 1 }, || {
+            black_box(microkernel_flops(isa, kc, r));
+        });
+        microkernel_flops(isa, kc, r) / secs / 1e9
+    };
+    println!("target {target}: microkernel ceiling {ceiling:.1} GFLOP/s per core\n");
+    println!("| layer | GFLOP | 1 thread GFLOP/s | % ceiling | 2 threads GFLOP/s | % 2x ceiling |");
+    println!("|---|---|---|---|---|---|");
+    for &(name, size, ci, co, k, stride, groups) in CASES {
+        let window = Window {
+            h: axis(size, k, stride),
+            w: axis(size, k, stride),
+        };
+        let x: Vec<f32> = (0..size * size * ci).map(|i| (i % 17) as f32 * 0.01).collect();
+        let w: Vec<f32> = (0..co * (ci / groups) * k * k)
+            .map(|i| (i % 13) as f32 * 0.01)
+            .collect();
+        let bias = vec![0.1f32; co];
+        let packs: Vec<PackedB> = pack_groups(target, &w, co, ci / groups, k * k, groups).unwrap();
+        let refs: Vec<&PackedB> = packs.iter().collect();
+        let dw = depthwise_weights(&w, co, k * k);
+        let mut y = vec![0.0f32; window.output_pixels() * co];
+        let flops = 2.0 * (window.output_pixels() * co * (ci / groups) * k * k) as f64;
+        let mut rates = Vec::new();
+        for par in [&Serial as &dyn Parallel, &ScopedThreads(2)] {
+            let c = Conv {
+                window: &window,
+                batch: 1,
+                in_channels: ci,
+                out_channels: co,
+                groups,
+                x: &x,
+                weights: if groups == ci && ci == co {
+                    ConvWeights::Depthwise(&dw)
+                } else {
+                    ConvWeights::Packed(&refs)
+                },
+                bias: Some(&bias),
+                activation: Activation::Relu,
+                residual: None,
+            };
+            let secs = median_secs(reps, || conv(isa, &c, &mut y, par).unwrap());
+            rates.push(flops / secs / 1e9);
+        }
+        println!(
+            "| {name} | {:.3} | {:.1} | {:.0}% | {:.1} | {:.0}% |",
+            flops / 1e9,
+            rates[0],
+            100.0 * rates[0] / ceiling,
+            rates[1],
+            50.0 * rates[1] / ceiling
+        );
+    }
+}

@@ -1,0 +1,237 @@
+"""Conv (issue #13): 1-D and 2-D, groups (depthwise, channel multiplier),
+strides, dilations, explicit and automatic pads, bias, 1x1.
+
+Every model runs on kiln with ``claim=all`` and CPU fallback disabled (so
+kiln ran every node) and is compared with ORT's CPU EP. Also: symbolic
+N/H/W at two sizes from one session, weights that are not constants left to
+ORT with a reason, the fused epilogue (per-channel scale/shift, activation,
+residual) at ORT_DISABLE_ALL where those ops reach kiln separately, and an
+EPContext round trip (static steps and the shape-generic graph).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+import kiln_testutil as tu
+
+CLAIM_ALL = {"claim": "all"}
+RTOL = ATOL = 1e-4
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    g = h.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=8)
+
+
+def _save(m, tmp_path, name="conv"):
+    path = os.path.join(str(tmp_path), f"{name}.onnx")
+    onnx.save(m, path)
+    return path
+
+
+def _rand(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _conv_model(x_dims, w_shape, bias=True, **attrs):
+    """x -> Conv(W, B) -> y with random constant weights."""
+    co = w_shape[0]
+    inits = [onnx.numpy_helper.from_array(_rand(w_shape, 1), "w")]
+    ins = ["x", "w"]
+    if bias:
+        inits.append(onnx.numpy_helper.from_array(_rand((co,), 2), "b"))
+        ins.append("b")
+    node = h.make_node("Conv", ins, ["y"], **attrs)
+    return _model([node], [h.make_tensor_value_info("x", T.FLOAT, x_dims)],
+                  [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+
+
+def _check(m, tmp_path, kiln_dev, shapes, opt_level=None):
+    """Runs x of each shape in one kiln session (whole model on kiln), compares with the CPU EP."""
+    path = _save(m, tmp_path)
+    feeds = [{"x": _rand(s, 10 + i)} for i, s in enumerate(shapes)]
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, options=CLAIM_ALL, opt_level=opt_level)
+    for f, outs in zip(feeds, run.all_outputs):
+        names, want = tu.run_cpu(path, f, opt_level=opt_level)
+        for name, w, a in zip(names, want, outs):
+            assert a.shape == w.shape, (name, a.shape, w.shape)
+            np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL, err_msg=name)
+    return run
+
+
+# (input NCHW, weights, attributes)
+CASES_2D = {
+    "3x3_pad1": ((2, 8, 9, 11), (16, 8, 3, 3), dict(pads=[1, 1, 1, 1])),
+    "3x3_valid": ((1, 3, 10, 7), (5, 3, 3, 3), {}),
+    "1x1": ((2, 24, 7, 5), (40, 24, 1, 1), {}),
+    "1x1_stride2": ((1, 16, 9, 9), (8, 16, 1, 1), dict(strides=[2, 2])),
+    "1x1_groups": ((1, 12, 5, 6), (9, 12 // 3, 1, 1), dict(group=3)),
+    "stride2_pad": ((1, 4, 13, 12), (6, 4, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+    "7x7_stride2": ((1, 3, 32, 30), (8, 3, 7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3])),
+    "dilation2": ((1, 5, 14, 12), (7, 5, 3, 3), dict(dilations=[2, 2], pads=[2, 2, 2, 2])),
+    "dilation_rect": ((1, 4, 11, 13), (3, 4, 2, 3), dict(dilations=[3, 1])),
+    "asym_pads": ((1, 6, 8, 9), (4, 6, 3, 2), dict(pads=[0, 1, 2, 0])),
+    "big_pads": ((1, 2, 4, 4), (3, 2, 3, 3), dict(pads=[3, 2, 3, 4])),
+    "same_upper": ((1, 5, 9, 10), (6, 5, 3, 3), dict(auto_pad="SAME_UPPER", strides=[2, 2])),
+    "same_lower": ((1, 5, 9, 10), (6, 5, 4, 4), dict(auto_pad="SAME_LOWER", strides=[2, 3])),
+    "valid_stride": ((1, 5, 10, 9), (6, 5, 3, 3), dict(auto_pad="VALID", strides=[2, 2])),
+    "kernel_shape_attr": ((1, 3, 6, 6), (4, 3, 3, 3), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+    "groups2": ((2, 8, 7, 6), (10, 4, 3, 3), dict(group=2, pads=[1, 1, 1, 1])),
+    "groups4_dilated": ((1, 16, 11, 10), (8, 4, 3, 3), dict(group=4, dilations=[2, 2], pads=[2, 1, 2, 1])),
+    "depthwise": ((2, 12, 10, 9), (12, 1, 3, 3), dict(group=12, pads=[1, 1, 1, 1])),
+    "depthwise_stride2": ((1, 20, 11, 11), (20, 1, 5, 5), dict(group=20, strides=[2, 2], pads=[2, 2, 2, 2])),
+    "depthwise_dilated": ((1, 8, 12, 12), (8, 1, 3, 3), dict(group=8, dilations=[2, 2], pads=[2, 1, 2, 3])),
+    "channel_multiplier": ((1, 6, 8, 7), (12, 1, 3, 3), dict(group=6, pads=[1, 0, 1, 2])),
+    "large_k": ((1, 64, 9, 9), (32, 64, 3, 3), dict(pads=[1, 1, 1, 1])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES_2D))
+def test_conv2d(case, tmp_path, kiln_dev):
+    x, w, attrs = CASES_2D[case]
+    _check(_conv_model(list(x), w, **attrs), tmp_path, kiln_dev, [x])
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_conv2d_bias_or_not(bias, tmp_path, kiln_dev):
+    _check(_conv_model([1, 4, 6, 7], (5, 4, 3, 3), bias=bias, pads=[1, 1, 1, 1]), tmp_path, kiln_dev,
+           [(1, 4, 6, 7)])
+
+
+CASES_1D = {
+    "k3": ((2, 6, 17), (8, 6, 3), dict(pads=[1, 1])),
+    "stride2_dil": ((1, 4, 20), (5, 4, 3), dict(strides=[2], dilations=[2], pads=[0, 3])),
+    "same_lower": ((1, 3, 11), (4, 3, 4), dict(auto_pad="SAME_LOWER", strides=[2])),
+    "depthwise": ((1, 10, 15), (10, 1, 5), dict(group=10, pads=[2, 2])),
+    "pointwise": ((2, 7, 9), (3, 7, 1), {}),
+    "groups": ((1, 6, 12), (9, 2, 3), dict(group=3)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES_1D))
+def test_conv1d(case, tmp_path, kiln_dev):
+    x, w, attrs = CASES_1D[case]
+    _check(_conv_model(list(x), w, **attrs), tmp_path, kiln_dev, [x])
+
+
+@pytest.mark.parametrize("case", ["3x3_pad1", "same_upper", "depthwise", "1x1", "groups2"])
+def test_symbolic_sizes_one_session(case, tmp_path, kiln_dev):
+    """N, H, W symbolic: one session serves two sizes (the shape-generic plan)."""
+    x, w, attrs = CASES_2D[case]
+    m = _conv_model(["n", x[1], "h", "w"], w, **attrs)
+    shapes = [x, (x[0] + 1, x[1], x[2] + 3, x[3] + 2)]
+    _check(m, tmp_path, kiln_dev, shapes)
+
+
+def test_symbolic_1d(tmp_path, kiln_dev):
+    x, w, attrs = CASES_1D["stride2_dil"]
+    _check(_conv_model(["n", x[1], "l"], w, **attrs), tmp_path, kiln_dev, [x, (3, x[1], 33)])
+
+
+def test_weights_not_constant_left_to_ort(tmp_path, kiln_dev):
+    """Weights from a graph input: kiln cannot pack them, so ORT runs the Conv."""
+    node = h.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    m = _model([node], [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 5, 5]),
+                        h.make_tensor_value_info("w", T.FLOAT, [4, 3, 3, 3])],
+               [h.make_tensor_value_info("y", T.FLOAT, None)])
+    path = _save(m, tmp_path)
+    feeds = {"x": _rand((1, 3, 5, 5), 3), "w": _rand((4, 3, 3, 3), 4)}
+    run = tu.run_kiln(path, kiln_dev, feeds, options=CLAIM_ALL)
+    assert "Conv" not in [op for _, op in run.nodes_on(tu.kiln.EP_NAME)]
+    _, want = tu.run_cpu(path, feeds)
+    np.testing.assert_allclose(run.outputs[0], want[0], rtol=RTOL, atol=ATOL)
+
+
+def _fusion_model(scale_shift: bool, act: str, residual: bool, depthwise: bool = False):
+    """x -> Conv -> [Mul c, Add d] -> [act] -> [+ x]; c, d per-channel [C, 1, 1]."""
+    c = 8
+    w = (c, 1, 3, 3) if depthwise else (c, c, 3, 3)
+    inits = [onnx.numpy_helper.from_array(_rand(w, 1), "w"),
+             onnx.numpy_helper.from_array(_rand((c,), 2), "b"),
+             onnx.numpy_helper.from_array(np.abs(_rand((c, 1, 1), 3)) + 0.5, "s"),
+             onnx.numpy_helper.from_array(_rand((c, 1, 1), 4), "d")]
+    nodes = [h.make_node("Conv", ["x", "w", "b"], ["t0"], pads=[1, 1, 1, 1], group=c if depthwise else 1)]
+    last = "t0"
+
+    def add(op, ins, **kw):
+        nonlocal last
+        out = f"t{len(nodes)}"
+        nodes.append(h.make_node(op, ins, [out], **kw))
+        last = out
+
+    if scale_shift:
+        add("Mul", [last, "s"])
+        add("Add", [last, "d"])
+    if act == "relu":
+        add("Relu", [last])
+    elif act == "clip":
+        inits += [onnx.numpy_helper.from_array(np.float32(0.0), "lo"),
+                  onnx.numpy_helper.from_array(np.float32(6.0), "hi")]
+        add("Clip", [last, "lo", "hi"])
+    elif act == "sigmoid":
+        add("Sigmoid", [last])
+    elif act == "leaky":
+        add("LeakyRelu", [last], alpha=0.1)
+    if residual:
+        add("Add", [last, "x"])
+    nodes[-1].output[0] = "y"
+    return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, [1, c, 9, 10])],
+                  [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+
+
+FUSIONS = [(False, "none", False), (True, "none", False), (False, "relu", False), (True, "relu", True),
+           (False, "none", True), (True, "clip", False), (False, "sigmoid", True), (True, "leaky", True)]
+
+
+@pytest.mark.parametrize("depthwise", [False, True], ids=["dense", "depthwise"])
+@pytest.mark.parametrize("scale_shift,act,residual", FUSIONS)
+@pytest.mark.parametrize("level", ["disable_all", "enable_all"])
+def test_epilogue_patterns(scale_shift, act, residual, depthwise, level, tmp_path, kiln_dev):
+    """Conv followed by a per-channel scale/shift, an activation and a residual
+    add, each with and without the pattern: the numbers match the CPU EP both
+    when ORT hands kiln the ops separately (ORT_DISABLE_ALL) and after ORT's
+    own fusions (ORT_ENABLE_ALL)."""
+    lv = {"disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+          "enable_all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[level]
+    m = _fusion_model(scale_shift, act, residual, depthwise)
+    _check(m, tmp_path, kiln_dev, [(1, 8, 9, 10)], opt_level=lv)
+
+
+@pytest.mark.parametrize("symbolic", [True, False], ids=["symbolic", "static"])
+def test_compiled_model_round_trip(symbolic, tmp_path, kiln_dev):
+    """A Conv stack (dense 3x3, depthwise, 1x1, grouped, 1-D is separate)
+    compiles to an EPContext model that loads and runs the same: static
+    shapes store the conv steps with their packed weights, symbolic ones the
+    shape-generic graph with the weights packed once."""
+    c = 8
+    inits = [onnx.numpy_helper.from_array(_rand((c, 3, 3, 3), 1), "w1"),
+             onnx.numpy_helper.from_array(_rand((c,), 2), "b1"),
+             onnx.numpy_helper.from_array(_rand((c, 1, 3, 3), 3), "w2"),
+             onnx.numpy_helper.from_array(_rand((16, c, 1, 1), 4), "w3"),
+             onnx.numpy_helper.from_array(_rand((16, 4, 3, 3), 5), "w4")]
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["a"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             h.make_node("Relu", ["a"], ["ar"]),
+             h.make_node("Conv", ["ar", "w2"], ["d"], group=c, auto_pad="SAME_UPPER"),
+             h.make_node("Conv", ["d", "w3"], ["p"]),
+             h.make_node("Conv", ["p", "w4"], ["y"], group=4, pads=[1, 1, 1, 1])]
+    dims = ["n", 3, "h", "w"] if symbolic else [1, 3, 15, 14]
+    m = _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, dims)],
+               [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    src = _save(m, tmp_path, "convs")
+    ctx = os.path.join(str(tmp_path), "convs_ctx.onnx")
+    tu.compile_model(src, kiln_dev, embed=False, output=ctx, options=CLAIM_ALL)
+    assert os.path.exists(os.path.join(str(tmp_path), "convs_kiln.bin"))
+    assert {n.op_type for n in onnx.load(ctx).graph.node} == {"EPContext"}
+    shapes = [(1, 3, 15, 14)] + ([(2, 3, 20, 11)] if symbolic else [])
+    feeds = [{"x": _rand(s, 7 + i)} for i, s in enumerate(shapes)]
+    run = tu.run_fully_on_kiln(ctx, kiln_dev, feeds_seq=feeds, options=CLAIM_ALL)
+    for f, outs in zip(feeds, run.all_outputs):
+        _, want = tu.run_cpu(src, f)
+        np.testing.assert_allclose(outs[0], want[0], rtol=RTOL, atol=ATOL)

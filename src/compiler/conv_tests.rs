@@ -1,0 +1,180 @@
+//! Convolution fusion (issue #13) over hand-built channels-last IR: what is
+//! absorbed, what is not, and that the fused program computes what the
+//! unfused one does on every runnable target.
+
+use super::tests::{assert_close, data, run_f32, Builder};
+use super::*;
+use crate::ir::{Activation, Axis, BinaryOp, ConvAttrs, Op, UnaryOp, ValueId, Window};
+
+const NO_PASSES: Passes = Passes {
+    fold: false,
+    patterns: false,
+    epilogue: false,
+};
+
+fn axis(input: usize, kernel: usize, pad: usize) -> Axis {
+    Axis {
+        input,
+        output: input + 2 * pad + 1 - kernel,
+        kernel,
+        stride: 1,
+        dilation: 1,
+        pad_begin: pad,
+        pad_end: pad,
+    }
+}
+
+/// `x [1, 5, 6, ci]` → Conv 3×3 pad 1 (`groups`), with a constant bias.
+fn conv(b: &mut Builder, ci: usize, co: usize, groups: usize, bias: bool) -> (ValueId, ValueId) {
+    let x = b.input("x", &[1, 5, 6, ci]);
+    let w = b.constant("w", &[co, ci / groups, 3, 3], data(co * ci / groups * 9, 3));
+    let mut ins = vec![x, w];
+    if bias {
+        ins.push(b.constant("b", &[co], data(co, 4)));
+    }
+    let attrs = ConvAttrs {
+        window: Window {
+            h: axis(5, 3, 1),
+            w: axis(6, 3, 1),
+        },
+        groups,
+        bias,
+        activation: Activation::None,
+        residual: false,
+    };
+    (x, b.op(Op::Conv(Box::new(attrs)), &ins, "c"))
+}
+
+/// Compiles with and without the passes on every runnable target, checks
+/// they agree, and returns the optimised graph's op names.
+fn fused_ops(g: &Graph) -> Vec<String> {
+    let inputs: Vec<Vec<f32>> = g
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| data(g.values[v].ty.numel(), k + 1))
+        .collect();
+    let want = run_f32(&compile_with(g, Target::Generic, NO_PASSES).unwrap(), &inputs);
+    for target in Target::ALL {
+        if target.can_run_on(Target::cpu_best()) {
+            assert_close(&run_f32(&compile(g, target).unwrap(), &inputs), &want, 1e-4);
+        }
+    }
+    let opt = optimise(g, Passes::default()).unwrap();
+    opt.nodes.iter().map(|n| n.op.name()).collect()
+}
+
+#[test]
+fn scale_shift_activation_and_residual_fold_into_the_conv() {
+    for (groups, bias) in [(1, true), (1, false), (2, true), (8, false)] {
+        let mut b = Builder::new();
+        let (x, c) = conv(&mut b, 8, 8, groups, bias);
+        let s = b.constant("s", &[8], data(8, 5));
+        let d = b.constant("d", &[1, 1, 1, 8], data(8, 6));
+        let m = b.bin(BinaryOp::Mul, s, c, "m");
+        let a = b.bin(BinaryOp::Add, m, d, "a");
+        let r = b.un(UnaryOp::Relu, a, "r");
+        let y = b.bin(BinaryOp::Add, r, x, "y");
+        b.output(y);
+        assert_eq!(
+            fused_ops(&b.g),
+            ["Conv+Bias+Relu+Residual"],
+            "groups {groups} bias {bias}"
+        );
+    }
+}
+
+#[test]
+fn scalar_scale_and_clip_fold() {
+    let mut b = Builder::new();
+    let (_, c) = conv(&mut b, 4, 6, 1, true);
+    let s = b.scalar("s", 0.5);
+    let m = b.bin(BinaryOp::Mul, c, s, "m");
+    let y = b.un(UnaryOp::Clip(0.0, 6.0), m, "y");
+    b.output(y);
+    assert_eq!(fused_ops(&b.g), ["Conv+Bias+Clip"]);
+}
+
+#[test]
+fn what_does_not_fold() {
+    // A scale after the activation: the activation fuses, the scale does not.
+    let mut b = Builder::new();
+    let (_, c) = conv(&mut b, 4, 6, 1, true);
+    let r = b.un(UnaryOp::Relu, c, "r");
+    let s = b.constant("s", &[6], data(6, 7));
+    let y = b.bin(BinaryOp::Mul, r, s, "y");
+    b.output(y);
+    assert_eq!(fused_ops(&b.g), ["Conv+Bias+Relu", "Mul"]);
+
+    // A per-column (width) constant is not per channel: not folded.
+    let mut b = Builder::new();
+    let (_, c) = conv(&mut b, 4, 6, 1, true);
+    let s = b.constant("s", &[6, 1], data(6, 8));
+    let y = b.bin(BinaryOp::Mul, c, s, "y");
+    b.output(y);
+    assert_eq!(fused_ops(&b.g), ["Conv+Bias", "Mul"]);
+
+    // The conv's output read twice (and a graph output): nothing fuses.
+    let mut b = Builder::new();
+    let (_, c) = conv(&mut b, 4, 6, 1, true);
+    let r = b.un(UnaryOp::Relu, c, "r");
+    b.output(c);
+    b.output(r);
+    assert_eq!(fused_ops(&b.g), ["Conv+Bias", "Relu"]);
+
+    // A broadcasting Add (a [1, 1, 6, 6] tensor) is no residual.
+    let mut b = Builder::new();
+    let (_, c) = conv(&mut b, 4, 6, 1, false);
+    let z = b.input("z", &[1, 1, 6, 6]);
+    let y = b.bin(BinaryOp::Add, c, z, "y");
+    b.output(y);
+    assert_eq!(fused_ops(&b.g), ["Conv", "Add"]);
+}
+
+/// A 1-D and a 2-D convolution stack over symbolic sizes: `GenericGraph`
+/// packs every non-depthwise group once, each specialisation uses those
+/// packs (no copy), and computes what a static compile of that size does.
+#[test]
+fn shape_generic_convolutions_pack_once() {
+    use super::generic::{GenericGraph, Specializer};
+    use crate::ir::tests::{run_program, D, T};
+    use crate::ir::{AttrValue, ValueDesc};
+    use crate::kernels::parallel::Serial;
+
+    let mut d = D::new(17);
+    let x = d.input("x", 1, &[-1, 4, -1, -1]);
+    d.g.values
+        .insert("x".into(), ValueDesc::named(1, &[-1, 4, -1, -1], &["n", "", "h", "w"]));
+    let w1 = d.f32s("w1", &[8, 2, 3, 3], 1);
+    let w2 = d.f32s("w2", &[8, 1, 3, 3], 2);
+    let w3 = d.f32s("w3", &[6, 8, 1, 1], 3);
+    let pads = ("pads", AttrValue::Ints(vec![1, 1, 1, 1]));
+    let a = d.node("Conv", &[&x, &w1], vec![("group", AttrValue::Int(2)), pads.clone()]);
+    let b = d.node("Conv", &[&a, &w2], vec![("group", AttrValue::Int(8)), pads]);
+    let y = d.node("Conv", &[&b, &w3], vec![]);
+    d.output(&y);
+    let g = GenericGraph::build(d.g.clone(), &d.consts, Target::cpu_best()).unwrap();
+    let groups: Vec<(&str, Option<usize>)> = g.packed.iter().map(|p| (p.source.as_str(), p.conv_group)).collect();
+    assert_eq!(groups, [("w1", Some(0)), ("w1", Some(1)), ("w3", Some(0))]);
+    let packs: Vec<*const u8> = g.packed.iter().map(|p| p.data.as_bytes().as_ptr()).collect();
+    let s = Specializer::new(g, 4).unwrap();
+    for (n, h, w) in [(1, 5, 7), (2, 9, 4)] {
+        let (p, _) = s.program_for(&[vec![n, 4, h, w]]).unwrap();
+        let shared = p
+            .constants()
+            .iter()
+            .filter(|c| packs.contains(&c.data.as_bytes().as_ptr()))
+            .count();
+        assert_eq!(shared, 3, "{n}x{h}x{w}: a program packs its own weights");
+        let mut fixed = d.g.clone();
+        fixed.values.get_mut("x").unwrap().dims = Some(vec![n, 4, h, w]);
+        let st = compile(&import(&fixed, &d.consts).unwrap(), Target::cpu_best()).unwrap();
+        let numel = (n * 4 * h * w) as usize;
+        let ins = vec![T::new(
+            1,
+            &[n as usize, 4, h as usize, w as usize],
+            data(numel, 9).iter().map(|&v| v as f64).collect(),
+        )];
+        assert_eq!(run_program(&p, &ins, &Serial), run_program(&st, &ins, &Serial));
+    }
+}

@@ -1,0 +1,556 @@
+//! Convolution over channels-last `[N, H, W, C]` activations (issue #13),
+//! as GEMMs with the weights packed at compile time:
+//!
+//! - pointwise (1×1, stride 1, no padding): the input *is* the GEMM's A
+//!   (`M = N·H·W` rows of `Ci` values), no copy;
+//! - depthwise (`groups == Ci == Co`): [`super::depthwise`];
+//! - otherwise im2col, a block of output pixels at a time: each pixel's
+//!   row holds its `kh·kw` taps, each a contiguous run of the group's
+//!   `Ci / groups` channels (zeros in the padding), then one GEMM per group
+//!   against `B = [kh·kw·Ci/g, Co/g]`. The block stays in cache and its
+//!   buffer is reused from run to run (one per thread).
+//!
+//! The epilogue (`bias`, activation, residual) is the GEMM's, applied while
+//! each tile is in cache.
+
+use std::cell::RefCell;
+use std::ops::Range;
+use std::sync::Mutex;
+
+use super::depthwise::{depthwise, Depthwise};
+use super::gemm::{self, activate, Activation, Bias, Blocking, Epilogue, PackedB};
+use super::parallel::{Parallel, Serial};
+use super::spatial::{output_len, Axis, Window};
+use super::Isa;
+use crate::error::{Error, Result};
+use crate::target::Target;
+
+/// The weights as the kernels hold them.
+pub enum ConvWeights<'a> {
+    /// One packed `[kh·kw·Ci/g, Co/g]` B per group ([`pack_groups`]).
+    Packed(&'a [&'a PackedB]),
+    /// Depthwise, tap-major `[kh·kw, C]` ([`depthwise_weights`]).
+    Depthwise(&'a [f32]),
+}
+
+/// One convolution's operands.
+pub struct Conv<'a> {
+    pub window: &'a Window,
+    pub batch: usize,
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub groups: usize,
+    /// `[batch, h.input, w.input, in_channels]`.
+    pub x: &'a [f32],
+    pub weights: ConvWeights<'a>,
+    /// `[out_channels]`.
+    pub bias: Option<&'a [f32]>,
+    pub activation: Activation,
+    /// `[batch, h.output, w.output, out_channels]`, added after the activation.
+    pub residual: Option<&'a [f32]>,
+}
+
+/// Whether every axis of `w` is a valid window whose output length is the
+/// one its sizes give (what the kernels rely on to stay in bounds).
+pub fn window_ok(w: &Window) -> bool {
+    let small = |v: usize| v <= u32::MAX as usize; // no overflow below, even from a hostile file
+    let ok = |a: &Axis| {
+        [
+            a.input,
+            a.output,
+            a.kernel,
+            a.stride,
+            a.dilation,
+            a.pad_begin,
+            a.pad_end,
+        ]
+        .into_iter()
+        .all(small)
+            && a.kernel >= 1
+            && a.stride >= 1
+            && a.dilation >= 1
+            && output_len(a.input, a.kernel, a.stride, a.dilation, (a.pad_begin, a.pad_end), false) == Some(a.output)
+    };
+    ok(&w.h) && ok(&w.w)
+}
+
+/// Whether the window is a 1×1 kernel, stride 1, no padding: the output
+/// pixels are the input pixels.
+pub fn is_pointwise(w: &Window) -> bool {
+    let one = |a: &Axis| a.kernel == 1 && a.stride == 1 && a.pad_begin == 0 && a.pad_end == 0;
+    one(&w.h) && one(&w.w)
+}
+
+/// ONNX weights `[co, cig, kh, kw]` (`taps = kh·kw`) as one B `[taps·cig,
+/// co/groups]` per group, rows in the order im2col writes (tap, then
+/// channel), packed for `target`.
+pub fn pack_groups(
+    target: Target,
+    w: &[f32],
+    co: usize,
+    cig: usize,
+    taps: usize,
+    groups: usize,
+) -> Result<Vec<PackedB>> {
+    if groups == 0 || !co.is_multiple_of(groups) || w.len() != co * cig * taps {
+        return Err(Error::invalid_graph(format!(
+            "convolution weights of {} values are not [{co}, {cig}, {taps} taps] in {groups} group(s)",
+            w.len()
+        )));
+    }
+    let (cog, k) = (co / groups, taps * cig);
+    (0..groups)
+        .map(|g| {
+            // `[n, k]` (row per output channel): packed with trans_b.
+            let mut bt = vec![0.0f32; cog * k];
+            for o in 0..cog {
+                let src = &w[(g * cog + o) * k..][..k];
+                for ci in 0..cig {
+                    for t in 0..taps {
+                        bt[o * k + t * cig + ci] = src[ci * taps + t];
+                    }
+                }
+            }
+            PackedB::try_pack(target, &bt, k, cog, true)
+        })
+        .collect()
+}
+
+/// Depthwise weights `[c, 1, kh, kw]` as tap-major `[kh·kw, c]`.
+pub fn depthwise_weights(w: &[f32], c: usize, taps: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; c * taps];
+    for ch in 0..c {
+        for t in 0..taps {
+            out[t * c + ch] = w[ch * taps + t];
+        }
+    }
+    out
+}
+
+/// `y` (`[batch, h.output, w.output, out_channels]`) = the convolution.
+pub fn conv(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    check(c, y.len())?;
+    match c.weights {
+        ConvWeights::Depthwise(w) => {
+            let d = Depthwise {
+                window: c.window,
+                batch: c.batch,
+                channels: c.in_channels,
+                x: c.x,
+                weights: w,
+                bias: c.bias,
+                activation: c.activation,
+                residual: c.residual,
+            };
+            depthwise(&d, y, par);
+            Ok(())
+        }
+        ConvWeights::Packed(groups) => {
+            if is_pointwise(c.window) {
+                pointwise(isa, c, groups, y, par)
+            } else {
+                im2col_gemm(isa, c, groups, y, par)
+            }
+        }
+    }
+}
+
+fn size_error(what: impl std::fmt::Display) -> Error {
+    Error::runtime(format!("convolution: {what}"))
+}
+
+/// Every length and size the kernels index with.
+fn check(c: &Conv<'_>, y_len: usize) -> Result<()> {
+    let w = c.window;
+    let (ci, co, g) = (c.in_channels, c.out_channels, c.groups);
+    if !window_ok(w) || g == 0 || !ci.is_multiple_of(g) || !co.is_multiple_of(g) {
+        return Err(size_error(format_args!(
+            "bad window or groups ({g}, {ci} -> {co} channels)"
+        )));
+    }
+    let x_len = c.batch * w.input_pixels() * ci;
+    let y_want = c.batch * w.output_pixels() * co;
+    if c.x.len() != x_len || y_len != y_want {
+        return Err(size_error(format_args!(
+            "input of {} values (want {x_len}) or output of {y_len} (want {y_want})",
+            c.x.len()
+        )));
+    }
+    if c.bias.is_some_and(|b| b.len() != co) || c.residual.is_some_and(|r| r.len() != y_want) {
+        return Err(size_error("bias or residual of the wrong size"));
+    }
+    let (cig, cog) = (ci / g, co / g);
+    let ok = match c.weights {
+        ConvWeights::Depthwise(wt) => g == ci && ci == co && wt.len() == w.taps() * ci,
+        ConvWeights::Packed(p) => p.len() == g && p.iter().all(|b| b.k() == w.taps() * cig && b.n() == cog),
+    };
+    if !ok {
+        return Err(size_error("weights do not fit the window and channels"));
+    }
+    Ok(())
+}
+
+/// The epilogue of group `g`'s GEMM over output pixels `rows` (the
+/// residual only with one group: a group's columns are not dense).
+fn epilogue<'a>(c: &Conv<'a>, g: usize, rows: Range<usize>) -> Epilogue<'a> {
+    let cog = c.out_channels / c.groups;
+    Epilogue {
+        alpha: 1.0,
+        bias: match c.bias {
+            Some(b) => Bias::PerColumn(&b[g * cog..][..cog]),
+            None => Bias::None,
+        },
+        activation: c.activation,
+        residual: match c.residual {
+            Some(r) if c.groups == 1 => Some(&r[rows.start * cog..rows.end * cog]),
+            _ => None,
+        },
+    }
+}
+
+/// Adds the residual of output pixels `rows` after a grouped GEMM.
+fn add_residual(c: &Conv<'_>, rows: Range<usize>, y: &mut [f32]) {
+    if let (Some(r), true) = (c.residual, c.groups > 1) {
+        let co = c.out_channels;
+        for (a, &b) in y.iter_mut().zip(&r[rows.start * co..rows.end * co]) {
+            *a += b;
+        }
+    }
+}
+
+/// 1×1, stride 1, no padding: A is the input itself (a group's channels
+/// are columns `g·cig ..` of it, row stride `Ci`).
+fn pointwise(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    let m = c.batch * c.window.output_pixels();
+    let (ci, co) = (c.in_channels, c.out_channels);
+    let (cig, cog) = (ci / c.groups, co / c.groups);
+    if m == 0 {
+        return Ok(());
+    }
+    for (g, pb) in packed.iter().enumerate() {
+        let a = &c.x[g * cig..];
+        gemm::gemm_packed(isa, m, a, ci, pb, &mut y[g * cog..], co, &epilogue(c, g, 0..m), par)?;
+    }
+    add_residual(c, 0..m, y);
+    Ok(())
+}
+
+/// Bytes of one im2col block: at least `mc` rows, more while it fits.
+const BLOCK_BYTES: usize = 256 * 1024;
+
+thread_local! {
+    /// The im2col block of the convolutions this thread runs, kept between runs.
+    static COLUMNS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// General convolution: output pixels in blocks, each im2col'd once per
+/// group and multiplied by the group's packed weights.
+fn im2col_gemm(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    let m = c.batch * c.window.output_pixels();
+    let k = c.window.taps() * (c.in_channels / c.groups);
+    let co = c.out_channels;
+    if m == 0 || co == 0 {
+        return Ok(());
+    }
+    let blk = Blocking::of(isa.target());
+    let rows = (BLOCK_BYTES / (4 * k.max(1))).max(blk.mc).min(m);
+    let blocks = m.div_ceil(rows);
+    if par.threads() > 1 && blocks >= 2 * par.threads() {
+        // Enough blocks to go round: tasks of whole blocks, their GEMMs serial.
+        let tasks = (4 * par.threads()).min(blocks);
+        let per = blocks.div_ceil(tasks) * rows;
+        let chunks: Vec<Mutex<(usize, &mut [f32])>> = y
+            .chunks_mut(per * co)
+            .enumerate()
+            .map(|(t, ch)| Mutex::new((t * per, ch)))
+            .collect();
+        let err = Mutex::new(None);
+        par.for_each(chunks.len(), &|t| {
+            let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+            let (first, chunk) = &mut *guard;
+            let last = *first + chunk.len() / co;
+            if let Err(e) = blocks_serial(isa, c, packed, *first..last, rows, chunk, &Serial) {
+                *err.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+            }
+        });
+        return match err.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        };
+    }
+    blocks_serial(isa, c, packed, 0..m, rows, y, par)
+}
+
+/// Output pixels `pixels` (their output rows in `y`), `rows` at a time,
+/// each block's GEMMs split over `par`, in this thread's im2col buffer.
+fn blocks_serial(
+    isa: Isa,
+    c: &Conv<'_>,
+    packed: &[&PackedB],
+    pixels: Range<usize>,
+    rows: usize,
+    y: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
+    COLUMNS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut cols) => blocks_in(isa, c, packed, pixels, rows, y, par, &mut cols),
+        // Re-entered on this thread (a pool running another task while it
+        // waits): a buffer of its own.
+        Err(_) => blocks_in(isa, c, packed, pixels, rows, y, par, &mut Vec::new()),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn blocks_in(
+    isa: Isa,
+    c: &Conv<'_>,
+    packed: &[&PackedB],
+    pixels: Range<usize>,
+    rows: usize,
+    y: &mut [f32],
+    par: &dyn Parallel,
+    cols: &mut Vec<f32>,
+) -> Result<()> {
+    let co = c.out_channels;
+    let cog = co / c.groups;
+    let k = c.window.taps() * (c.in_channels / c.groups);
+    if cols.len() < rows * k {
+        cols.resize(rows * k, 0.0);
+    }
+    let mut start = pixels.start;
+    while start < pixels.end {
+        let end = (start + rows).min(pixels.end);
+        let out = &mut y[(start - pixels.start) * co..(end - pixels.start) * co];
+        for (g, pb) in packed.iter().enumerate() {
+            let a = &mut cols[..(end - start) * k];
+            im2col(c, g, start..end, a);
+            let epi = epilogue(c, g, start..end);
+            gemm::gemm_packed(isa, end - start, a, k, pb, &mut out[g * cog..], co, &epi, par)?;
+        }
+        add_residual(c, start..end, out);
+        start = end;
+    }
+    Ok(())
+}
+
+/// Rows of group `g`'s im2col for output pixels `pixels` (flat over batch,
+/// output rows, output columns): per pixel, its taps in (kh, kw) order,
+/// each the group's `cig` input channels, or zeros in the padding.
+fn im2col(c: &Conv<'_>, g: usize, pixels: Range<usize>, a: &mut [f32]) {
+    let w = c.window;
+    let ci = c.in_channels;
+    let cig = ci / c.groups;
+    let k = w.taps() * cig;
+    let per_image = w.output_pixels();
+    for (p, row) in pixels.zip(a.chunks_exact_mut(k)) {
+        let (n, q) = (p / per_image, p % per_image);
+        let (oh, ow) = (q / w.w.output, q % w.w.output);
+        let image = &c.x[n * w.input_pixels() * ci..][..w.input_pixels() * ci];
+        for kh in 0..w.h.kernel {
+            let dst = &mut row[kh * w.w.kernel * cig..][..w.w.kernel * cig];
+            let Some(ih) = w.h.source(oh, kh) else {
+                dst.fill(0.0);
+                continue;
+            };
+            // One group, dilation 1, all taps inside: the row's taps are one
+            // contiguous run of the input (NHWC), one copy.
+            let start = (ow * w.w.stride).wrapping_sub(w.w.pad_begin);
+            if cig == ci && w.w.dilation == 1 && w.w.interior(ow) {
+                dst.copy_from_slice(&image[(ih * w.w.input + start) * ci..][..w.w.kernel * ci]);
+                continue;
+            }
+            for (kw, tap) in dst.chunks_exact_mut(cig).enumerate() {
+                match w.w.source(ow, kw) {
+                    Some(iw) => tap.copy_from_slice(&image[(ih * w.w.input + iw) * ci + g * cig..][..cig]),
+                    None => tap.fill(0.0),
+                }
+            }
+        }
+    }
+}
+
+/// The convolution by its definition, for tests: ONNX weights `[co, cig,
+/// kh, kw]`, channels-last input and output.
+pub fn reference(c: &Conv<'_>, onnx_w: &[f32], y: &mut [f32]) {
+    let w = c.window;
+    let (ci, co, g) = (c.in_channels, c.out_channels, c.groups);
+    let (cig, cog) = (ci / g, co / g);
+    for n in 0..c.batch {
+        for oh in 0..w.h.output {
+            for ow in 0..w.w.output {
+                let base = ((n * w.h.output + oh) * w.w.output + ow) * co;
+                for o in 0..co {
+                    let gi = o / cog;
+                    let mut acc = c.bias.map_or(0.0, |b| b[o]) as f64;
+                    for kh in 0..w.h.kernel {
+                        let Some(ih) = w.h.source(oh, kh) else { continue };
+                        for kw in 0..w.w.kernel {
+                            let Some(iw) = w.w.source(ow, kw) else { continue };
+                            for i in 0..cig {
+                                let xv = c.x[((n * w.h.input + ih) * w.w.input + iw) * ci + gi * cig + i];
+                                let wv = onnx_w[((o * cig + i) * w.h.kernel + kh) * w.w.kernel + kw];
+                                acc += xv as f64 * wv as f64;
+                            }
+                        }
+                    }
+                    y[base + o] = acc as f32;
+                }
+                activate(c.activation, &mut y[base..base + co]);
+                if let Some(r) = c.residual {
+                    for o in 0..co {
+                        y[base + o] += r[base + o];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::parallel::ScopedThreads;
+
+    fn data(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    }
+
+    fn axis(input: usize, kernel: usize, stride: usize, dilation: usize, pads: (usize, usize)) -> Axis {
+        let output = output_len(input, kernel, stride, dilation, pads, false).unwrap();
+        Axis {
+            input,
+            output,
+            kernel,
+            stride,
+            dilation,
+            pad_begin: pads.0,
+            pad_end: pads.1,
+        }
+    }
+
+    struct Case {
+        batch: usize,
+        ci: usize,
+        co: usize,
+        groups: usize,
+        window: Window,
+    }
+
+    /// Every path on every runnable target, serial and on two threads,
+    /// with and without the epilogue, against the definition.
+    fn check(case: &Case) {
+        let w = &case.window;
+        let (ci, co, g) = (case.ci, case.co, case.groups);
+        let x = data(case.batch * w.input_pixels() * ci, 1);
+        let wt = data(co * (ci / g) * w.taps(), 2);
+        let bias = data(co, 3);
+        let out_len = case.batch * w.output_pixels() * co;
+        let res = data(out_len, 4);
+        for (epi, act) in [(false, Activation::None), (true, Activation::Relu)] {
+            let base = Conv {
+                window: w,
+                batch: case.batch,
+                in_channels: ci,
+                out_channels: co,
+                groups: g,
+                x: &x,
+                weights: ConvWeights::Depthwise(&[]),
+                bias: epi.then_some(&bias[..]),
+                activation: act,
+                residual: epi.then_some(&res[..]),
+            };
+            let mut want = vec![0.0; out_len];
+            reference(&base, &wt, &mut want);
+            for target in Target::ALL {
+                let Some(isa) = Isa::new(target) else { continue };
+                let packs = pack_groups(target, &wt, co, ci / g, w.taps(), g).unwrap();
+                let refs: Vec<&PackedB> = packs.iter().collect();
+                let dw = depthwise_weights(&wt, co, w.taps());
+                let mut ways = vec![ConvWeights::Packed(&refs)];
+                if g == ci && ci == co {
+                    ways.push(ConvWeights::Depthwise(&dw));
+                }
+                for weights in ways {
+                    let c = Conv { weights, ..base };
+                    for par in [&Serial as &dyn Parallel, &ScopedThreads(2)] {
+                        let mut y = vec![f32::NAN; out_len];
+                        conv(isa, &c, &mut y, par).unwrap();
+                        for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                            assert!((a - b).abs() <= 1e-4 * b.abs() + 1e-4, "{target} [{i}]: {a} vs {b}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn case(batch: usize, ci: usize, co: usize, groups: usize, h: Axis, w: Axis) -> Case {
+        Case {
+            batch,
+            ci,
+            co,
+            groups,
+            window: Window { h, w },
+        }
+    }
+
+    #[test]
+    fn paths_match_the_definition() {
+        let unit = axis(1, 1, 1, 1, (0, 0));
+        let cases = [
+            // 3×3 pad 1, dense.
+            case(2, 5, 7, 1, axis(6, 3, 1, 1, (1, 1)), axis(7, 3, 1, 1, (1, 1))),
+            // Pointwise, dense and grouped.
+            case(2, 12, 20, 1, axis(5, 1, 1, 1, (0, 0)), axis(3, 1, 1, 1, (0, 0))),
+            case(1, 12, 9, 3, axis(4, 1, 1, 1, (0, 0)), axis(5, 1, 1, 1, (0, 0))),
+            // 1×1 stride 2 (im2col path).
+            case(1, 6, 4, 1, axis(7, 1, 2, 1, (0, 0)), axis(8, 1, 2, 1, (0, 0))),
+            // Strides, dilations, asymmetric pads, groups.
+            case(1, 8, 6, 2, axis(9, 3, 2, 1, (0, 2)), axis(10, 2, 1, 3, (1, 0))),
+            // Depthwise and a channel multiplier.
+            case(2, 9, 9, 9, axis(7, 3, 1, 1, (1, 1)), axis(6, 3, 2, 1, (1, 1))),
+            case(1, 4, 8, 4, axis(5, 3, 1, 2, (2, 2)), axis(5, 3, 1, 1, (1, 1))),
+            // 1-D.
+            case(2, 3, 5, 1, unit, axis(17, 5, 2, 1, (2, 2))),
+            // Enough pixels for one task per block on two threads.
+            case(2, 3, 8, 1, axis(64, 3, 1, 1, (1, 1)), axis(64, 3, 1, 1, (1, 1))),
+            // A deep K (several K blocks) and a block of fewer rows.
+            case(1, 96, 16, 1, axis(7, 3, 1, 1, (1, 1)), axis(6, 3, 1, 1, (1, 1))),
+        ];
+        for c in &cases {
+            check(c);
+        }
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        let win = Window {
+            h: axis(4, 3, 1, 1, (1, 1)),
+            w: axis(4, 3, 1, 1, (1, 1)),
+        };
+        let isa = Isa::new(Target::Generic).unwrap();
+        let packs = pack_groups(Target::Generic, &data(2 * 2 * 9, 1), 2, 2, 9, 1).unwrap();
+        let refs: Vec<&PackedB> = packs.iter().collect();
+        let x = data(16 * 2, 2);
+        let c = Conv {
+            window: &win,
+            batch: 1,
+            in_channels: 2,
+            out_channels: 2,
+            groups: 1,
+            x: &x,
+            weights: ConvWeights::Packed(&refs),
+            bias: None,
+            activation: Activation::None,
+            residual: None,
+        };
+        let mut y = vec![0.0; 31];
+        assert!(conv(isa, &c, &mut y, &Serial).is_err());
+        let mut bad = win;
+        bad.h.output = 5;
+        assert!(!window_ok(&bad));
+        assert!(pack_groups(Target::Generic, &[0.0; 5], 2, 2, 9, 1).is_err());
+    }
+}
