@@ -238,6 +238,92 @@ pub fn mish(x: f32) -> f32 {
     }
 }
 
+// Activations (issue #13): ORT's formulas, in ORT's order of operations,
+// so that the exactly rounded ones (HardSigmoid, HardSwish, the selections)
+// give its bits and the others stay within exp's few ulp.
+
+/// `max(0, min(1, alpha·x + beta))` (NaN stays NaN; no FMA, as ORT).
+#[inline(always)]
+pub fn hard_sigmoid(x: f32, alpha: f32, beta: f32) -> f32 {
+    let y = alpha * x + beta;
+    let y = if y > 1.0 { 1.0 } else { y };
+    if y < 0.0 {
+        0.0
+    } else {
+        y
+    }
+}
+
+/// `x·hard_sigmoid(x, 1/6, 1/2)`: `-inf` gives NaN (`-inf·0`), as ORT.
+#[inline(always)]
+pub fn hard_swish(x: f32) -> f32 {
+    x * hard_sigmoid(x, 1.0 / 6.0, 0.5)
+}
+
+/// `x·sigmoid(x)` as `x / (1 + e^-x)`: one rounding fewer, and `-inf`
+/// gives NaN (`-inf / inf`) like the product does.
+#[inline(always)]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+/// `x ≥ 0 ? x : alpha·(eˣ - 1)` (-0 stays -0, as ORT).
+#[inline(always)]
+pub fn elu(x: f32, alpha: f32) -> f32 {
+    let neg = alpha * (exp(x) - 1.0);
+    if x >= 0.0 {
+        x
+    } else {
+        neg
+    }
+}
+
+/// `x > 0 ? gamma·x : alpha·gamma·(eˣ - 1)` (-0 gives +0, as ORT).
+#[inline(always)]
+pub fn selu(x: f32, alpha: f32, gamma: f32) -> f32 {
+    let neg = (alpha * gamma) * (exp(x) - 1.0);
+    if x > 0.0 {
+        gamma * x
+    } else {
+        neg
+    }
+}
+
+/// `max(0, x) + min(0, alpha·(e^(x/alpha) - 1))`, NaN propagating.
+#[inline(always)]
+pub fn celu(x: f32, alpha: f32) -> f32 {
+    let pos = if x > 0.0 { x } else { 0.0 };
+    let neg = alpha * (exp(x / alpha) - 1.0);
+    // `neg > 0 ? 0 : neg` keeps NaN (a min that propagates it).
+    pos + if neg > 0.0 { 0.0 } else { neg }
+}
+
+/// `x > alpha ? x : 0`; NaN gives 0 (a failed comparison), as ORT.
+#[inline(always)]
+pub fn thresholded_relu(x: f32, alpha: f32) -> f32 {
+    if x > alpha {
+        x
+    } else {
+        0.0
+    }
+}
+
+/// `x / (1 + |x|)`: ±inf give NaN (`inf / inf`), as ORT.
+#[inline(always)]
+pub fn softsign(x: f32) -> f32 {
+    x / (1.0 + x.abs())
+}
+
+/// `x < 0 ? x·slope : x` (-0 stays -0; NaN stays NaN).
+#[inline(always)]
+pub fn prelu(x: f32, slope: f32) -> f32 {
+    if x < 0.0 {
+        x * slope
+    } else {
+        x
+    }
+}
+
 /// High-accuracy f64 references for tests (series + continued fraction).
 #[cfg(test)]
 pub(crate) mod reference {
