@@ -781,7 +781,7 @@ fn silu_and_hardswish_are_recognised_and_fused_into_the_gemm() {
         let opt = check_passes_agree(&g);
         assert_eq!(ops(&opt), [name], "{gate:?}");
         let p = compile(&g, Target::Generic).unwrap();
-        match &p.steps()[..] {
+        match p.steps() {
             [Step::MatMul(m)] => assert_eq!(m.activation, act),
             s => panic!("{gate:?}: {s:?}"),
         }

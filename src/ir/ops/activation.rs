@@ -27,7 +27,9 @@ pub(super) const OPS: &[OpFamily] = &[
 ];
 
 /// Selu's defaults, as the ONNX spec writes them (exactly representable in f32).
+#[allow(clippy::excessive_precision)]
 const SELU_ALPHA: f32 = 1.673_263_192_176_818_847_656_25;
+#[allow(clippy::excessive_precision)]
 const SELU_GAMMA: f32 = 1.050_701_022_148_132_324_218_75;
 
 fn unary(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
