@@ -171,6 +171,20 @@ def test_prelu(xs, ss, const, kiln_dev, tmp_path):
     _check(m, feeds, kiln_dev, tmp_path, exact=True)
 
 
+def test_prelu_slope_wider_than_x_is_left_to_ort(kiln_dev, tmp_path):
+    """A slope that does not broadcast *to* x (ONNX allows only that direction; ORT's CPU EP
+    broadcasts both ways and writes a bigger output than the model declares) stays with ORT."""
+    slope = np.full((2, 1, 1, 1), 0.5, F32)
+    m = _model([helper.make_node("PRelu", ["x", "s"], ["y"])], [("x", [1, 3, 4, 5])], [("y", [1, 3, 4, 5])],
+               [numpy_helper.from_array(slope, "s")], opset=16)
+    path = _save(m, tmp_path)
+    x = _data((1, 3, 4, 5), 50)
+    run = tu.run_kiln(path, kiln_dev, {"x": x}, options=ALL)
+    assert run.nodes_on(kiln.EP_NAME) == [], run.assignment
+    _, want = tu.run_cpu(path, {"x": x})
+    np.testing.assert_array_equal(run.outputs[0], want[0])
+
+
 # ---- Sum ----
 
 SUM_SHAPES = [[(3, 4)], [(3, 4), (3, 4)], [(2, 3, 4), (4,), (3, 1)], [(), (2, 5), (1, 5), (2, 1)],
