@@ -2,7 +2,8 @@
 
 Every case is a small ONNX model built here with ``onnx.helper`` — one op, or a
 pattern kiln fuses (erf-/tanh-GELU written out, LayerNorm and Softmax
-decomposed, MatMul/Gemm with bias, activation and residual epilogues) — fed
+decomposed, SiLU and HardSwish written out, MatMul/Gemm with bias, activation
+and residual epilogues) — fed
 with tensors full of special values: ±inf, NaN, ±1e38, ±3.4e38, FLT_MAX,
 subnormals, ±0, the edges where exp/erf/tanh saturate, and zero-sized
 dimensions. Each runs on ORT's CPU EP alone and on kiln for every kiln target
