@@ -317,3 +317,30 @@ def test_silu_is_accurate_where_ort_s_is_not(kiln_dev, tmp_path):
     run = tu.run_fully_on_kiln(path, kiln_dev, {"x": x}, options=ALL)
     kiln_err = np.abs(run.outputs[0] - true)
     assert np.all(kiln_err <= 4e-7 * np.abs(true) + 1e-30), kiln_err.max()
+
+
+def test_every_activation_through_a_compiled_model(kiln_dev, tmp_path):
+    """One model with every op of this file and symbolic N/H/W, compiled to an EPContext model
+    (a shape-generic record) and loaded: kiln compiles nothing, runs two sizes from one session,
+    and matches the CPU EP on the original."""
+    chain = [("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("Elu", {"alpha": 0.5}), ("Selu", {}),
+             ("Celu", {"alpha": 2.0}), ("ThresholdedRelu", {"alpha": -0.5}), ("Softsign", {}),
+             ("HardSwish", {}), ("LeakyRelu", {"alpha": 0.2})]
+    nodes, v = [], "x"
+    for i, (op, attrs) in enumerate(chain):
+        nodes.append(helper.make_node(op, [v], [f"a{i}"], **attrs))
+        v = f"a{i}"
+    nodes += [helper.make_node("PRelu", [v, "s"], ["p"]), helper.make_node("Sigmoid", ["p"], ["g"]),
+              helper.make_node("Mul", ["p", "g"], ["silu"]), helper.make_node("Sum", ["silu", "x", "p"], ["y"])]
+    slope = np.array([-0.5, 0.25, 2.0], F32).reshape(3, 1, 1)
+    m = _model(nodes, [("x", SYM)], [("y", SYM)], [numpy_helper.from_array(slope, "s")])
+    src = _save(m, tmp_path, "chain")
+    ctx = os.path.join(str(tmp_path), "chain_ctx.onnx")
+    tu.compile_model(src, kiln_dev, embed=False, output=ctx, options=ALL)
+    feeds = [{"x": _data(s, 60 + i)} for i, s in enumerate(SIZES)]
+    run = tu.run_fully_on_kiln(ctx, kiln_dev, options=ALL, feeds_seq=feeds)
+    assert run.created_delta("context_graphs_loaded") == 1
+    assert run.created_delta("partitions_compiled") == 0, "the compiled model was compiled again"
+    for k, (f, got) in enumerate(zip(feeds, run.all_outputs)):
+        _, want = tu.run_cpu(src, f)
+        _assert_matches(f"chain (feed {k})", want[0], got[0], exact=False, atol=2.5e-6)
