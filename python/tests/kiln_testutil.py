@@ -552,10 +552,10 @@ def parse_ctx_binary(data: bytes) -> Tuple[CtxHeader, Dict[str, object]]:
 
 def make_weighty_model(path: str, rows: int = 256, cols: int = 1024, seed: int = 7) -> Dict[str, object]:
     """A model with a ~1 MB constant ``W`` [rows, cols] used by two kiln
-    partitions, split by a CPU-only ``Sum`` whose operand ``E`` [cols] must stay
-    in the compiled model:
+    partitions, split by a CPU-only ``Einsum`` (an op kiln does not run) whose
+    operand ``E`` [cols] must stay in the compiled model:
 
-        Y = Tanh(Sum(Relu(X * W + Bias), E) * W)
+        Y = Tanh(Einsum("ij,j->ij", Relu(X * W + Bias), E) * W)
 
     Returns {"path", "W", "Bias", "E", "weight_bytes"} (weight_bytes: what kiln compiles)."""
     import onnx
@@ -569,7 +569,7 @@ def make_weighty_model(path: str, rows: int = 256, cols: int = 1024, seed: int =
         helper.make_node("Mul", ["X", "W"], ["m"], name="k1_mul"),
         helper.make_node("Add", ["m", "Bias"], ["a"], name="k1_add"),
         helper.make_node("Relu", ["a"], ["r"], name="k1_relu"),
-        helper.make_node("Sum", ["r", "E"], ["p"], name="cpu_sum"),
+        helper.make_node("Einsum", ["r", "E"], ["p"], name="cpu_einsum", equation="ij,j->ij"),
         helper.make_node("Mul", ["p", "W"], ["q"], name="k2_mul"),
         helper.make_node("Tanh", ["q"], ["Y"], name="k2_tanh"),
     ]

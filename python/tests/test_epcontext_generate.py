@@ -468,7 +468,7 @@ def test_weights_move_from_model_to_binary(weighty, kiln_virtual, tmp_path, rout
     bin_path = tmp_path / "weighty_kiln.bin"
     data = bin_path.read_bytes()
     m = tu.load_model_proto(out)
-    # only the CPU EP's initializer (Sum's operand) stays in the model
+    # only the CPU EP's initializer (Einsum's operand) stays in the model
     assert [i.name for i in m.graph.initializer] == ["E"]
     assert orig_size > w.nbytes
     assert ctx_size < 16 * 1024 + weighty["E"].nbytes, f"compiled model is {ctx_size} bytes"

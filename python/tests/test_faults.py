@@ -43,14 +43,15 @@ ROUTES = ["compile", "session"]
 # --------------------------------------------------------------------------
 def make_model(path, n=64, seed=0, cpu_tail=False) -> str:
     """Y = Relu(X * W) with W [n] from ``seed``, all on kiln; with ``cpu_tail``, then
-    Sum(., E) on ORT's CPU EP, so the compiled model keeps E ([n] floats) as initializer."""
+    Einsum(., E) (an op kiln does not run) on ORT's CPU EP, so the compiled model keeps E ([n] floats)
+    as initializer."""
     w = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
     nodes = [helper.make_node("Mul", ["X", "W"], ["m"], name="mul"),
              helper.make_node("Relu", ["m"], ["r"], name="relu")]
     inits = [numpy_helper.from_array(w, "W")]
     out = "r"
     if cpu_tail:
-        nodes.append(helper.make_node("Sum", ["r", "E"], ["Y"], name="cpu_sum"))
+        nodes.append(helper.make_node("Einsum", ["r", "E"], ["Y"], name="cpu_einsum", equation="i,i->i"))
         inits.append(numpy_helper.from_array(np.full(n, 0.25, np.float32), "E"))
         out = "Y"
     vi = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [n])  # noqa: E731

@@ -5,8 +5,8 @@
 //! 1. `Mul`/`Div` by a scalar constant (nothing fused yet) → `alpha`;
 //! 2. `Add` of a constant row of `n` values (no activation or residual
 //!    yet) → per-column bias;
-//! 3. an activation (Relu, LeakyRelu, Sigmoid, Tanh, Gelu, Clip; no
-//!    residual yet) → `activation`;
+//! 3. an activation (Relu, LeakyRelu, Sigmoid, Tanh, Gelu, Clip,
+//!    HardSigmoid, HardSwish, SiLU; no residual yet) → `activation`;
 //! 4. `Add` of a tensor of the output's shape (no residual yet) → residual.
 //!
 //! Each step needs the product's current output to have exactly one reader
@@ -135,6 +135,10 @@ pub(super) fn activation(op: &Op) -> Option<Activation> {
         Op::Unary(UnaryOp::GeluWritten) => Activation::GeluErfWritten,
         Op::Unary(UnaryOp::GeluTanhWritten) => Activation::GeluTanhWritten,
         Op::Unary(UnaryOp::Clip(lo, hi)) => Activation::Clip(*lo, *hi),
+        // Activations (issue #13).
+        Op::Unary(UnaryOp::HardSigmoid(alpha, beta)) => Activation::HardSigmoid(*alpha, *beta),
+        Op::Unary(UnaryOp::HardSwish) => Activation::HardSwish,
+        Op::Unary(UnaryOp::Silu) => Activation::Silu,
         _ => return None,
     })
 }

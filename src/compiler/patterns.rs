@@ -9,7 +9,10 @@
 //!   Sqrt → Div`, then optionally `Mul(γ)` and `Add(β)` with constant
 //!   per-feature γ/β, over trailing axes;
 //! - Softmax: `Exp → ReduceSum(keepdims) → Div`, with or without the
-//!   `ReduceMax → Sub` max subtraction, over one axis.
+//!   `ReduceMax → Sub` max subtraction, over one axis;
+//! - SiLU: `x · Sigmoid(x)` (YOLOv8, EfficientNet), and HardSwish:
+//!   `x · HardSigmoid(x)` with exactly HardSwish's alpha = 1/6 and
+//!   beta = 1/2 (older exports), so the epilogue fusion can take them.
 //!
 //! A match needs every intermediate value to be used only inside the
 //! pattern (and not be a graph output), constants to match within 1e-5
@@ -112,7 +115,7 @@ pub(crate) fn strip_ones(s: &[usize]) -> &[usize] {
 /// Runs every pattern; returns how many rewrites were made.
 pub(crate) fn recognise(g: &mut Graph) -> usize {
     let mut total = 0;
-    for matcher in [gelu_erf as Matcher, gelu_tanh, layer_norm, softmax] {
+    for matcher in [gelu_erf as Matcher, gelu_tanh, layer_norm, softmax, self_gated] {
         total += apply(g, matcher);
     }
     total
@@ -440,4 +443,23 @@ fn softmax(v: &View<'_>, yi: usize, _: &mut Graph) -> Option<Rewrite> {
         }
     }
     finish(v, x, yi, Op::Softmax { axis, unshifted }, remove)
+}
+
+/// `x · f(x)` with `f` Sigmoid (→ SiLU) or HardSigmoid(1/6, 1/2) (→
+/// HardSwish, the same arithmetic as the ONNX op): node `fi` is `f`, its
+/// output read only by the Mul.
+fn self_gated(v: &View<'_>, fi: usize, _: &mut Graph) -> Option<Rewrite> {
+    let f = &v.g.nodes[fi];
+    let op = match f.op {
+        Op::Unary(UnaryOp::Sigmoid) => UnaryOp::Silu,
+        // Compared exactly: another alpha or beta is not HardSwish.
+        Op::Unary(UnaryOp::HardSigmoid(alpha, beta)) if alpha == 1.0 / 6.0 && beta == 0.5 => UnaryOp::HardSwish,
+        _ => return None,
+    };
+    let (x, s) = (f.inputs[0], f.outputs[0]);
+    let mi = v.sole_use(s)?;
+    if v.other(&v.g.nodes[mi], BinaryOp::Mul, s)? != x {
+        return None;
+    }
+    finish(v, x, mi, Op::Unary(op), vec![fi])
 }

@@ -747,3 +747,79 @@ fn refuses_target_newer_than_host_and_invalid_graphs() {
     let e = compile(&g, Target::Generic).unwrap_err();
     assert!(e.message.contains("'oops'"), "{e}");
 }
+
+// Activations (issue #13).
+
+/// `MatMul + bias`, then `gate(·)` multiplied by `lhs` (the product itself,
+/// or another value when `other`).
+fn gated_graph(gate: UnaryOp, other: bool) -> Graph {
+    let mut b = Builder::new();
+    let x = b.input("x", &[3, 5, 16]);
+    let w = b.constant("w", &[16, 24], data(16 * 24, 2));
+    let bias = b.constant("bias", &[24], data(24, 3));
+    let mm = matmul(&mut b, x, w, "mm");
+    let s = b.bin(BinaryOp::Add, mm, bias, "s");
+    let z = if other { b.input("z", &[3, 5, 24]) } else { s };
+    let g = b.un(gate, z, "g");
+    let y = b.bin(BinaryOp::Mul, g, s, "y");
+    b.output(y);
+    b.g
+}
+
+#[test]
+fn silu_and_hardswish_are_recognised_and_fused_into_the_gemm() {
+    let cases = [
+        (UnaryOp::Sigmoid, "MatMul+Bias+Silu", Activation::Silu),
+        (
+            UnaryOp::HardSigmoid(1.0 / 6.0, 0.5),
+            "MatMul+Bias+HardSwish",
+            Activation::HardSwish,
+        ),
+    ];
+    for (gate, name, act) in cases {
+        let g = gated_graph(gate, false);
+        let opt = check_passes_agree(&g);
+        assert_eq!(ops(&opt), [name], "{gate:?}");
+        let p = compile(&g, Target::Generic).unwrap();
+        match p.steps() {
+            [Step::MatMul(m)] => assert_eq!(m.activation, act),
+            s => panic!("{gate:?}: {s:?}"),
+        }
+    }
+}
+
+#[test]
+fn gates_of_another_value_or_other_constants_are_left_alone() {
+    // x · Sigmoid(z), z ≠ x: not a SiLU.
+    let opt = check_passes_agree(&gated_graph(UnaryOp::Sigmoid, true));
+    assert_eq!(ops(&opt), ["MatMul+Bias", "Sigmoid", "Mul"]);
+    // x · HardSigmoid(x) with ONNX's default alpha 0.2: not HardSwish.
+    let opt = check_passes_agree(&gated_graph(UnaryOp::HardSigmoid(0.2, 0.5), false));
+    assert_eq!(ops(&opt), ["MatMul+Bias", "HardSigmoid", "Mul"]);
+    // The sigmoid also read elsewhere: it must stay, so nothing fuses.
+    let mut g = gated_graph(UnaryOp::Sigmoid, false);
+    let sig = g
+        .nodes
+        .iter()
+        .find(|n| n.op == Op::Unary(UnaryOp::Sigmoid))
+        .unwrap()
+        .outputs[0];
+    g.outputs.push(sig);
+    let opt = check_passes_agree(&g);
+    assert_eq!(ops(&opt), ["MatMul+Bias", "Sigmoid", "Mul"]);
+}
+
+#[test]
+fn activation_epilogues_match_the_unfused_ops() {
+    // HardSigmoid alone after a product is an epilogue too.
+    for act in [UnaryOp::HardSigmoid(0.3, 0.4), UnaryOp::HardSwish, UnaryOp::Silu] {
+        let mut b = Builder::new();
+        let x = b.input("x", &[4, 16]);
+        let w = b.constant("w", &[16, 8], data(128, 5));
+        let mm = matmul(&mut b, x, w, "mm");
+        let y = b.un(act, mm, "y");
+        b.output(y);
+        let opt = check_passes_agree(&b.g);
+        assert_eq!(ops(&opt).len(), 1, "{act:?}: {:?}", ops(&opt));
+    }
+}

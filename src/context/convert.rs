@@ -63,6 +63,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
                 UnaryOp::Clip(lo, hi) => (0.0, *lo, *hi),
                 _ => (0.0, 0.0, 0.0),
             };
+            let (alpha, beta) = unary_params(*op).unwrap_or((alpha, 0.0));
             K::Unary(proto::UnaryStep {
                 op: unary_kind(*op) as i32,
                 src: Some(buf(*src)),
@@ -70,6 +71,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
                 alpha,
                 lo,
                 hi,
+                beta,
             })
         }
         Step::Binary {
@@ -386,6 +388,10 @@ fn activation_info(a: Activation) -> proto::ActivationInfo {
         Activation::GeluErfWritten => (K::GeluErfWritten, 0.0, 0.0),
         Activation::GeluTanhWritten => (K::GeluTanhWritten, 0.0, 0.0),
         Activation::Clip(lo, hi) => (K::Clip, lo, hi),
+        // Activations (issue #13).
+        Activation::HardSigmoid(al, be) => (K::HardSigmoid, al, be),
+        Activation::HardSwish => (K::HardSwish, 0.0, 0.0),
+        Activation::Silu => (K::Silu, 0.0, 0.0),
     };
     proto::ActivationInfo {
         kind: kind as i32,
@@ -458,7 +464,25 @@ fn unary_kind(op: UnaryOp) -> proto::UnaryOpKind {
             (true, false) => K::IsInfNegative,
             (false, false) => K::IsInfNone,
         },
+        UnaryOp::HardSigmoid(..) => K::HardSigmoid,
+        UnaryOp::HardSwish => K::HardSwish,
+        UnaryOp::Silu => K::Silu,
+        UnaryOp::Elu(_) => K::Elu,
+        UnaryOp::Selu(..) => K::Selu,
+        UnaryOp::Celu(_) => K::Celu,
+        UnaryOp::ThresholdedRelu(_) => K::ThresholdedRelu,
+        UnaryOp::Softsign => K::Softsign,
     }
+}
+
+/// The (alpha, beta) step fields of the activations of issue #13.
+fn unary_params(op: UnaryOp) -> Option<(f32, f32)> {
+    Some(match op {
+        UnaryOp::HardSigmoid(alpha, beta) => (alpha, beta),
+        UnaryOp::Selu(alpha, gamma) => (alpha, gamma),
+        UnaryOp::Elu(alpha) | UnaryOp::Celu(alpha) | UnaryOp::ThresholdedRelu(alpha) => (alpha, 0.0),
+        _ => return None,
+    })
 }
 
 fn binary_kind(op: BinaryOp) -> proto::BinaryOpKind {
@@ -481,6 +505,7 @@ fn binary_kind(op: BinaryOp) -> proto::BinaryOpKind {
         BinaryOp::And => K::And,
         BinaryOp::Or => K::Or,
         BinaryOp::Xor => K::Xor,
+        BinaryOp::PRelu => K::PRelu,
     }
 }
 
@@ -711,6 +736,10 @@ fn activation(a: &proto::ActivationInfo) -> Result<Activation> {
         Ok(K::GeluErfWritten) => Activation::GeluErfWritten,
         Ok(K::GeluTanhWritten) => Activation::GeluTanhWritten,
         Ok(K::Clip) => Activation::Clip(a.a, a.b),
+        // Activations (issue #13).
+        Ok(K::HardSigmoid) => Activation::HardSigmoid(a.a, a.b),
+        Ok(K::HardSwish) => Activation::HardSwish,
+        Ok(K::Silu) => Activation::Silu,
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown activation code {}", a.kind),
     })
 }
@@ -815,6 +844,15 @@ fn unary_op(u: &proto::UnaryStep) -> Result<UnaryOp> {
         Ok(K::IsInfPositive) => is_inf(false, true),
         Ok(K::IsInfNegative) => is_inf(true, false),
         Ok(K::IsInfNone) => is_inf(false, false),
+        // Activations (issue #13).
+        Ok(K::HardSigmoid) => UnaryOp::HardSigmoid(u.alpha, u.beta),
+        Ok(K::HardSwish) => UnaryOp::HardSwish,
+        Ok(K::Silu) => UnaryOp::Silu,
+        Ok(K::Elu) => UnaryOp::Elu(u.alpha),
+        Ok(K::Selu) => UnaryOp::Selu(u.alpha, u.beta),
+        Ok(K::Celu) => UnaryOp::Celu(u.alpha),
+        Ok(K::ThresholdedRelu) => UnaryOp::ThresholdedRelu(u.alpha),
+        Ok(K::Softsign) => UnaryOp::Softsign,
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown unary op code {code}"),
     })
 }
@@ -843,6 +881,7 @@ fn binary_op(code: i32) -> Result<BinaryOp> {
         Ok(K::And) => BinaryOp::And,
         Ok(K::Or) => BinaryOp::Or,
         Ok(K::Xor) => BinaryOp::Xor,
+        Ok(K::PRelu) => BinaryOp::PRelu,
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown binary op code {code}"),
     })
 }

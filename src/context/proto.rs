@@ -450,6 +450,10 @@ pub struct UnaryStep {
     pub lo: f32,
     #[prost(float, tag = "6")]
     pub hi: f32,
+    /// Activations (issue #13): HardSigmoid's beta, Selu's gamma (`alpha`
+    /// holds their alpha, and Elu's, Celu's and ThresholdedRelu's).
+    #[prost(float, tag = "7")]
+    pub beta: f32,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -519,10 +523,10 @@ pub struct MatMulStep {
 pub struct ActivationInfo {
     #[prost(enumeration = "ActivationKind", tag = "1")]
     pub kind: i32,
-    /// LeakyRelu's alpha, Clip's lo.
+    /// LeakyRelu's and HardSigmoid's alpha, Clip's lo.
     #[prost(float, tag = "2")]
     pub a: f32,
-    /// Clip's hi.
+    /// Clip's hi, HardSigmoid's beta.
     #[prost(float, tag = "3")]
     pub b: f32,
 }
@@ -688,6 +692,15 @@ pub enum UnaryOpKind {
     IsInfPositive = 31,
     IsInfNegative = 32,
     IsInfNone = 33,
+    // Activations (issue #13): 40-49.
+    HardSigmoid = 40,
+    HardSwish = 41,
+    Silu = 42,
+    Elu = 43,
+    Selu = 44,
+    Celu = 45,
+    ThresholdedRelu = 46,
+    Softsign = 47,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
@@ -712,6 +725,8 @@ pub enum BinaryOpKind {
     And = 19,
     Or = 20,
     Xor = 21,
+    // Activations (issue #13): 40-49.
+    PRelu = 40,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
@@ -737,6 +752,10 @@ pub enum ActivationKind {
     Clip = 8,
     GeluErfWritten = 9,
     GeluTanhWritten = 10,
+    // Activations (issue #13): 20 and up.
+    HardSigmoid = 20,
+    HardSwish = 21,
+    Silu = 22,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]

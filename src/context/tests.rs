@@ -933,3 +933,62 @@ fn conv_steps_round_trip() {
     let e = Program::from_parts(parts).unwrap_err();
     assert!(e.message.contains("Conv"), "{e}");
 }
+
+// Activations (issue #13).
+
+/// Every activation of issue #13 as a step (unary, PRelu, GEMM epilogues)
+/// survives the file with its parameters.
+#[test]
+fn activation_steps_round_trip() {
+    use crate::ir::{Activation, MatMulAttrs};
+    let mut g = G::new("act");
+    // Square, so that G::node's broadcast shape is also the product's.
+    let x = g.input("x", &[8, 8]);
+    let unary = [
+        UnaryOp::HardSigmoid(0.3, -0.4),
+        UnaryOp::HardSwish,
+        UnaryOp::Silu,
+        UnaryOp::Elu(0.7),
+        UnaryOp::Selu(1.5, 0.9),
+        UnaryOp::Celu(2.5),
+        UnaryOp::ThresholdedRelu(-0.25),
+        UnaryOp::Softsign,
+    ];
+    let mut v = x;
+    for (i, op) in unary.into_iter().enumerate() {
+        v = g.node(Op::Unary(op), &[v], &format!("u{i}"));
+    }
+    let slope = g.constant("slope", &[8], row(8, 3));
+    v = g.node(Op::Binary(BinaryOp::PRelu), &[v, slope], "prelu");
+    g.0.outputs.push(v);
+    let w = g.constant("w", &[8, 8], row(64, 4));
+    for (i, act) in [
+        Activation::HardSigmoid(0.25, 0.6),
+        Activation::HardSwish,
+        Activation::Silu,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let attrs = MatMulAttrs {
+            activation: act,
+            ..MatMulAttrs::default()
+        };
+        let y = g.node(Op::MatMul(attrs), &[x, w], &format!("mm{i}"));
+        g.0.outputs.push(y);
+    }
+    let want = compile(&g.0, Target::Generic).unwrap();
+    let bytes = builder(std::slice::from_ref(&g.0)).to_bytes().unwrap();
+    let got = parse(&bytes).unwrap().program("act").unwrap().unwrap();
+    assert_same_program(&got, &want);
+    let steps = format!("{:?}", got.steps());
+    for needle in [
+        "HardSigmoid(0.3, -0.4)",
+        "Selu(1.5, 0.9)",
+        "ThresholdedRelu(-0.25)",
+        "PRelu",
+        "Silu",
+    ] {
+        assert!(steps.contains(needle), "{needle} not in {steps}");
+    }
+}

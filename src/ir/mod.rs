@@ -357,6 +357,9 @@ pub(crate) fn activation_name(a: Activation) -> &'static str {
         Activation::GeluErf | Activation::GeluErfWritten => "Gelu",
         Activation::GeluTanh | Activation::GeluTanhWritten => "Gelu(tanh)",
         Activation::Clip(..) => "Clip",
+        Activation::HardSigmoid(..) => "HardSigmoid",
+        Activation::HardSwish => "HardSwish",
+        Activation::Silu => "Silu",
     }
 }
 

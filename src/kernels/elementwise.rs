@@ -53,6 +53,15 @@ pub(super) fn unary(op: UnaryOp, src: &[f32], dst: &mut [f32]) {
         UnaryOp::Mish => map(src, dst, math::mish),
         // Not bool → f32 ops; `unary_to_bool` and `not` run these.
         UnaryOp::Not | UnaryOp::IsNaN | UnaryOp::IsInf { .. } => {}
+        // Activations (issue #13).
+        UnaryOp::HardSigmoid(alpha, beta) => map(src, dst, move |x| math::hard_sigmoid(x, alpha, beta)),
+        UnaryOp::HardSwish => map(src, dst, math::hard_swish),
+        UnaryOp::Silu => map(src, dst, math::silu),
+        UnaryOp::Elu(alpha) => map(src, dst, move |x| math::elu(x, alpha)),
+        UnaryOp::Selu(alpha, gamma) => map(src, dst, move |x| math::selu(x, alpha, gamma)),
+        UnaryOp::Celu(alpha) => map(src, dst, move |x| math::celu(x, alpha)),
+        UnaryOp::ThresholdedRelu(alpha) => map(src, dst, move |x| math::thresholded_relu(x, alpha)),
+        UnaryOp::Softsign => map(src, dst, math::softsign),
     }
 }
 
@@ -121,6 +130,8 @@ pub(super) fn binary_f32(op: BinaryOp, layout: &Layout, a: &[f32], b: &[f32], ds
         BinaryOp::Min => broadcast(layout, a, b, dst, min_f32),
         // Rust's `%` on floats is C's fmod.
         BinaryOp::Fmod => broadcast(layout, a, b, dst, |x, y| x % y),
+        // Activations (issue #13).
+        BinaryOp::PRelu => broadcast(layout, a, b, dst, math::prelu),
         _ => {}
     }
 }

@@ -17,6 +17,7 @@
 //! | `sin_cos` (\|x\| ≤ 65536) | reduction by π/2 in f64, FreeBSD's double `sindf`/`cosdf` polynomials | ≤ 1 ulp |
 //! | `softplus` | `max(x,0) + 2·atanh(s)`, `s = e^-\|x\|/(2 + e^-\|x\|)`, odd series | ≤ 4 ulp |
 //! | `mish` | `x·n/(n+2)`, `n = eˣ(eˣ+2)` | ≤ 6 ulp |
+//! | activations (issue #13) | ORT's formulas in ORT's order over `exp` (`elu`, `selu`, `celu`, `silu`), or exact selections and products | as `exp`; `eˣ - 1` near 0 costs ~1e-7 absolute |
 //!
 //! NaN propagates through all of them; `exp` overflows to `inf` above 88.72
 //! and underflows to 0 below -103.97. At ±inf they give the limits ORT's
@@ -235,6 +236,92 @@ pub fn mish(x: f32) -> f32 {
         x
     } else {
         y
+    }
+}
+
+// Activations (issue #13): ORT's formulas, in ORT's order of operations,
+// so that the exactly rounded ones (HardSigmoid, HardSwish, the selections)
+// give its bits and the others stay within exp's few ulp.
+
+/// `max(0, min(1, alpha·x + beta))` (NaN stays NaN; no FMA, as ORT).
+#[inline(always)]
+pub fn hard_sigmoid(x: f32, alpha: f32, beta: f32) -> f32 {
+    let y = alpha * x + beta;
+    let y = if y > 1.0 { 1.0 } else { y };
+    if y < 0.0 {
+        0.0
+    } else {
+        y
+    }
+}
+
+/// `x·hard_sigmoid(x, 1/6, 1/2)`: `-inf` gives NaN (`-inf·0`), as ORT.
+#[inline(always)]
+pub fn hard_swish(x: f32) -> f32 {
+    x * hard_sigmoid(x, 1.0 / 6.0, 0.5)
+}
+
+/// `x·sigmoid(x)` as `x / (1 + e^-x)`: one rounding fewer, and `-inf`
+/// gives NaN (`-inf / inf`) like the product does.
+#[inline(always)]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+/// `x ≥ 0 ? x : alpha·(eˣ - 1)` (-0 stays -0, as ORT).
+#[inline(always)]
+pub fn elu(x: f32, alpha: f32) -> f32 {
+    let neg = alpha * (exp(x) - 1.0);
+    if x >= 0.0 {
+        x
+    } else {
+        neg
+    }
+}
+
+/// `x > 0 ? gamma·x : alpha·gamma·(eˣ - 1)` (-0 gives +0, as ORT).
+#[inline(always)]
+pub fn selu(x: f32, alpha: f32, gamma: f32) -> f32 {
+    let neg = (alpha * gamma) * (exp(x) - 1.0);
+    if x > 0.0 {
+        gamma * x
+    } else {
+        neg
+    }
+}
+
+/// `max(0, x) + min(0, alpha·(e^(x/alpha) - 1))`, NaN propagating.
+#[inline(always)]
+pub fn celu(x: f32, alpha: f32) -> f32 {
+    let pos = if x > 0.0 { x } else { 0.0 };
+    let neg = alpha * (exp(x / alpha) - 1.0);
+    // `neg > 0 ? 0 : neg` keeps NaN (a min that propagates it).
+    pos + if neg > 0.0 { 0.0 } else { neg }
+}
+
+/// `x > alpha ? x : 0`; NaN gives 0 (a failed comparison), as ORT.
+#[inline(always)]
+pub fn thresholded_relu(x: f32, alpha: f32) -> f32 {
+    if x > alpha {
+        x
+    } else {
+        0.0
+    }
+}
+
+/// `x / (1 + |x|)`: ±inf give NaN (`inf / inf`), as ORT.
+#[inline(always)]
+pub fn softsign(x: f32) -> f32 {
+    x / (1.0 + x.abs())
+}
+
+/// `x < 0 ? x·slope : x` (-0 stays -0; NaN stays NaN).
+#[inline(always)]
+pub fn prelu(x: f32, slope: f32) -> f32 {
+    if x < 0.0 {
+        x * slope
+    } else {
+        x
     }
 }
 

@@ -84,6 +84,23 @@ pub enum UnaryOp {
         negative: bool,
         positive: bool,
     },
+    // Activations (issue #13).
+    /// `max(0, min(1, alpha·x + beta))`.
+    HardSigmoid(f32, f32),
+    /// `x·max(0, min(1, x/6 + 1/2))`.
+    HardSwish,
+    /// `x·sigmoid(x)`, fused from `Mul(x, Sigmoid(x))` (YOLOv8's SiLU).
+    Silu,
+    /// `x ≥ 0 ? x : alpha·(eˣ - 1)`.
+    Elu(f32),
+    /// `x > 0 ? gamma·x : gamma·(alpha·eˣ - alpha)`: (alpha, gamma).
+    Selu(f32, f32),
+    /// `max(0, x) + min(0, alpha·(e^(x/alpha) - 1))`.
+    Celu(f32),
+    /// `x > alpha ? x : 0` (NaN gives 0, as in ORT).
+    ThresholdedRelu(f32),
+    /// `x / (1 + |x|)`.
+    Softsign,
 }
 
 impl UnaryOp {
@@ -114,6 +131,14 @@ impl UnaryOp {
             UnaryOp::Not => "Not",
             UnaryOp::IsNaN => "IsNaN",
             UnaryOp::IsInf { .. } => "IsInf",
+            UnaryOp::HardSigmoid(..) => "HardSigmoid",
+            UnaryOp::HardSwish => "HardSwish",
+            UnaryOp::Silu => "Silu",
+            UnaryOp::Elu(_) => "Elu",
+            UnaryOp::Selu(..) => "Selu",
+            UnaryOp::Celu(_) => "Celu",
+            UnaryOp::ThresholdedRelu(_) => "ThresholdedRelu",
+            UnaryOp::Softsign => "Softsign",
         }
     }
 
@@ -161,6 +186,9 @@ pub enum BinaryOp {
     And,
     Or,
     Xor,
+    // Activations (issue #13).
+    /// `x < 0 ? x·slope : x`, the slope broadcast to x (f32 only).
+    PRelu,
 }
 
 impl BinaryOp {
@@ -182,6 +210,7 @@ impl BinaryOp {
             BinaryOp::And => "And",
             BinaryOp::Or => "Or",
             BinaryOp::Xor => "Xor",
+            BinaryOp::PRelu => "PRelu",
         }
     }
 
@@ -197,7 +226,7 @@ impl BinaryOp {
             Add | Sub | Mul | Div | Max | Min | Fmod | Greater | Less | GreaterOrEqual | LessOrEqual => {
                 dtype != DType::Bool
             }
-            Pow => dtype == DType::F32,
+            Pow | PRelu => dtype == DType::F32,
             // ORT runs integer Mod with fmod=0 only (floats need fmod=1).
             Mod => dtype.is_int(),
             Equal => true,

@@ -67,6 +67,18 @@ fn unary_ref(op: UnaryOp, x: f32) -> f64 {
         UnaryOp::Softplus => softplus_ref(x),
         UnaryOp::Mish => x * softplus_ref(x).tanh(),
         UnaryOp::Not | UnaryOp::IsNaN | UnaryOp::IsInf { .. } => unreachable!("bool results"),
+        // Activations (issue #13), in f64.
+        UnaryOp::HardSigmoid(a, b) => (a as f64 * x + b as f64).clamp(0.0, 1.0),
+        UnaryOp::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+        UnaryOp::Silu => x / (1.0 + (-x).exp()),
+        UnaryOp::Elu(a) if x < 0.0 => a as f64 * x.exp_m1(),
+        UnaryOp::Selu(a, g) if x <= 0.0 => g as f64 * a as f64 * x.exp_m1(),
+        UnaryOp::Selu(_, g) => g as f64 * x,
+        UnaryOp::Celu(a) => x.max(0.0) + (a as f64 * (x / a as f64).exp_m1()).min(0.0),
+        UnaryOp::ThresholdedRelu(a) if x > a as f64 => x,
+        UnaryOp::ThresholdedRelu(_) => 0.0,
+        UnaryOp::Softsign => x / (1.0 + x.abs()),
+        UnaryOp::Elu(_) => x,
     }
 }
 
@@ -488,6 +500,9 @@ fn gemm_epilogue_activations_match_the_unary_kernels_at_the_limits() {
         (Activation::GeluErfWritten, UnaryOp::GeluWritten),
         (Activation::GeluTanhWritten, UnaryOp::GeluTanhWritten),
         (Activation::Clip(-1.0, 1.0), UnaryOp::Clip(-1.0, 1.0)),
+        (Activation::HardSigmoid(0.2, 0.5), UnaryOp::HardSigmoid(0.2, 0.5)),
+        (Activation::HardSwish, UnaryOp::HardSwish),
+        (Activation::Silu, UnaryOp::Silu),
     ];
     for isa in isas() {
         for (act, op) in pairs {
@@ -968,5 +983,135 @@ fn vectorised_sin_cos_softplus_mish_are_libm_accurate() {
         assert!(y[0].is_nan() && y[1] == INF && y[2].is_nan(), "{y:?}");
         unary(isa, UnaryOp::Sin, &x, &mut y, &Serial).unwrap();
         assert!(y.iter().all(|v| v.is_nan()), "{y:?}");
+    }
+}
+
+// Activations (issue #13).
+
+const ACTIVATIONS: [UnaryOp; 10] = [
+    UnaryOp::HardSigmoid(0.2, 0.5),
+    UnaryOp::HardSigmoid(-0.7, 0.1),
+    UnaryOp::HardSwish,
+    UnaryOp::Silu,
+    UnaryOp::Elu(1.0),
+    UnaryOp::Elu(0.3),
+    UnaryOp::Selu(1.673_263_2, 1.050_701),
+    UnaryOp::Celu(2.0),
+    UnaryOp::ThresholdedRelu(0.5),
+    UnaryOp::Softsign,
+];
+
+#[test]
+fn activations_match_reference() {
+    // 67 values: full vectors of every width plus a tail; then the tails of exp.
+    let mut x = data(67, 4);
+    x.extend([-20.0, -80.0, -87.5, -88.9, -104.5, -1e-7, 1e-7, 30.0, 3.0, -3.0]);
+    for isa in isas() {
+        for op in ACTIVATIONS {
+            let mut y = vec![f32::NAN; x.len()];
+            unary(isa, op, &x, &mut y, &Serial).unwrap();
+            for (&xi, &yi) in x.iter().zip(&y) {
+                let want = unary_ref(op, xi);
+                // exp(x) - 1 (ORT's formula) cancels near 0: absolute error there.
+                let ok = close(yi, want, 2e-6) || (yi as f64 - want).abs() < 1.5e-7;
+                assert!(ok, "{isa:?} {op:?}({xi:e}) = {yi:e}, want {want:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn activations_at_the_limits_give_ort_s_values() {
+    // (x, HardSigmoid(0.2, 0.5), HardSwish, Elu(1), Selu, Celu(1), ThresholdedRelu(1), Softsign, Silu),
+    // as ORT 1.31.1's CPU EP gives them (signs of zeros included; Silu: Mul(x, Sigmoid(x))).
+    const NAN: f32 = f32::NAN;
+    let rows: &[(f32, [f32; 8])] = &[
+        (INF, [1.0, INF, INF, INF, INF, INF, NAN, INF]),
+        (-INF, [0.0, NAN, -1.0, -1.758_099_3, -1.0, 0.0, NAN, NAN]),
+        (NAN, [NAN, NAN, NAN, NAN, NAN, 0.0, NAN, NAN]),
+        (0.0, [0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]),
+        (-0.0, [0.5, -0.0, -0.0, 0.0, 0.0, 0.0, -0.0, -0.0]),
+        (
+            -3.0,
+            [
+                0.0,
+                -0.0,
+                -0.950_212_96,
+                -1.670_568_7,
+                -0.950_212_96,
+                0.0,
+                -0.75,
+                -0.142_277_62,
+            ],
+        ),
+        (3.4e38, [1.0, 3.4e38, 3.4e38, INF, 3.4e38, 3.4e38, 1.000_000_1, 3.4e38]),
+        (-3.4e38, [0.0, -0.0, -1.0, -1.758_099_3, -1.0, 0.0, -1.000_000_1, -0.0]),
+        (-100.0, [0.0, -0.0, -1.0, -1.758_099_3, -1.0, 0.0, -0.990_099, -0.0]),
+    ];
+    let ops = [
+        UnaryOp::HardSigmoid(0.2, 0.5),
+        UnaryOp::HardSwish,
+        UnaryOp::Elu(1.0),
+        UnaryOp::Selu(1.673_263_2, 1.050_701),
+        UnaryOp::Celu(1.0),
+        UnaryOp::ThresholdedRelu(1.0),
+        UnaryOp::Softsign,
+        UnaryOp::Silu,
+    ];
+    let x = spread(&rows.iter().map(|r| r.0).collect::<Vec<_>>());
+    for isa in isas() {
+        for (j, op) in ops.into_iter().enumerate() {
+            let mut y = vec![0.0; x.len()];
+            unary(isa, op, &x, &mut y, &Serial).unwrap();
+            for (&xi, &yi) in x.iter().zip(&y) {
+                let want = rows.iter().find(|r| r.0.to_bits() == xi.to_bits()).unwrap().1[j];
+                let sign_ok = want.is_nan() || yi.is_sign_negative() == want.is_sign_negative();
+                assert!(
+                    same_special(yi, want, 2e-6) && sign_ok,
+                    "{isa:?} {op:?}({xi:e}) = {yi:e}, ORT gives {want:e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn prelu_broadcasts_its_slope() {
+    // A CNN's per-channel slope [C, 1, 1] over [N, C, H, W], a scalar, a full one.
+    let cases: &[(&[usize], &[usize])] = &[(&[2, 3, 4, 5], &[3, 1, 1]), (&[2, 3, 4, 5], &[1]), (&[3, 7], &[3, 7])];
+    for &(sx, ss) in cases {
+        let mut x = data(sx.iter().product(), 9);
+        x[..4].copy_from_slice(&[f32::NAN, -INF, -0.0, 1e-40]);
+        let slope = data(ss.iter().product(), 2);
+        let layout = Layout::for_shapes(sx, ss).unwrap();
+        let out = broadcast_shapes(sx, ss).unwrap();
+        let at = |i: usize| {
+            // The slope element that x's flat index i reads (ss is right-aligned).
+            let mut idx = 0;
+            let (mut rest, mut stride) = (i, 1);
+            for d in (0..out.len()).rev() {
+                let k = rest % out[d];
+                rest /= out[d];
+                let pad = out.len() - ss.len();
+                if d >= pad && ss[d - pad] != 1 {
+                    idx += k * stride;
+                }
+                if d >= pad {
+                    stride *= ss[d - pad];
+                }
+            }
+            slope[idx]
+        };
+        for isa in isas() {
+            let mut y = vec![0.0; x.len()];
+            binary(isa, BinaryOp::PRelu, &layout, &x, &slope, &mut y, &Serial).unwrap();
+            for (i, (&xi, &yi)) in x.iter().zip(&y).enumerate() {
+                let want = if xi < 0.0 { xi * at(i) } else { xi };
+                assert!(
+                    yi.to_bits() == want.to_bits() || yi.is_nan() && want.is_nan(),
+                    "{isa:?} PRelu {sx:?} {ss:?} [{i}] ({xi:e}) = {yi:e}, want {want:e}"
+                );
+            }
+        }
     }
 }

@@ -13,6 +13,7 @@
 //! its name in that file's `OPS`; a new family file also gets one line in
 //! [`REGISTRY`]. `SUPPORTED_OPS` (the `disabled_ops` option) follows.
 
+mod activation;
 mod attrs;
 mod elementwise;
 mod index;
@@ -88,6 +89,8 @@ static REGISTRY: &[&[OpFamily]] = &[
     math::OPS,
     // Convolution (issue #13).
     conv::OPS,
+    // Activations and Sum (issue #13).
+    activation::OPS,
 ];
 
 fn families() -> impl Iterator<Item = &'static OpFamily> {

@@ -6,7 +6,7 @@
 //! both GELUs within ~4e-7 relative (plus a few 1e-38 absolute near underflow).
 
 use super::Activation;
-use crate::kernels::math::overflow_doubled;
+use crate::kernels::math::{hard_sigmoid, hard_swish, overflow_doubled};
 
 /// How the polynomials below evaluate `a * b + c`: [`Plain`] (a multiply and
 /// an add, for targets without FMA) or [`Fused`] (one FMA; only inside code
@@ -155,6 +155,12 @@ pub(crate) fn gelu_tanh_with<F: MulAdd>(x: f32) -> f32 {
     x / (1.0 + exp_with::<F>(-u2))
 }
 
+/// `x * sigmoid(x)` as `x / (1 + e^-x)` (see `math::silu`).
+#[inline(always)]
+pub(crate) fn silu_with<F: MulAdd>(x: f32) -> f32 {
+    x / (1.0 + exp_with::<F>(-x))
+}
+
 /// Applies `act` to every value of `row` (scalar polynomials; kernels
 /// outside the GEMM driver use it on their tiles).
 #[inline(always)]
@@ -184,5 +190,10 @@ pub(super) fn activate_with<F: MulAdd>(act: Activation, row: &mut [f32]) {
             let x = if *v < lo { lo } else { *v };
             *v = if x > hi { hi } else { x };
         }),
+        // Activations (issue #13): HardSigmoid and HardSwish are exactly
+        // rounded (no FMA), as ORT computes them.
+        Activation::HardSigmoid(alpha, beta) => row.iter_mut().for_each(|v| *v = hard_sigmoid(*v, alpha, beta)),
+        Activation::HardSwish => row.iter_mut().for_each(|v| *v = hard_swish(*v)),
+        Activation::Silu => row.iter_mut().for_each(|v| *v = silu_with::<F>(*v)),
     }
 }

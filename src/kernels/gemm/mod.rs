@@ -243,6 +243,13 @@ pub enum Activation {
     GeluTanhWritten,
     /// `min(max(x, lo), hi)` (NaN stays NaN).
     Clip(f32, f32),
+    // Activations (issue #13).
+    /// `max(0, min(1, alpha * x + beta))`: (alpha, beta).
+    HardSigmoid(f32, f32),
+    /// `x * max(0, min(1, x / 6 + 1/2))`.
+    HardSwish,
+    /// `x * sigmoid(x)` (SiLU, Swish).
+    Silu,
 }
 
 /// What happens to each tile of `C = alpha * A·B` before it is stored, in this order:

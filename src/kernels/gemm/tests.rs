@@ -106,6 +106,9 @@ fn act64(act: Activation, x: f64) -> f64 {
             x / (1.0 + (-2.0 * (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).exp())
         }
         Activation::Clip(lo, hi) => x.max(lo as f64).min(hi as f64),
+        Activation::HardSigmoid(a, b) => (a as f64 * x + b as f64).clamp(0.0, 1.0),
+        Activation::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+        Activation::Silu => x / (1.0 + (-x).exp()),
     }
 }
 
@@ -365,6 +368,9 @@ fn epilogues_match_reference() {
         Activation::GeluErfWritten,
         Activation::GeluTanhWritten,
         Activation::Clip(-0.5, 0.75),
+        Activation::HardSigmoid(0.2, 0.5),
+        Activation::HardSwish,
+        Activation::Silu,
     ];
     for isa in isas() {
         for (m, n, k) in [(37, 45, 29), (1, 45, 300), (5, 40, 0), (20, 33, 260)] {
