@@ -33,10 +33,8 @@ use crate::error::Result;
 use crate::ir::{infer, Graph, Node, Op, TensorType, ValueId};
 use crate::plan::Weight;
 
-/// Runs the pass; returns how many transposes the graph had before and has
-/// after (for logs and tests).
-pub(crate) fn propagate(g: &mut Graph) -> Result<(usize, usize)> {
-    let before = count_transposes(g);
+/// Runs the pass over `g` (validated, in topological order).
+pub(crate) fn propagate(g: &mut Graph) -> Result<()> {
     let old_nodes = std::mem::take(&mut g.nodes);
     let mut pass = Layout {
         g,
@@ -48,12 +46,8 @@ pub(crate) fn propagate(g: &mut Graph) -> Result<(usize, usize)> {
     for node in old_nodes {
         pass.node(node)?;
     }
-    pass.finish_outputs()?;
-    Ok((before, count_transposes(g)))
-}
-
-fn count_transposes(g: &Graph) -> usize {
-    g.nodes.iter().filter(|n| matches!(n.op, Op::Transpose { .. })).count()
+    pass.finish_outputs();
+    Ok(())
 }
 
 /// `value = Transpose(stored, perm)`, not computed (unless materialised).
@@ -135,7 +129,7 @@ impl Layout<'_> {
     }
 
     /// Graph outputs keep ONNX's layout and names.
-    fn finish_outputs(&mut self) -> Result<()> {
+    fn finish_outputs(&mut self) {
         for k in 0..self.g.outputs.len() {
             let v = self.g.outputs[k];
             if let Some(&s) = self.subst.get(&v) {
@@ -145,7 +139,6 @@ impl Layout<'_> {
                 self.materialise(v);
             }
         }
-        Ok(())
     }
 
     /// Records `out = Transpose(stored, perm)` without computing it: an
@@ -219,9 +212,14 @@ impl Layout<'_> {
         }
         let tys: Vec<&TensorType> = inputs.iter().map(|&v| self.g.ty(v)).collect();
         let ty = infer(&pushed.op, &tys, Some(&pushed.shape))
-            .map_err(|e| super::lower::internal(format_args!("layout: {e}")))?
+            .map_err(|e| super::lower::internal(format_args!("layout pass, {}: {e}", node.op)))?
             .remove(0);
-        debug_assert_eq!(ty.shape, pushed.shape);
+        if ty.shape != pushed.shape {
+            return Err(super::lower::internal(format_args!(
+                "layout pass, {}: stored output {ty} is not {:?}",
+                node.op, pushed.shape
+            )));
+        }
         let out = node.outputs[0];
         let hint = self.g.values[out].name.clone();
         let stored = self.g.fresh_value(&hint, ty);

@@ -316,3 +316,143 @@ fn views_with_other_perms_and_growing_outputs_are_materialised() {
     b.output(m);
     check_same(&b.g, 1e-6);
 }
+
+/// A small deterministic generator (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+
+    fn perm(&mut self, rank: usize) -> Vec<usize> {
+        let mut p: Vec<usize> = (0..rank).collect();
+        for i in (1..rank).rev() {
+            p.swap(i, self.below(i + 1));
+        }
+        p
+    }
+}
+
+/// One random layout-agnostic (or layout-sensitive) op on `v`.
+fn random_op(b: &mut Builder, rng: &mut Rng, v: ValueId, pool: &[ValueId], k: usize) -> ValueId {
+    let shape = b.g.ty(v).shape.clone();
+    let rank = shape.len();
+    let name = format!("v{k}");
+    match rng.below(10) {
+        0 | 1 => {
+            let p = rng.perm(rank);
+            t(b, v, &p, &name)
+        }
+        2 => b.un([UnaryOp::Neg, UnaryOp::Tanh, UnaryOp::Relu][rng.below(3)], v, &name),
+        3 => {
+            // A constant broadcasting from the right, some dims 1, maybe lower rank.
+            let r = 1 + rng.below(rank);
+            let cs: Vec<usize> = shape[rank - r..]
+                .iter()
+                .map(|&d| if rng.below(2) == 0 { 1 } else { d })
+                .collect();
+            let n = cs.iter().product();
+            let c = b.constant(&format!("c{k}"), &cs, data(n, k));
+            let op = [BinaryOp::Add, BinaryOp::Mul, BinaryOp::Sub][rng.below(3)];
+            if rng.below(2) == 0 {
+                b.bin(op, v, c, &name)
+            } else {
+                b.bin(op, c, v, &name)
+            }
+        }
+        4 => {
+            // Another value of the same shape (a residual), if there is one.
+            match pool.iter().find(|&&u| u != v && b.g.ty(u).shape == shape) {
+                Some(&u) => b.bin(BinaryOp::Add, v, u, &name),
+                None => b.un(UnaryOp::Neg, v, &name),
+            }
+        }
+        5 => {
+            let lo = rng.below(rank);
+            let hi = lo + rng.below(rank - lo);
+            let keepdims = rank == 1 || rng.below(2) == 0;
+            let kind = [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Mean][rng.below(3)];
+            let axes = (lo..=hi).collect::<Vec<_>>();
+            let axes = if !keepdims && axes.len() == rank {
+                vec![lo]
+            } else {
+                axes
+            };
+            b.op(Op::Reduce { kind, axes, keepdims }, &[v], &name)
+        }
+        6 => {
+            let axis = rng.below(rank);
+            b.op(Op::Softmax { axis, unshifted: false }, &[v], &name)
+        }
+        7 => {
+            let axis = rng.below(rank);
+            b.op(Op::Concat { axis }, &[v, v], &name)
+        }
+        8 => {
+            let axis = rng.below(rank);
+            let mut starts = vec![0; rank];
+            let mut steps = vec![1; rank];
+            let mut out = shape.clone();
+            if shape[axis] > 1 {
+                if rng.below(2) == 0 {
+                    starts[axis] = 1;
+                    out[axis] = shape[axis] - 1;
+                } else {
+                    starts[axis] = shape[axis] - 1;
+                    steps[axis] = -1;
+                }
+            }
+            b.op_shaped(Op::Slice { starts, steps }, &[v], &name, Some(&out))
+        }
+        _ => {
+            // A unit dim added or removed, or a Reshape that regroups dims.
+            let mut out = shape.clone();
+            match (rng.below(3), shape.iter().position(|&d| d == 1)) {
+                (0, Some(i)) if rank > 1 => {
+                    out.remove(i);
+                }
+                (1, _) if rank < 5 => out.insert(rng.below(rank + 1), 1),
+                _ if rank > 1 => {
+                    let last = out.pop().unwrap();
+                    *out.last_mut().unwrap() *= last;
+                }
+                _ => out.insert(0, 1),
+            }
+            b.op_shaped(Op::Reshape, &[v], &name, Some(&out))
+        }
+    }
+}
+
+#[test]
+fn random_graphs_compute_the_same_with_and_without_the_pass() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for case in 0..150 {
+        let mut b = Builder::new();
+        let rank = 2 + rng.below(3);
+        let shape: Vec<usize> = (0..rank).map(|_| 1 + rng.below(4)).collect();
+        let x = b.input("x", &shape);
+        let mut pool = vec![x];
+        let mut v = x;
+        for k in 0..8 {
+            v = random_op(&mut b, &mut rng, v, &pool, k);
+            pool.push(v);
+        }
+        b.output(v);
+        let extra = pool[1 + rng.below(pool.len() - 1)];
+        if extra != v {
+            b.output(extra);
+        }
+        let before = transposes(&b.g);
+        let opt = check_same(&b.g, 1e-5);
+        // Never more transposes than written, plus one per extra output.
+        assert!(
+            transposes(&opt) <= before + 2,
+            "case {case}: {before} → {}",
+            transposes(&opt)
+        );
+    }
+}
