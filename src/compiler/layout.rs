@@ -35,8 +35,10 @@ use crate::plan::Weight;
 
 /// Runs the pass over `g` (validated, in topological order).
 pub(crate) fn propagate(g: &mut Graph) -> Result<()> {
+    let reaches = reaches_transpose(g);
     let old_nodes = std::mem::take(&mut g.nodes);
     let mut pass = Layout {
+        reaches,
         g,
         views: HashMap::new(),
         subst: HashMap::new(),
@@ -59,6 +61,9 @@ struct View {
 
 struct Layout<'g> {
     g: &'g mut Graph,
+    /// Per original value: whether a Transpose reads it through layout-agnostic
+    /// ops (so a view moved into it may cancel or compose there).
+    reaches: Vec<bool>,
     views: HashMap<ValueId, View>,
     /// Values that are another value under an identity transpose.
     subst: HashMap<ValueId, ValueId>,
@@ -257,10 +262,13 @@ impl Layout<'_> {
             operands.push(op);
         }
         // Transposing a smaller operand beats transposing the views, and the
-        // output must not grow (it may be materialised later).
+        // output must not grow (it may be materialised later). Moving the
+        // view pays if it can meet a transpose, or if materialising the
+        // output later costs less than materialising the views now.
         let out = self.g.ty(node.outputs[0]);
         let same_rank = out.shape.len() == rank || matches!(node.op, Op::Reduce { .. });
-        (plain < viewed && out.numel() <= viewed && same_rank).then_some((perm, operands))
+        let pays = self.reaches[node.outputs[0]] || out.numel() < viewed;
+        (plain < viewed && out.numel() <= viewed && same_rank && pays).then_some((perm, operands))
     }
 
     /// The op on the stored tensors, with its axes remapped.
@@ -339,6 +347,28 @@ impl Layout<'_> {
         self.moved.insert((v, perm.to_vec()), id);
         id
     }
+}
+
+/// For every value, whether a Transpose reads it, directly or through
+/// layout-agnostic ops and Reshapes of size-1 dims.
+fn reaches_transpose(g: &Graph) -> Vec<bool> {
+    let mut reaches = vec![false; g.values.len()];
+    for node in g.nodes.iter().rev() {
+        let through = match &node.op {
+            Op::Transpose { .. } => true,
+            Op::Reshape => {
+                let (i, o) = (node.inputs[0], node.outputs[0]);
+                reaches[o] && non_unit(&g.ty(i).shape) == non_unit(&g.ty(o).shape)
+            }
+            op => is_agnostic(op) && node.outputs.iter().any(|&o| reaches[o]),
+        };
+        if through {
+            for &v in &node.inputs {
+                reaches[v] = true;
+            }
+        }
+    }
+    reaches
 }
 
 /// Ops that compute the same thing in any layout once their axes are remapped.
