@@ -5,12 +5,14 @@
 //! 2. [`fold`] — evaluate constant subgraphs (shape arithmetic, `Shape` of
 //!    static shapes, constant transposes, ...).
 //! 3. [`patterns`] — recognise decomposed GELU, LayerNorm and Softmax.
-//! 4. [`epilogue`] — fuse scale, bias, activation and residual into GEMMs;
+//! 4. [`layout`] — move transposes through layout-agnostic ops and cancel
+//!    inverse pairs (the channels-last spatial ops' round trips).
+//! 5. [`epilogue`] — fuse scale, bias, activation and residual into GEMMs;
 //!    [`conv_fusion`] — per-channel scale/shift, activation and residual
 //!    into convolutions.
-//! 5. [`dce`] — drop nodes whose results reach no graph output.
-//! 6. [`alias`] — layout-only ops become buffer aliases.
-//! 7. [`lower`] — pick kernels and layouts, pack constant GEMM weights for
+//! 6. [`dce`] — drop nodes whose results reach no graph output.
+//! 7. [`alias`] — layout-only ops become buffer aliases.
+//! 8. [`lower`] — pick kernels and layouts, pack constant GEMM weights for
 //!    the target, give every value a buffer (inputs/constants in place,
 //!    outputs in the caller's buffers, intermediates in one arena laid out
 //!    by [`memplan`]).
@@ -24,6 +26,7 @@ mod fold;
 pub mod generic;
 pub use fold::eval_op;
 pub use generic::PackedWeights;
+mod layout;
 mod lower;
 mod memplan;
 mod patterns;
@@ -54,6 +57,8 @@ pub fn check_support(
 pub struct Passes {
     pub fold: bool,
     pub patterns: bool,
+    /// Channels-last layout propagation ([`layout`]).
+    pub layout: bool,
     pub epilogue: bool,
 }
 
@@ -62,6 +67,7 @@ impl Default for Passes {
         Passes {
             fold: true,
             patterns: true,
+            layout: true,
             epilogue: true,
         }
     }
@@ -99,6 +105,9 @@ pub fn optimise(graph: &Graph, passes: Passes) -> Result<Graph> {
     dce::remove_dead(&mut g);
     if passes.patterns {
         patterns::recognise(&mut g);
+    }
+    if passes.layout {
+        layout::propagate(&mut g)?;
     }
     if passes.epilogue {
         epilogue::fuse(&mut g);

@@ -97,6 +97,7 @@ pub(crate) fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], tol: f32) {
 const NO_PASSES: Passes = Passes {
     fold: false,
     patterns: false,
+    layout: false,
     epilogue: false,
 };
 

@@ -4,6 +4,8 @@
 mod f16;
 mod props;
 pub(crate) mod reference;
+// Layout and BatchNormalization (issue #13).
+mod batch_norm;
 
 use std::collections::{BTreeMap, HashMap};
 
