@@ -13,6 +13,9 @@ use std::fmt;
 
 pub use crate::kernels::gemm::Activation;
 pub use crate::kernels::index::ScatterReduction;
+pub use crate::kernels::pool::PoolKind;
+pub use crate::kernels::resize::{CoordMode, Interp, NearestMode, ResizeAttrs, ResizeAxis};
+pub use crate::kernels::spatial::Window;
 pub use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDirection, RnnSpec};
 pub use crate::kernels::{BinaryOp, ReduceKind, UnaryOp};
 pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc, NO_CONSTANTS};
@@ -251,6 +254,15 @@ pub enum Op {
     },
     // Recurrent layers (issue #12).
     Rnn(Box<RnnAttrs>),
+    // Pools and resize (issue #13).
+    /// A max or average pool (f32), or MaxPool's int64 indices, over
+    /// channels-last `[N, H, W, C]` (see `kernels::pool`).
+    Pool {
+        kind: PoolKind,
+        window: Window,
+    },
+    /// Resize of channels-last `[N, H, W, C]` along H and W (f32).
+    Resize(ResizeAttrs),
 }
 
 impl Op {
@@ -297,6 +309,13 @@ impl Op {
             Op::CumSum { .. } => "CumSum".into(),
             Op::OneHot { .. } => "OneHot".into(),
             Op::Rnn(r) => r.spec.cell.onnx_name().into(),
+            Op::Pool { kind, .. } => match kind {
+                PoolKind::Max => "MaxPool",
+                PoolKind::Average { .. } => "AveragePool",
+                PoolKind::MaxIndex { .. } => "MaxPool(Indices)",
+            }
+            .into(),
+            Op::Resize(_) => "Resize".into(),
         }
     }
 

@@ -268,6 +268,9 @@ pub enum Step {
     Index(Box<IndexStep>),
     // Recurrent layers (issue #12).
     Rnn(Box<RnnStep>),
+    // Pools and resize (issue #13).
+    /// MaxPool, AveragePool, MaxPool's indices, Resize (channels-last).
+    Pool(Box<PoolStep>),
 }
 
 impl Step {
@@ -286,6 +289,7 @@ impl Step {
             Step::MatMul(m) => m.dst,
             Step::Index(x) => x.dst(),
             Step::Rnn(r) => r.dst,
+            Step::Pool(p) => p.dst(),
         }
     }
 
@@ -335,6 +339,7 @@ impl Step {
                 v.extend(r.optional().iter().filter_map(|(b, t)| b.map(|b| (b, Some(*t)))));
                 v
             }
+            Step::Pool(p) => p.typed_srcs(),
         }
     }
 
@@ -350,6 +355,7 @@ impl Step {
             Step::Cast { to, .. } => Some(*to),
             Step::Copy { .. } => None,
             Step::Index(x) => Some(x.dst_dtype()),
+            Step::Pool(p) => Some(p.dst_dtype()),
         }
     }
 
@@ -369,6 +375,7 @@ impl Step {
             Step::Where { .. } => "Where".into(),
             Step::Index(x) => x.kind().into(),
             Step::Rnn(r) => r.spec.cell.onnx_name().into(),
+            Step::Pool(p) => p.kind().into(),
         }
     }
 }
@@ -675,6 +682,8 @@ macro_rules! by_size {
 
 mod index;
 pub use index::IndexStep;
+mod pool;
+pub use pool::PoolStep;
 
 impl Memory<'_, '_, '_> {
     fn run_step(&mut self, isa: Isa, step: &Step, par: &dyn Parallel) -> Result<()> {
@@ -814,6 +823,7 @@ impl Memory<'_, '_, '_> {
             }
             Step::Index(x) => x.run(&src, dst),
             Step::Rnn(r) => rnn(isa, r, &src, packed, as_f32_mut(dst)?, par),
+            Step::Pool(p) => p.run(&src, dst, par),
         }
     }
 

@@ -24,6 +24,9 @@ mod norm;
 mod recurrent;
 mod reduce;
 mod shape;
+// Pools and resize (issue #13).
+mod pool;
+mod resize;
 // Shared by the convolution and pool families of issue #13 (unused until they land).
 #[allow(dead_code)]
 mod spatial;
@@ -84,6 +87,9 @@ static REGISTRY: &[&[OpFamily]] = &[
     recurrent::OPS,
     // Elementwise math of issue #12.
     math::OPS,
+    // Pools and resize (issue #13).
+    pool::OPS,
+    resize::OPS,
 ];
 
 fn families() -> impl Iterator<Item = &'static OpFamily> {
