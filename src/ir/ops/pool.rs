@@ -114,7 +114,11 @@ fn depth_space(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
         }
         "SpaceToDepth" => {
             if h % b != 0 || w % b != 0 {
-                return Err(format!("H {h} and W {w} are not multiples of blocksize {b}"));
+                // Symbolic H and W are probed with primes: claimed only when static.
+                return Err(format!(
+                    "H {h} and W {w} are not multiples of blocksize {b} (kiln claims SpaceToDepth \
+                     only where H and W are known to be)"
+                ));
             }
             let split = vec![batch, h / b, b, w / b, b, c];
             (split, vec![0, 1, 3, 2, 4, 5], vec![batch, h / b, w / b, b * b * c])
