@@ -75,9 +75,11 @@ fn source_coord(mode: CoordMode, x: usize, a: &ResizeAxis) -> f32 {
         CoordMode::HalfPixel => (x + 0.5) / scale - 0.5,
         CoordMode::HalfPixelSymmetric => {
             let adjustment = len_out / (scale * len_in);
-            let center = len_in / 2.0;
-            let offset = center * (1.0 - adjustment);
-            offset + (x + 0.5) / scale - 0.5
+            let offset = len_in / 2.0 * (1.0 - adjustment);
+            // Where ORT 1.31 rounds to f32 and where it keeps double, found
+            // by comparing its nearest indices near ties (test_ops_resize).
+            let shifted = (f64::from(offset) + (f64::from(x) + 0.5) / f64::from(scale)) as f32;
+            shifted - 0.5
         }
         CoordMode::PytorchHalfPixel if a.output > 1 => (x + 0.5) / scale - 0.5,
         CoordMode::PytorchHalfPixel => 0.0,

@@ -3,7 +3,7 @@
 //! known at compile time: constants, or folded from shape arithmetic on
 //! the (probed or real) input sizes.
 
-use super::attrs::{attr_float, attr_floats, attr_int, attr_ints, attr_str, norm_axes};
+use super::attrs::{attr_float, attr_floats, attr_int, attr_ints, attr_str, norm_axes, norm_axis};
 use super::spatial::{channels_first, channels_last};
 use super::OpFamily;
 use crate::ir::desc::NodeDesc;
@@ -51,6 +51,10 @@ fn resize(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
         output: 1,
         scale: 1.0,
     };
+    if rank == 3 && matches!(interp, Interp::Cubic { .. }) {
+        // As ORT's CPU EP, whose cubic Resize is 2-D or 4-D only.
+        return Err("cubic Resize of a 3-D tensor is not supported (ORT's CPU EP refuses it too)".into());
+    }
     let (h, w) = if rank == 4 { (axis(2), axis(3)) } else { (unit, axis(2)) };
     for a in [&h, &w] {
         if a.input == 0 && a.output != 0 {
@@ -109,8 +113,12 @@ fn coord_mode(name: &str) -> Result<CoordMode, Why> {
 /// computed in f32 as ORT does.
 fn scales_and_sizes(imp: &mut Importer, n: &NodeDesc, dims: &[usize]) -> Result<(Vec<f32>, Vec<usize>), Why> {
     let rank = dims.len();
-    let axes = match attr_ints(n, "axes")? {
-        Some(a) if n.since_version >= 18 => norm_axes(&a, rank, "axes")?,
+    let axes: Vec<usize> = match attr_ints(n, "axes")? {
+        Some(a) if n.since_version >= 18 => {
+            // In the given order: scales and sizes follow it.
+            norm_axes(&a, rank, "axes")?;
+            a.iter().map(|&x| norm_axis(x, rank, "axes")).collect::<Result<_, _>>()?
+        }
         _ => (0..rank).collect(),
     };
     // Upsample-7 has scales as an attribute; Upsample-9 and Resize-10 as
