@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 use crate::ir::{matmul_dims, BiasKind, DType, Graph, MatMulAttrs, Node, Op, RnnAttrs, ValueId};
 use crate::kernels::gemm::PackedB;
 use crate::kernels::movement::broadcast_strides;
-use crate::kernels::recurrent::RnnDims;
 use crate::kernels::pool::PoolShape;
+use crate::kernels::recurrent::RnnDims;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
     BufRef, Constant, IndexStep, MatB, MatBias, MatMulStep, Packing, PoolStep, Program, ProgramParts, RnnStep, Step,

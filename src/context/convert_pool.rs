@@ -128,8 +128,12 @@ fn resize_axis(a: &Option<proto::ResizeAxisInfo>) -> Result<ResizeAxis> {
 fn pool_kind(k: PoolKind) -> P {
     match k {
         PoolKind::Max => P::Max,
-        PoolKind::Average { count_include_pad: false } => P::Average,
-        PoolKind::Average { count_include_pad: true } => P::AverageIncludePad,
+        PoolKind::Average {
+            count_include_pad: false,
+        } => P::Average,
+        PoolKind::Average {
+            count_include_pad: true,
+        } => P::AverageIncludePad,
         PoolKind::MaxIndex { column_major: false } => P::MaxIndex,
         PoolKind::MaxIndex { column_major: true } => P::MaxIndexColumnMajor,
     }
@@ -138,8 +142,12 @@ fn pool_kind(k: PoolKind) -> P {
 fn pool_kind_of(code: i32) -> Result<PoolKind> {
     Ok(match P::try_from(code) {
         Ok(P::Max) => PoolKind::Max,
-        Ok(P::Average) => PoolKind::Average { count_include_pad: false },
-        Ok(P::AverageIncludePad) => PoolKind::Average { count_include_pad: true },
+        Ok(P::Average) => PoolKind::Average {
+            count_include_pad: false,
+        },
+        Ok(P::AverageIncludePad) => PoolKind::Average {
+            count_include_pad: true,
+        },
         Ok(P::MaxIndex) => PoolKind::MaxIndex { column_major: false },
         Ok(P::MaxIndexColumnMajor) => PoolKind::MaxIndex { column_major: true },
         _ => crate::bail!(InvalidGraph, "unknown pool kind {code}"),
@@ -194,4 +202,132 @@ fn coord_of(code: i32) -> Result<CoordMode> {
         Ok(C::TfHalfPixelForNn) => CoordMode::TfHalfPixelForNn,
         _ => crate::bail!(InvalidGraph, "unknown resize coordinate transformation {code}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{assert_same_program, parse, tamper};
+    use super::super::ContextBuilder;
+    use super::*;
+    use crate::compiler::compile;
+    use crate::ir::{Graph, Op, TensorType};
+    use crate::kernels::spatial::output_len;
+    use crate::target::Target;
+
+    fn axis(input: usize, kernel: usize, stride: usize, pads: (usize, usize)) -> Axis {
+        Axis {
+            input,
+            output: output_len(input, kernel, stride, 1, pads, true).unwrap(),
+            kernel,
+            stride,
+            dilation: 1,
+            pad_begin: pads.0,
+            pad_end: pads.1,
+        }
+    }
+
+    /// Every pool kind and a resize per mode over one `[2, 7, 6, 3]` input.
+    fn graph(indices: bool) -> Graph {
+        let mut g = Graph::new("pools");
+        let x = g.add_value("x", TensorType::f32(&[2, 7, 6, 3])).unwrap();
+        g.inputs.push(x);
+        let window = Window {
+            h: axis(7, 3, 2, (1, 1)),
+            w: axis(6, 2, 2, (0, 1)),
+        };
+        let mut kinds = vec![
+            PoolKind::Max,
+            PoolKind::Average {
+                count_include_pad: true,
+            },
+            PoolKind::Average {
+                count_include_pad: false,
+            },
+        ];
+        if indices {
+            kinds.push(PoolKind::MaxIndex { column_major: true });
+        }
+        let mut ops: Vec<Op> = kinds.into_iter().map(|kind| Op::Pool { kind, window }).collect();
+        let resize = |interp, coord| {
+            Op::Resize(ResizeAttrs {
+                interp,
+                coord,
+                h: ResizeAxis {
+                    input: 7,
+                    output: 10,
+                    scale: 1.5,
+                },
+                w: ResizeAxis {
+                    input: 6,
+                    output: 3,
+                    scale: 0.6,
+                },
+            })
+        };
+        ops.push(resize(Interp::Nearest(NearestMode::Simple), CoordMode::Asymmetric));
+        ops.push(resize(Interp::Linear, CoordMode::HalfPixelSymmetric));
+        let cubic = Interp::Cubic {
+            a: -0.5,
+            exclude_outside: true,
+        };
+        ops.push(resize(cubic, CoordMode::AlignCorners));
+        for (i, op) in ops.into_iter().enumerate() {
+            let ty = crate::ir::infer(&op, &[g.ty(x)], None).unwrap().remove(0);
+            let y = g.add_value(&format!("y{i}"), ty).unwrap();
+            g.add_node(&format!("n{i}"), op, vec![x], vec![y]);
+            g.outputs.push(y);
+        }
+        g
+    }
+
+    /// Pool and resize steps (tags 65, 66) go through the file and run identically.
+    #[test]
+    fn pool_and_resize_steps_round_trip() {
+        let want = compile(&graph(false), Target::Generic).unwrap();
+        assert_eq!(want.steps().len(), 6);
+        let mut b = ContextBuilder::new(Target::Generic);
+        b.add_graph("pools", &want).unwrap();
+        let ctx = parse(&b.to_bytes().unwrap()).unwrap();
+        assert_same_program(&ctx.program("pools").unwrap().unwrap(), &want);
+        // The int64 indices: same steps (run() compares f32 outputs only).
+        let want = compile(&graph(true), Target::Generic).unwrap();
+        let mut b = ContextBuilder::new(Target::Generic);
+        b.add_graph("pools", &want).unwrap();
+        let got = parse(&b.to_bytes().unwrap())
+            .unwrap()
+            .program("pools")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.steps(), want.steps());
+    }
+
+    fn first_pool(m: &mut proto::Metadata) -> &mut proto::PoolStep {
+        let steps = &mut m.graphs[0].program.as_mut().unwrap().steps;
+        steps
+            .iter_mut()
+            .find_map(|s| match s.kind.as_mut() {
+                Some(K::Pool(p)) => Some(p),
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn bad_pool_steps_are_refused() {
+        let want = compile(&graph(false), Target::Generic).unwrap();
+        let mut b = ContextBuilder::new(Target::Generic);
+        b.add_graph("pools", &want).unwrap();
+        let bytes = b.to_bytes().unwrap();
+        let cases: [(fn(&mut proto::PoolStep), &str); 4] = [
+            (|p| p.kind = 0, "unknown pool kind"),
+            (|p| p.h = None, "no window axis"),
+            (|p| p.h.as_mut().unwrap().stride = 0, "do not allow"),
+            (|p| p.w.as_mut().unwrap().output += 1, "do not allow"),
+        ];
+        for (edit, needle) in cases {
+            let bad = tamper(&bytes, |m| edit(first_pool(m)));
+            let err = parse(&bad).and_then(|c| c.program("pools").map(|_| ())).unwrap_err();
+            assert!(err.message.contains(needle), "{needle}: {}", err.message);
+        }
+    }
 }

@@ -11,11 +11,15 @@ pub enum PoolKind {
     Max,
     /// Divides by every tap inside the explicitly padded input when
     /// `count_include_pad`, else by the taps inside the input.
-    Average { count_include_pad: bool },
+    Average {
+        count_include_pad: bool,
+    },
     /// MaxPool's `Indices` output (int64): the first maximum's flat index
     /// into the NCHW input, row-major, or with H and W swapped when
     /// `column_major` (ONNX `storage_order = 1`).
-    MaxIndex { column_major: bool },
+    MaxIndex {
+        column_major: bool,
+    },
 }
 
 /// One pool's shape: `batch` images of `window.h.input × window.w.input`
@@ -61,7 +65,9 @@ pub fn pool(kind: PoolKind, s: &PoolShape, x: &[f32], y: &mut [f32], par: &dyn P
         for (r, row) in range.zip(chunk.chunks_mut(row_len)) {
             let image = &x[(r / win.h.output) * win.input_pixels() * c..][..win.input_pixels() * c];
             match kind {
-                PoolKind::Average { count_include_pad } => average_row(win, c, count_include_pad, image, r % win.h.output, row),
+                PoolKind::Average { count_include_pad } => {
+                    average_row(win, c, count_include_pad, image, r % win.h.output, row)
+                }
                 _ => max_row(win, c, image, r % win.h.output, row),
             }
         }
@@ -103,7 +109,11 @@ pub fn max_indices(column_major: bool, s: &PoolShape, x: &[f32], y: &mut [i64], 
 fn taps(win: &Window, oh: usize, ow: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
     (0..win.h.kernel)
         .filter_map(move |kh| win.h.source(oh, kh))
-        .flat_map(move |h| (0..win.w.kernel).filter_map(move |kw| win.w.source(ow, kw)).map(move |w| (h, w)))
+        .flat_map(move |h| {
+            (0..win.w.kernel)
+                .filter_map(move |kw| win.w.source(ow, kw))
+                .map(move |w| (h, w))
+        })
 }
 
 fn max_row(win: &Window, c: usize, image: &[f32], oh: usize, row: &mut [f32]) {
@@ -184,9 +194,25 @@ mod tests {
         let mut y = [0.0; 6];
         pool(PoolKind::Max, &s, &x, &mut y, &Serial);
         assert_eq!(y, [1.0, 10.0, 2.0, 20.0, 3.0, 30.0]);
-        pool(PoolKind::Average { count_include_pad: true }, &s, &x, &mut y, &Serial);
+        pool(
+            PoolKind::Average {
+                count_include_pad: true,
+            },
+            &s,
+            &x,
+            &mut y,
+            &Serial,
+        );
         assert_eq!(y, [0.5, 5.0, 1.5, 15.0, 2.5, 25.0]);
-        pool(PoolKind::Average { count_include_pad: false }, &s, &x, &mut y, &Serial);
+        pool(
+            PoolKind::Average {
+                count_include_pad: false,
+            },
+            &s,
+            &x,
+            &mut y,
+            &Serial,
+        );
         assert_eq!(y, [1.0, 10.0, 1.5, 15.0, 2.5, 25.0]);
     }
 
@@ -210,7 +236,15 @@ mod tests {
         let s = shape(unit, axis(5, 2, 2, (0, 0), true), 1);
         let x = [1.0, 3.0, 5.0, 7.0, 9.0];
         let mut y = [0.0; 3];
-        pool(PoolKind::Average { count_include_pad: true }, &s, &x, &mut y, &Serial);
+        pool(
+            PoolKind::Average {
+                count_include_pad: true,
+            },
+            &s,
+            &x,
+            &mut y,
+            &Serial,
+        );
         assert_eq!(y, [2.0, 6.0, 9.0]);
     }
 }

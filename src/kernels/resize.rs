@@ -153,7 +153,10 @@ fn axis_taps(r: &ResizeAttrs, a: &ResizeAxis) -> Taps {
                 t.index.extend([x1, x2]);
                 t.weight.extend([d2, d1]);
             }
-            Interp::Cubic { a: coeff, exclude_outside } => {
+            Interp::Cubic {
+                a: coeff,
+                exclude_outside,
+            } => {
                 let base = x.floor();
                 let mut w = cubic_coeffs(x - base, coeff);
                 let first = base as i64 - 1;

@@ -79,7 +79,10 @@ impl PoolStep {
     }
 
     pub(super) fn run(&self, src: &Sources<'_>, dst: &mut [u8], par: &dyn Parallel) -> Result<()> {
-        if !self.fits(&[src.get(self.typed_srcs()[0].0)?.len() / 4], dst.len() / self.dst_dtype().size()) {
+        if !self.fits(
+            &[src.get(self.typed_srcs()[0].0)?.len() / 4],
+            dst.len() / self.dst_dtype().size(),
+        ) {
             return Err(cast_err());
         }
         match self {

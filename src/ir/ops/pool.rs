@@ -10,7 +10,8 @@ use crate::ir::{Op, PoolKind, ReduceKind};
 
 pub(super) const OPS: &[OpFamily] = &[
     // MaxPool's second output is its Indices.
-    OpFamily::new(&["MaxPool", "AveragePool"], pool).multi_output(),
+    OpFamily::new(&["MaxPool"], pool).multi_output(),
+    OpFamily::new(&["AveragePool"], pool),
     OpFamily::new(&["GlobalAveragePool", "GlobalMaxPool"], global_pool),
     OpFamily::new(&["DepthToSpace", "SpaceToDepth"], depth_space),
 ];
@@ -46,9 +47,6 @@ fn pool(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
     let y = imp.emit(n, Op::Pool { kind, window }, &[xl], None, None)?;
     channels_first(imp, n, y, shape.len(), Some(out))?;
     let indices = n.outputs.get(1).filter(|s| !s.is_empty());
-    if indices.is_some() && kind != PoolKind::Max {
-        return Err(format!("{} has no second output", n.op_type));
-    }
     if let Some(name) = indices {
         let kind = PoolKind::MaxIndex {
             column_major: attr_int(n, "storage_order", 0)? != 0,
@@ -57,7 +55,11 @@ fn pool(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
         channels_first(imp, n, i, shape.len(), Some(name))?;
     }
     if n.outputs.len() > 2 {
-        return Err(format!("{} has {} outputs, at most 2 are defined", n.op_type, n.outputs.len()));
+        return Err(format!(
+            "{} has {} outputs, at most 2 are defined",
+            n.op_type,
+            n.outputs.len()
+        ));
     }
     Ok(())
 }
@@ -72,7 +74,10 @@ fn global_pool(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
     let x = imp.input(n, 0)?;
     let rank = imp.ty(x).shape.len();
     if !(3..=4).contains(&rank) {
-        return Err(format!("{} input of rank {rank}: kiln runs 1-D and 2-D pools only", n.op_type));
+        return Err(format!(
+            "{} input of rank {rank}: kiln runs 1-D and 2-D pools only",
+            n.op_type
+        ));
     }
     let xl = channels_last(imp, n, x)?;
     let reduce = Op::Reduce {

@@ -72,7 +72,9 @@ fn interp(n: &NodeDesc, modern: bool) -> Result<Interp, Why> {
     let mode = attr_str(n, "mode", "nearest")?;
     let exclude_outside = attr_int(n, "exclude_outside", 0)? != 0;
     if exclude_outside && mode != "cubic" {
-        return Err(format!("exclude_outside = 1 with mode {mode}: ONNX allows it for cubic only"));
+        return Err(format!(
+            "exclude_outside = 1 with mode {mode}: ONNX allows it for cubic only"
+        ));
     }
     Ok(match mode {
         "nearest" if !modern => Interp::Nearest(NearestMode::Simple),
@@ -105,7 +107,11 @@ fn coord_mode(name: &str) -> Result<CoordMode, Why> {
                         kiln leaves crop-and-resize (roi, extrapolation_value) to ORT"
                 .into())
         }
-        other => return Err(format!("coordinate_transformation_mode {other} is not a mode ONNX defines")),
+        other => {
+            return Err(format!(
+                "coordinate_transformation_mode {other} is not a mode ONNX defines"
+            ))
+        }
     })
 }
 
@@ -117,7 +123,9 @@ fn scales_and_sizes(imp: &mut Importer, n: &NodeDesc, dims: &[usize]) -> Result<
         Some(a) if n.since_version >= 18 => {
             // In the given order: scales and sizes follow it.
             norm_axes(&a, rank, "axes")?;
-            a.iter().map(|&x| norm_axis(x, rank, "axes")).collect::<Result<_, _>>()?
+            a.iter()
+                .map(|&x| norm_axis(x, rank, "axes"))
+                .collect::<Result<_, _>>()?
         }
         _ => (0..rank).collect(),
     };
@@ -136,7 +144,11 @@ fn scales_and_sizes(imp: &mut Importer, n: &NodeDesc, dims: &[usize]) -> Result<
         if n.op_type == "Upsample" && scales.iter().any(|&s| s < 1.0) {
             return Err(format!("Upsample scales {scales:?} must be >= 1"));
         }
-        let sizes = dims.iter().zip(&scales).map(|(&d, &s)| (s * d as f32) as usize).collect();
+        let sizes = dims
+            .iter()
+            .zip(&scales)
+            .map(|(&d, &s)| (s * d as f32) as usize)
+            .collect();
         return Ok((scales, sizes));
     }
     let sizes = imp
@@ -153,7 +165,13 @@ fn scales_and_sizes(imp: &mut Importer, n: &NodeDesc, dims: &[usize]) -> Result<
         }
     }
     let mut scales: Vec<f32> = (0..rank)
-        .map(|i| if dims[i] == 0 { 1.0 } else { sizes[i] as f32 / dims[i] as f32 })
+        .map(|i| {
+            if dims[i] == 0 {
+                1.0
+            } else {
+                sizes[i] as f32 / dims[i] as f32
+            }
+        })
         .collect();
     keep_aspect_ratio(n, &axes, dims, &mut scales, &mut sizes)?;
     Ok((scales, sizes))
