@@ -224,3 +224,23 @@ def test_pools_in_a_small_cnn_epcontext_round_trip(tmp_path, kiln_dev):
         for name, w, a in zip(names, want, outs):
             assert a.shape == w.shape, name
             np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(kernel_shape=[2, 2], strides=[2, 2]),
+    dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+    dict(kernel_shape=[2, 2], dilations=[1, 2]),
+])
+def test_max_pool_nans_as_the_indices_path(attrs, tmp_path, kiln_dev):
+    # With Indices, ORT's loop starts the maximum at a window's first tap and
+    # then takes `x > max`: a NaN wins only as the first tap. (Without Indices,
+    # ORT's MLAS path treats NaNs its own way, differently per window shape.)
+    path = _save(_pool_model("MaxPool", attrs, 4, True, indices=True), tmp_path)
+    x = _rand((1, 3, 6, 6), 5)
+    x[0, 0, :2, :2] = np.nan
+    x[0, 1, ::3, ::2] = np.nan
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=[{"x": x}], options=CLAIM_ALL)
+    names, want = tu.run_cpu(path, {"x": x})
+    got = run.all_outputs[0]
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])

@@ -82,6 +82,13 @@ pub fn max_indices(column_major: bool, s: &PoolShape, x: &[f32], y: &mut [i64], 
     assert_eq!(y.len(), rows * row_len, "pool output size");
     assert_eq!(Some(x.len()), s.src_len(), "pool input size");
     let (ih, iw) = (win.h.input, win.w.input);
+    let pixel = |h: i64, w: i64| {
+        if column_major {
+            w * ih as i64 + h
+        } else {
+            h * iw as i64 + w
+        }
+    };
     super::par_rows(par, rows, row_len, y, &|range, chunk| {
         let mut best = vec![0f32; c];
         for (r, row) in range.zip(chunk.chunks_mut(row_len)) {
@@ -89,16 +96,20 @@ pub fn max_indices(column_major: bool, s: &PoolShape, x: &[f32], y: &mut [i64], 
             let image = &x[n * win.input_pixels() * c..][..win.input_pixels() * c];
             for (ow, out) in row.chunks_mut(c).enumerate() {
                 best.fill(f32::MIN);
-                out.fill(-1);
-                for (h, w) in taps(win, oh, ow) {
-                    let pixel = if column_major { w * ih + h } else { h * iw + w } as i64;
+                out.fill(pixel(-1, -1));
+                for (i, (h, w)) in taps(win, oh, ow).enumerate() {
+                    let at = pixel(h as i64, w as i64);
                     let xs = &image[(h * iw + w) * c..][..c];
-                    for (ch, ((b, o), &v)) in best.iter_mut().zip(out.iter_mut()).zip(xs).enumerate() {
-                        if v > *b || *o < 0 {
+                    for ((b, o), &v) in best.iter_mut().zip(out.iter_mut()).zip(xs) {
+                        // The first tap starts the maximum, NaN or not (as ORT).
+                        if i == 0 || v > *b {
                             *b = v;
-                            *o = ((n * c + ch) * ih * iw) as i64 + pixel;
+                            *o = at;
                         }
                     }
+                }
+                for (ch, o) in out.iter_mut().enumerate() {
+                    *o += ((n * c + ch) * ih * iw) as i64;
                 }
             }
         }
@@ -118,10 +129,15 @@ fn taps(win: &Window, oh: usize, ow: usize) -> impl Iterator<Item = (usize, usiz
 
 fn max_row(win: &Window, c: usize, image: &[f32], oh: usize, row: &mut [f32]) {
     for (ow, acc) in row.chunks_mut(c).enumerate() {
-        // The lowest finite value, as ORT starts (a window of padding only gives it).
+        // A window of padding only (none with pads smaller than the kernel) gives the lowest value.
         acc.fill(f32::MIN);
-        for (h, w) in taps(win, oh, ow) {
+        for (i, (h, w)) in taps(win, oh, ow).enumerate() {
             let xs = &image[(h * win.w.input + w) * c..][..c];
+            if i == 0 {
+                // The first tap starts the maximum, NaN or not, as ORT's indices path does.
+                acc.copy_from_slice(xs);
+                continue;
+            }
             for (a, &v) in acc.iter_mut().zip(xs) {
                 *a = if v > *a { v } else { *a };
             }
