@@ -2,8 +2,11 @@
 //! every tap is one contiguous channel vector, so the inner loops run over
 //! channels (vectorised by the compiler), one task per output row.
 
+use std::ops::Range;
+
 use super::parallel::Parallel;
 use super::spatial::{Axis, Window};
+use super::Isa;
 
 /// What a pool computes per window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -54,24 +57,45 @@ impl PoolShape {
     }
 }
 
-/// `y` = the pool of `x` (f32 max or average).
-pub fn pool(kind: PoolKind, s: &PoolShape, x: &[f32], y: &mut [f32], par: &dyn Parallel) {
-    let (win, c) = (&s.window, s.channels);
-    let row_len = win.w.output * c;
-    let rows = s.batch * win.h.output;
+/// `y` = the pool of `x` (f32 max or average), in `isa`'s build of the loops.
+pub fn pool(isa: Isa, kind: PoolKind, s: &PoolShape, x: &[f32], y: &mut [f32], par: &dyn Parallel) {
+    let row_len = s.window.w.output * s.channels;
+    let rows = s.batch * s.window.h.output;
     assert_eq!(y.len(), rows * row_len, "pool output size");
     assert_eq!(Some(x.len()), s.src_len(), "pool input size");
     super::par_rows(par, rows, row_len, y, &|range, chunk| {
-        for (r, row) in range.zip(chunk.chunks_mut(row_len)) {
-            let image = &x[(r / win.h.output) * win.input_pixels() * c..][..win.input_pixels() * c];
-            match kind {
-                PoolKind::Average { count_include_pad } => {
-                    average_row(win, c, count_include_pad, image, r % win.h.output, row)
-                }
-                _ => max_row(win, c, image, r % win.h.output, row),
-            }
-        }
+        super::pool_rows_isa(isa, kind, s, x, range.start, chunk)
     });
+}
+
+/// Output rows `first..` (as many as `y` holds) of a max or average pool.
+#[inline(always)]
+pub(super) fn pool_rows(kind: PoolKind, s: &PoolShape, x: &[f32], first: usize, y: &mut [f32]) {
+    let (win, c) = (&s.window, s.channels);
+    let image_len = win.input_pixels() * c;
+    for (r, row) in (first..).zip(y.chunks_mut(win.w.output * c)) {
+        let image = &x[(r / win.h.output) * image_len..][..image_len];
+        let oh = r % win.h.output;
+        match kind {
+            PoolKind::Average { count_include_pad } => average_row(win, c, count_include_pad, image, oh, row),
+            _ => max_row(win, c, image, oh, row),
+        }
+    }
+}
+
+/// The taps `k` of output `o` that read inside the input.
+#[inline(always)]
+fn tap_range(a: &Axis, o: usize) -> Range<usize> {
+    let start = o * a.stride;
+    let lo = a.pad_begin.saturating_sub(start).div_ceil(a.dilation);
+    let hi = (a.input + a.pad_begin).saturating_sub(start).div_ceil(a.dilation);
+    lo.min(a.kernel)..hi.min(a.kernel)
+}
+
+/// The input index of tap `k` of output `o` (inside [`tap_range`]).
+#[inline(always)]
+fn tap(a: &Axis, o: usize, k: usize) -> usize {
+    o * a.stride + k * a.dilation - a.pad_begin
 }
 
 /// `y` = MaxPool's indices (int64, see [`PoolKind::MaxIndex`]).
@@ -127,39 +151,51 @@ fn taps(win: &Window, oh: usize, ow: usize) -> impl Iterator<Item = (usize, usiz
         })
 }
 
+#[inline(always)]
 fn max_row(win: &Window, c: usize, image: &[f32], oh: usize, row: &mut [f32]) {
+    let (hs, iw) = (tap_range(&win.h, oh), win.w.input);
     for (ow, acc) in row.chunks_mut(c).enumerate() {
+        let ws = tap_range(&win.w, ow);
         // A window of padding only (none with pads smaller than the kernel) gives the lowest value.
         acc.fill(f32::MIN);
-        for (i, (h, w)) in taps(win, oh, ow).enumerate() {
-            let xs = &image[(h * win.w.input + w) * c..][..c];
-            if i == 0 {
-                // The first tap starts the maximum, NaN or not, as ORT's indices path does.
-                acc.copy_from_slice(xs);
-                continue;
-            }
-            for (a, &v) in acc.iter_mut().zip(xs) {
-                *a = if v > *a { v } else { *a };
+        let mut first = true;
+        for kh in hs.clone() {
+            let line = &image[tap(&win.h, oh, kh) * iw * c..][..iw * c];
+            for kw in ws.clone() {
+                let xs = &line[tap(&win.w, ow, kw) * c..][..c];
+                if first {
+                    // The first tap starts the maximum, NaN or not, as ORT's indices path does.
+                    acc.copy_from_slice(xs);
+                    first = false;
+                    continue;
+                }
+                for (a, &v) in acc.iter_mut().zip(xs) {
+                    *a = if v > *a { v } else { *a };
+                }
             }
         }
     }
 }
 
+#[inline(always)]
 fn average_row(win: &Window, c: usize, include_pad: bool, image: &[f32], oh: usize, row: &mut [f32]) {
+    let (hs, iw) = (tap_range(&win.h, oh), win.w.input);
     for (ow, acc) in row.chunks_mut(c).enumerate() {
+        let ws = tap_range(&win.w, ow);
         acc.fill(0.0);
-        let mut count = 0usize;
-        for (h, w) in taps(win, oh, ow) {
-            let xs = &image[(h * win.w.input + w) * c..][..c];
-            for (a, &v) in acc.iter_mut().zip(xs) {
-                *a += v;
+        for kh in hs.clone() {
+            let line = &image[tap(&win.h, oh, kh) * iw * c..][..iw * c];
+            for kw in ws.clone() {
+                let xs = &line[tap(&win.w, ow, kw) * c..][..c];
+                for (a, &v) in acc.iter_mut().zip(xs) {
+                    *a += v;
+                }
             }
-            count += 1;
         }
         let divisor = if include_pad {
             padded_taps(&win.h, oh) * padded_taps(&win.w, ow)
         } else {
-            count
+            hs.len() * ws.len()
         };
         if divisor > 0 {
             let d = divisor as f32;
@@ -180,6 +216,11 @@ mod tests {
     use super::*;
     use crate::kernels::parallel::Serial;
     use crate::kernels::spatial::output_len;
+    use crate::target::Target;
+
+    fn isa() -> Isa {
+        Isa::new(Target::Generic).unwrap()
+    }
 
     fn axis(input: usize, kernel: usize, stride: usize, pads: (usize, usize), ceil: bool) -> Axis {
         Axis {
@@ -208,9 +249,10 @@ mod tests {
         let s = shape(unit, axis(3, 2, 1, (1, 0), false), 2);
         let x = [1.0, 10.0, 2.0, 20.0, 3.0, 30.0];
         let mut y = [0.0; 6];
-        pool(PoolKind::Max, &s, &x, &mut y, &Serial);
+        pool(isa(), PoolKind::Max, &s, &x, &mut y, &Serial);
         assert_eq!(y, [1.0, 10.0, 2.0, 20.0, 3.0, 30.0]);
         pool(
+            isa(),
             PoolKind::Average {
                 count_include_pad: true,
             },
@@ -221,6 +263,7 @@ mod tests {
         );
         assert_eq!(y, [0.5, 5.0, 1.5, 15.0, 2.5, 25.0]);
         pool(
+            isa(),
             PoolKind::Average {
                 count_include_pad: false,
             },
@@ -253,6 +296,7 @@ mod tests {
         let x = [1.0, 3.0, 5.0, 7.0, 9.0];
         let mut y = [0.0; 3];
         pool(
+            isa(),
             PoolKind::Average {
                 count_include_pad: true,
             },

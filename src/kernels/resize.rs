@@ -6,6 +6,7 @@
 //! index; an output pixel is the weighted sum of its taps' channel vectors.
 
 use super::parallel::Parallel;
+use super::Isa;
 
 /// How ONNX's `nearest_mode` rounds a source coordinate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,7 +114,7 @@ fn cubic_coeffs(s: f32, a: f32) -> [f32; 4] {
 }
 
 /// Per output index of one axis, `per` taps of (source index, weight).
-struct Taps {
+pub(super) struct Taps {
     per: usize,
     index: Vec<usize>,
     weight: Vec<f32>,
@@ -177,47 +178,55 @@ fn axis_taps(r: &ResizeAttrs, a: &ResizeAxis) -> Taps {
 }
 
 /// `y` (`[batch, h.output, w.output, channels]`) = the resize of `x`
-/// (`[batch, h.input, w.input, channels]`), one task per output row.
-pub fn resize(r: &ResizeAttrs, batch: usize, channels: usize, x: &[f32], y: &mut [f32], par: &dyn Parallel) {
-    let c = channels;
-    let (hin, win) = (r.h.input, r.w.input);
-    let row_len = r.w.output * c;
+/// (`[batch, h.input, w.input, channels]`), one task per output row, in
+/// `isa`'s build of the loops.
+pub fn resize(isa: Isa, r: &ResizeAttrs, batch: usize, channels: usize, x: &[f32], y: &mut [f32], par: &dyn Parallel) {
+    let row_len = r.w.output * channels;
     let rows = batch * r.h.output;
     assert_eq!(y.len(), rows * row_len, "resize output size");
-    assert_eq!(x.len(), batch * hin * win * c, "resize input size");
+    assert_eq!(x.len(), batch * r.h.input * r.w.input * channels, "resize input size");
     if y.is_empty() {
         return;
     }
-    let (th, tw) = (axis_taps(r, &r.h), axis_taps(r, &r.w));
+    let taps = [axis_taps(r, &r.h), axis_taps(r, &r.w)];
     super::par_rows(par, rows, row_len, y, &|range, chunk| {
-        let mut line = vec![0f32; c];
-        for (row_i, row) in range.zip(chunk.chunks_mut(row_len)) {
-            let (n, oh) = (row_i / r.h.output, row_i % r.h.output);
-            let image = &x[n * hin * win * c..][..hin * win * c];
-            for (ow, out) in row.chunks_mut(c).enumerate() {
-                out.fill(0.0);
-                for i in 0..th.per {
-                    let (ih, wh) = (th.index[oh * th.per + i], th.weight[oh * th.per + i]);
-                    if th.per == 1 && tw.per == 1 {
-                        let iw = tw.index[ow];
-                        out.copy_from_slice(&image[(ih * win + iw) * c..][..c]);
-                        continue;
+        super::resize_rows_isa(isa, r, &taps, channels, x, range.start, chunk)
+    });
+}
+
+/// Output rows `first..` (as many as `y` holds) of a resize with the H and
+/// W tap tables `taps`.
+#[inline(always)]
+pub(super) fn resize_rows(r: &ResizeAttrs, taps: &[Taps; 2], c: usize, x: &[f32], first: usize, y: &mut [f32]) {
+    let [th, tw] = taps;
+    let (hin, win) = (r.h.input, r.w.input);
+    let mut line = vec![0f32; c];
+    for (row_i, row) in (first..).zip(y.chunks_mut(r.w.output * c)) {
+        let (n, oh) = (row_i / r.h.output, row_i % r.h.output);
+        let image = &x[n * hin * win * c..][..hin * win * c];
+        for (ow, out) in row.chunks_mut(c).enumerate() {
+            if th.per == 1 && tw.per == 1 {
+                let (ih, iw) = (th.index[oh], tw.index[ow]);
+                out.copy_from_slice(&image[(ih * win + iw) * c..][..c]);
+                continue;
+            }
+            out.fill(0.0);
+            for i in 0..th.per {
+                let (ih, wh) = (th.index[oh * th.per + i], th.weight[oh * th.per + i]);
+                line.fill(0.0);
+                for j in 0..tw.per {
+                    let (iw, ww) = (tw.index[ow * tw.per + j], tw.weight[ow * tw.per + j]);
+                    let xs = &image[(ih * win + iw) * c..][..c];
+                    for (l, &v) in line.iter_mut().zip(xs) {
+                        *l += ww * v;
                     }
-                    line.fill(0.0);
-                    for j in 0..tw.per {
-                        let (iw, ww) = (tw.index[ow * tw.per + j], tw.weight[ow * tw.per + j]);
-                        let xs = &image[(ih * win + iw) * c..][..c];
-                        for (l, &v) in line.iter_mut().zip(xs) {
-                            *l += ww * v;
-                        }
-                    }
-                    for (o, &l) in out.iter_mut().zip(&line) {
-                        *o += wh * l;
-                    }
+                }
+                for (o, &l) in out.iter_mut().zip(&line) {
+                    *o += wh * l;
                 }
             }
         }
-    });
+    }
 }
 
 #[cfg(test)]
@@ -245,7 +254,15 @@ mod tests {
 
     fn run(r: &ResizeAttrs, x: &[f32]) -> Vec<f32> {
         let mut y = vec![0.0; r.w.output];
-        resize(r, 1, 1, x, &mut y, &Serial);
+        resize(
+            Isa::new(crate::target::Target::Generic).unwrap(),
+            r,
+            1,
+            1,
+            x,
+            &mut y,
+            &Serial,
+        );
         y
     }
 

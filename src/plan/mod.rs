@@ -823,7 +823,7 @@ impl Memory<'_, '_, '_> {
             }
             Step::Index(x) => x.run(&src, dst),
             Step::Rnn(r) => rnn(isa, r, &src, packed, as_f32_mut(dst)?, par),
-            Step::Pool(p) => p.run(&src, dst, par),
+            Step::Pool(p) => p.run(isa, &src, dst, par),
         }
     }
 

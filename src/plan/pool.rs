@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::kernels::parallel::Parallel;
 use crate::kernels::pool::{self, PoolKind, PoolShape};
 use crate::kernels::resize::{self, ResizeAttrs};
+use crate::kernels::Isa;
 
 /// One pool or resize step.
 #[derive(Clone, Debug, PartialEq)]
@@ -78,7 +79,7 @@ impl PoolStep {
         }
     }
 
-    pub(super) fn run(&self, src: &Sources<'_>, dst: &mut [u8], par: &dyn Parallel) -> Result<()> {
+    pub(super) fn run(&self, isa: Isa, src: &Sources<'_>, dst: &mut [u8], par: &dyn Parallel) -> Result<()> {
         if !self.fits(
             &[src.get(self.typed_srcs()[0].0)?.len() / 4],
             dst.len() / self.dst_dtype().size(),
@@ -94,14 +95,14 @@ impl PoolStep {
             } => pool::max_indices(*column_major, shape, src.f32(*s)?, typed_mut(dst)?, par),
             PoolStep::Pool {
                 kind, shape, src: s, ..
-            } => pool::pool(*kind, shape, src.f32(*s)?, as_f32_mut(dst)?, par),
+            } => pool::pool(isa, *kind, shape, src.f32(*s)?, as_f32_mut(dst)?, par),
             PoolStep::Resize {
                 attrs,
                 batch,
                 channels,
                 src: s,
                 ..
-            } => resize::resize(attrs, *batch, *channels, src.f32(*s)?, as_f32_mut(dst)?, par),
+            } => resize::resize(isa, attrs, *batch, *channels, src.f32(*s)?, as_f32_mut(dst)?, par),
         }
         Ok(())
     }
