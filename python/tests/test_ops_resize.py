@@ -107,6 +107,12 @@ def test_sizes(mode, sizes, tmp_path, kiln_dev):
     _check(m, tmp_path, kiln_dev, [(2, 3, 6, 7), (2, 3, 11, 5)])
 
 
+def test_sizes_fix_a_symbolic_batch(tmp_path, kiln_dev):
+    # Constant sizes name N and C: a symbolic N is only valid at sizes[0], and
+    # kiln claims the node (ORT would refuse any other N at run time).
+    _check(_resize(dict(mode="linear"), sizes=[1, 3, 9, 14]), tmp_path, kiln_dev, [(1, 3, 6, 7), (1, 3, 11, 5)])
+
+
 @pytest.mark.parametrize("policy", ["stretch", "not_larger", "not_smaller"])
 def test_axes_and_aspect_ratio(policy, tmp_path, kiln_dev):
     attrs = dict(mode="linear", axes=[2, 3], keep_aspect_ratio_policy=policy)

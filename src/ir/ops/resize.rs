@@ -13,7 +13,10 @@ use crate::ir::{CoordMode, DType, Interp, NearestMode, Op, ResizeAttrs, ResizeAx
 pub(super) const OPS: &[OpFamily] = &[OpFamily::new(&["Resize", "Upsample"], resize)];
 
 fn resize(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
-    let x = imp.input(n, 0)?;
+    let x = match fixed_batch_and_channels(imp, n)? {
+        Some(dims) => imp.input_shaped(n, 0, &dims)?,
+        None => imp.input(n, 0)?,
+    };
     let dims = imp.ty(x).shape.clone();
     let rank = dims.len();
     if !(3..=4).contains(&rank) {
@@ -66,6 +69,26 @@ fn resize(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
     let y = imp.emit(n, Op::Resize(attrs), &[xl], None, None)?;
     channels_first(imp, n, y, rank, Some(out))?;
     Ok(())
+}
+
+/// Constant `sizes` (without `axes`) fix N and C: a symbolic N or C is
+/// only valid at those sizes, so it is taken at them (rather than at a
+/// probe size the node would be refused at).
+fn fixed_batch_and_channels(imp: &mut Importer, n: &NodeDesc) -> Result<Option<Vec<Option<usize>>>, Why> {
+    if n.op_type != "Resize" || n.since_version < 11 || attr_ints(n, "axes")?.is_some() || floats(imp, n, 2)?.is_some()
+    {
+        return Ok(None);
+    }
+    let Some(sizes) = imp.const_ints(n, 3, "the sizes")? else {
+        return Ok(None);
+    };
+    if sizes.len() < 3 || sizes.iter().any(|&s| s < 0) {
+        return Ok(None);
+    }
+    let mut dims = vec![None; sizes.len()];
+    dims[0] = Some(sizes[0] as usize);
+    dims[1] = Some(sizes[1] as usize);
+    Ok(Some(dims))
 }
 
 fn interp(n: &NodeDesc, modern: bool) -> Result<Interp, Why> {
