@@ -318,7 +318,8 @@ mod tests {
         let mut b = ContextBuilder::new(Target::Generic);
         b.add_graph("pools", &want).unwrap();
         let bytes = b.to_bytes().unwrap();
-        let cases: [(fn(&mut proto::PoolStep), &str); 4] = [
+        type Edit = fn(&mut proto::PoolStep);
+        let cases: [(Edit, &str); 4] = [
             (|p| p.kind = 0, "unknown pool kind"),
             (|p| p.h = None, "no window axis"),
             (|p| p.h.as_mut().unwrap().stride = 0, "do not allow"),
