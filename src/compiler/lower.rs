@@ -16,11 +16,20 @@ use crate::ir::{matmul_dims, BiasKind, ConvAttrs, DType, Graph, MatMulAttrs, Nod
 use crate::kernels::conv;
 use crate::kernels::gemm::PackedB;
 use crate::kernels::movement::broadcast_strides;
+use crate::kernels::pool::PoolShape;
 use crate::kernels::recurrent::RnnDims;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
+<<<<<<< HEAD
     BufRef, Constant, ConvStep, ConvWeightsRef, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts,
     RnnStep, Step, TensorSpec, Weight,
+||||||| base
+    BufRef, Constant, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, RnnStep, Step, TensorSpec,
+    Weight,
+=======
+    BufRef, Constant, IndexStep, MatB, MatBias, MatMulStep, Packing, PoolStep, Program, ProgramParts, RnnStep, Step,
+    TensorSpec, Weight,
+>>>>>>> theirs
 };
 use crate::target::Target;
 
@@ -339,6 +348,7 @@ impl Lowering<'_> {
             | Op::OneHot { .. } => Step::Index(Box::new(self.index_step(&node.op, ins, out, dst)?)),
             Op::Rnn(attrs) => self.rnn(attrs, ins, dst)?,
             Op::Conv(attrs) => self.conv(attrs, ins, dst)?,
+            Op::Pool { .. } | Op::Resize(_) => Step::Pool(Box::new(self.pool_step(&node.op, ins, dst)?)),
             Op::Reshape => return Err(internal("an alias reached lowering")),
             Op::Shape { .. } => return Err(internal("Shape was not folded")),
         };
@@ -443,6 +453,33 @@ impl Lowering<'_> {
             residual,
             dst,
         })))
+    }
+
+    /// The step of a pool or resize (issue #13); input `[N, H, W, C]`.
+    fn pool_step(&mut self, op: &Op, ins: &[ValueId], dst: BufRef) -> Result<PoolStep> {
+        let s = self.shape(ins[0]).to_vec();
+        let (batch, channels) = (s[0], s[3]);
+        let src = self.buf(ins[0])?;
+        Ok(match op {
+            Op::Pool { kind, window } => PoolStep::Pool {
+                kind: *kind,
+                shape: PoolShape {
+                    window: *window,
+                    batch,
+                    channels,
+                },
+                src,
+                dst,
+            },
+            Op::Resize(attrs) => PoolStep::Resize {
+                attrs: *attrs,
+                batch,
+                channels,
+                src,
+                dst,
+            },
+            _ => return Err(internal(format_args!("{op} is not a pool or resize"))),
+        })
     }
 
     /// The step of an indexing op (issue #12).

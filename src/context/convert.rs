@@ -227,6 +227,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
         Step::Index(x) => super::convert_index::index_info(x),
         Step::Rnn(r) => K::Rnn(rnn_info(r)),
         Step::Conv(c) => K::Conv(conv_info(c)),
+        Step::Pool(p) => super::convert_pool::pool_info(p),
     };
     proto::StepInfo { kind: Some(kind) }
 }
@@ -588,6 +589,7 @@ fn step(s: &proto::StepInfo) -> Result<Step> {
         K::GatherElements(_) | K::GatherNd(_) | K::ScatterNd(_) | K::CumSum(_) | K::OneHot(_) => {
             Step::Index(Box::new(super::convert_index::index_step(kind)?))
         }
+        K::Pool(_) | K::Resize(_) => Step::Pool(Box::new(super::convert_pool::pool_step(kind)?)),
         K::Unary(u) => Step::Unary {
             op: unary_op(u)?,
             src: buf_ref(&u.src)?,

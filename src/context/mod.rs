@@ -18,6 +18,8 @@
 mod compat;
 mod convert;
 mod convert_index;
+// Pools and resize (issue #13).
+mod convert_pool;
 mod generic;
 mod header;
 mod peek;

@@ -261,7 +261,7 @@ pub struct OpCount {
 pub struct StepInfo {
     #[prost(
         oneof = "step_info::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50, 65, 66"
     )]
     pub kind: Option<step_info::Kind>,
 }
@@ -308,6 +308,11 @@ pub mod step_info {
         // Convolution (issue #13): tags 50-54.
         #[prost(message, tag = "50")]
         Conv(super::ConvStep),
+        // Pools and resize (issue #13): tags 65-69.
+        #[prost(message, tag = "65")]
+        Pool(super::PoolStep),
+        #[prost(message, tag = "66")]
+        Resize(super::ResizeStep),
     }
 }
 
@@ -954,4 +959,116 @@ pub enum ScatterReductionKind {
     Mul = 3,
     Max = 4,
     Min = 5,
+}
+
+// ---- Pools and resize (issue #13) ----
+
+/// `plan::PoolStep::Pool`: a pool over channels-last `[batch, h, w, channels]`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PoolStep {
+    #[prost(enumeration = "PoolKindInfo", tag = "1")]
+    pub kind: i32,
+    #[prost(message, optional, tag = "2")]
+    pub h: Option<WindowAxis>,
+    #[prost(message, optional, tag = "3")]
+    pub w: Option<WindowAxis>,
+    #[prost(uint64, tag = "4")]
+    pub batch: u64,
+    #[prost(uint64, tag = "5")]
+    pub channels: u64,
+    #[prost(message, optional, tag = "6")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "7")]
+    pub dst: Option<BufInfo>,
+}
+
+/// `kernels::spatial::Axis`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WindowAxis {
+    #[prost(uint64, tag = "1")]
+    pub input: u64,
+    #[prost(uint64, tag = "2")]
+    pub output: u64,
+    #[prost(uint64, tag = "3")]
+    pub kernel: u64,
+    #[prost(uint64, tag = "4")]
+    pub stride: u64,
+    #[prost(uint64, tag = "5")]
+    pub dilation: u64,
+    #[prost(uint64, tag = "6")]
+    pub pad_begin: u64,
+    #[prost(uint64, tag = "7")]
+    pub pad_end: u64,
+}
+
+/// `plan::PoolStep::Resize`: a resize of channels-last `[batch, h, w, channels]`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ResizeStep {
+    #[prost(enumeration = "ResizeModeInfo", tag = "1")]
+    pub mode: i32,
+    #[prost(float, tag = "2")]
+    pub cubic_coeff_a: f32,
+    #[prost(bool, tag = "3")]
+    pub exclude_outside: bool,
+    #[prost(enumeration = "CoordModeInfo", tag = "4")]
+    pub coord: i32,
+    #[prost(message, optional, tag = "5")]
+    pub h: Option<ResizeAxisInfo>,
+    #[prost(message, optional, tag = "6")]
+    pub w: Option<ResizeAxisInfo>,
+    #[prost(uint64, tag = "7")]
+    pub batch: u64,
+    #[prost(uint64, tag = "8")]
+    pub channels: u64,
+    #[prost(message, optional, tag = "9")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "10")]
+    pub dst: Option<BufInfo>,
+}
+
+/// `kernels::resize::ResizeAxis`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ResizeAxisInfo {
+    #[prost(uint64, tag = "1")]
+    pub input: u64,
+    #[prost(uint64, tag = "2")]
+    pub output: u64,
+    #[prost(float, tag = "3")]
+    pub scale: f32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum PoolKindInfo {
+    Unspecified = 0,
+    Max = 1,
+    Average = 2,
+    AverageIncludePad = 3,
+    MaxIndex = 4,
+    MaxIndexColumnMajor = 5,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum ResizeModeInfo {
+    Unspecified = 0,
+    NearestRoundPreferFloor = 1,
+    NearestRoundPreferCeil = 2,
+    NearestFloor = 3,
+    NearestCeil = 4,
+    NearestSimple = 5,
+    Linear = 6,
+    Cubic = 7,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum CoordModeInfo {
+    Unspecified = 0,
+    HalfPixel = 1,
+    HalfPixelSymmetric = 2,
+    PytorchHalfPixel = 3,
+    AlignCorners = 4,
+    Asymmetric = 5,
+    TfHalfPixelForNn = 6,
 }

@@ -73,6 +73,7 @@ fn arity(op: &Op, ins: usize, outs: usize) -> Result<(), Why> {
         Op::Binary(_) | Op::Gather { .. } => (&[2], 1),
         Op::Where | Op::ScatterNd { .. } => (&[3], 1),
         Op::CumSum { .. } => (&[1], 1),
+        Op::Pool { .. } | Op::Resize(_) => (&[1], 1),
         Op::GatherElements { .. } | Op::GatherNd { .. } | Op::OneHot { .. } => (&[2], 1),
         Op::LayerNorm { .. } => (&[2, 3], 1),
         Op::MatMul(m) => return exact(op, ins, m.num_inputs(), outs, 1),
@@ -315,6 +316,7 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
         | Op::OneHot { .. } => infer_index(op, ins, given)?,
         Op::Rnn(r) => infer_rnn(r, ins)?,
         Op::Conv(c) => infer_conv(c, ins)?,
+        Op::Pool { .. } | Op::Resize(_) => infer_spatial(op, x()?)?,
     };
     Ok(vec![out])
 }
@@ -402,6 +404,36 @@ fn infer_index(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<
         }
         _ => Err(format!("{op} is not an indexing op")),
     }
+}
+
+/// Output type of the pools and resize (issue #13): channels-last
+/// `[N, H, W, C]` in, the window's or resize's H and W out.
+fn infer_spatial(op: &Op, x: &TensorType) -> Result<TensorType, Why> {
+    expect_dtype("the input", x, &[DType::F32])?;
+    let [n, h, w, c] = x.shape[..] else {
+        return Err(format!("input {} is not channels-last [N, H, W, C]", shape(&x.shape)));
+    };
+    let (out_h, out_w, dtype) = match op {
+        Op::Pool { kind, window } => {
+            let fits = window.h.input == h && window.w.input == w && window.h.kernel > 0 && window.w.kernel > 0;
+            if !fits {
+                return Err(format!("window {window:?} does not fit input {}", shape(&x.shape)));
+            }
+            let dtype = match kind {
+                super::PoolKind::MaxIndex { .. } => DType::I64,
+                _ => DType::F32,
+            };
+            (window.h.output, window.w.output, dtype)
+        }
+        Op::Resize(r) => {
+            if r.h.input != h || r.w.input != w || !r.is_valid() {
+                return Err(format!("resize {r:?} does not fit input {}", shape(&x.shape)));
+            }
+            (r.h.output, r.w.output, DType::F32)
+        }
+        _ => return Err(format!("{op} is not a pool or resize")),
+    };
+    Ok(TensorType::new(dtype, &[n, out_h, out_w, c]))
 }
 
 /// A recurrent layer's flat output (see [`Op::Rnn`]).

@@ -13,8 +13,11 @@ use std::fmt;
 
 pub use crate::kernels::gemm::Activation;
 pub use crate::kernels::index::ScatterReduction;
+pub use crate::kernels::pool::PoolKind;
 pub use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDirection, RnnSpec};
 pub use crate::kernels::spatial::{Axis, Window};
+pub use crate::kernels::resize::{CoordMode, Interp, NearestMode, ResizeAttrs, ResizeAxis};
+pub use crate::kernels::spatial::Window;
 pub use crate::kernels::{BinaryOp, ReduceKind, UnaryOp};
 pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc, NO_CONSTANTS};
 pub use import::{check_support, import, Fold};
@@ -291,6 +294,15 @@ pub enum Op {
     // Convolution (issue #13).
     /// Channels-last convolution (see [`ConvAttrs`]).
     Conv(Box<ConvAttrs>),
+    // Pools and resize (issue #13).
+    /// A max or average pool (f32), or MaxPool's int64 indices, over
+    /// channels-last `[N, H, W, C]` (see `kernels::pool`).
+    Pool {
+        kind: PoolKind,
+        window: Window,
+    },
+    /// Resize of channels-last `[N, H, W, C]` along H and W (f32).
+    Resize(ResizeAttrs),
 }
 
 impl Op {
@@ -338,6 +350,13 @@ impl Op {
             Op::OneHot { .. } => "OneHot".into(),
             Op::Rnn(r) => r.spec.cell.onnx_name().into(),
             Op::Conv(c) => c.name(),
+            Op::Pool { kind, .. } => match kind {
+                PoolKind::Max => "MaxPool",
+                PoolKind::Average { .. } => "AveragePool",
+                PoolKind::MaxIndex { .. } => "MaxPool(Indices)",
+            }
+            .into(),
+            Op::Resize(_) => "Resize".into(),
         }
     }
 

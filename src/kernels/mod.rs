@@ -23,6 +23,9 @@ mod norm;
 pub mod parallel;
 pub mod recurrent;
 pub mod spatial;
+// Pools and resize (issue #13).
+pub mod pool;
+pub mod resize;
 
 pub use layout::{Layout, Strided};
 pub use movement::{cast_f32_i32, cast_f32_i64, CopyPlan, Where3};
@@ -445,6 +448,9 @@ isa_kernels! {
     fn layer_norm_isa(len: usize, epsilon: f32, decomposed: bool, src: &[f32], scale: &[f32], bias: Option<&[f32]>, dst: &mut [f32]) => norm::layer_norm;
     fn reduce_isa(kind: ReduceKind, len: usize, inner: usize, src: &[f32], dst: &mut [f32]) => norm::reduce;
     fn rnn_gate_isa(f: recurrent::RnnActivation, clip: Option<f32>, x: &mut [f32]) => recurrent::gate;
+    // Pools and resize (issue #13).
+    fn pool_rows_isa(kind: pool::PoolKind, s: &pool::PoolShape, x: &[f32], first: usize, y: &mut [f32]) => pool::pool_rows;
+    fn resize_rows_isa(r: &resize::ResizeAttrs, taps: &[resize::Taps; 2], c: usize, x: &[f32], first: usize, y: &mut [f32]) => resize::resize_rows;
 }
 
 /// Elements below which a step is not worth splitting over threads.

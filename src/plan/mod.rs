@@ -297,6 +297,9 @@ pub enum Step {
     Rnn(Box<RnnStep>),
     // Convolution (issue #13).
     Conv(Box<ConvStep>),
+    // Pools and resize (issue #13).
+    /// MaxPool, AveragePool, MaxPool's indices, Resize (channels-last).
+    Pool(Box<PoolStep>),
 }
 
 impl Step {
@@ -316,6 +319,7 @@ impl Step {
             Step::Index(x) => x.dst(),
             Step::Rnn(r) => r.dst,
             Step::Conv(c) => c.dst,
+            Step::Pool(p) => p.dst(),
         }
     }
 
@@ -374,6 +378,7 @@ impl Step {
                 v.extend(c.residual.map(|r| (r, Some(F32))));
                 v
             }
+            Step::Pool(p) => p.typed_srcs(),
         }
     }
 
@@ -392,6 +397,7 @@ impl Step {
             Step::Cast { to, .. } => Some(*to),
             Step::Copy { .. } => None,
             Step::Index(x) => Some(x.dst_dtype()),
+            Step::Pool(p) => Some(p.dst_dtype()),
         }
     }
 
@@ -412,6 +418,7 @@ impl Step {
             Step::Index(x) => x.kind().into(),
             Step::Rnn(r) => r.spec.cell.onnx_name().into(),
             Step::Conv(_) => "Conv".into(),
+            Step::Pool(p) => p.kind().into(),
         }
     }
 }
@@ -718,6 +725,8 @@ macro_rules! by_size {
 
 mod index;
 pub use index::IndexStep;
+mod pool;
+pub use pool::PoolStep;
 
 impl Memory<'_, '_, '_> {
     fn run_step(&mut self, isa: Isa, step: &Step, par: &dyn Parallel) -> Result<()> {
@@ -858,6 +867,7 @@ impl Memory<'_, '_, '_> {
             Step::Index(x) => x.run(&src, dst),
             Step::Rnn(r) => rnn(isa, r, &src, packed, as_f32_mut(dst)?, par),
             Step::Conv(c) => conv(isa, c, &src, packed, as_f32_mut(dst)?, par),
+            Step::Pool(p) => p.run(isa, &src, dst, par),
         }
     }
 

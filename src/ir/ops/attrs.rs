@@ -67,3 +67,12 @@ pub(super) fn to_dims(spec: &[i64]) -> Result<Vec<usize>, Why> {
         .map(|&d| usize::try_from(d).map_err(|_| format!("negative dim {d}")))
         .collect()
 }
+
+// Pools and resize (issue #13).
+pub(super) fn attr_floats(n: &NodeDesc, name: &str) -> Result<Option<Vec<f32>>, Why> {
+    match attr(n, name) {
+        None => Ok(None),
+        Some(AttrValue::Floats(v)) => Ok(Some(v.clone())),
+        Some(other) => Err(format!("attribute {name} is {other:?}, expected floats")),
+    }
+}

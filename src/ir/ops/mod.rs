@@ -25,6 +25,9 @@ mod norm;
 mod recurrent;
 mod reduce;
 mod shape;
+// Pools and resize (issue #13).
+mod pool;
+mod resize;
 // Shared by the convolution and pool families of issue #13.
 #[allow(dead_code)]
 mod spatial;
@@ -91,6 +94,9 @@ static REGISTRY: &[&[OpFamily]] = &[
     conv::OPS,
     // Activations and Sum (issue #13).
     activation::OPS,
+    // Pools and resize (issue #13).
+    pool::OPS,
+    resize::OPS,
 ];
 
 fn families() -> impl Iterator<Item = &'static OpFamily> {

@@ -66,7 +66,8 @@ fn only_split_dropout_and_recurrent_layers_may_use_extra_outputs() {
         .filter(|f| f.multi_output)
         .flat_map(|f| f.names.iter().copied())
         .collect();
-    assert_eq!(multi, HashSet::from(["Split", "Dropout", "LSTM", "GRU"]));
+    // MaxPool's second output is its Indices (issue #13).
+    assert_eq!(multi, HashSet::from(["Split", "Dropout", "LSTM", "GRU", "MaxPool"]));
     let optional: HashSet<&str> = families()
         .filter(|f| f.optional_outputs)
         .flat_map(|f| f.names.iter().copied())
