@@ -20,16 +20,8 @@ use crate::kernels::pool::PoolShape;
 use crate::kernels::recurrent::RnnDims;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
-<<<<<<< HEAD
-    BufRef, Constant, ConvStep, ConvWeightsRef, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts,
-    RnnStep, Step, TensorSpec, Weight,
-||||||| base
-    BufRef, Constant, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, RnnStep, Step, TensorSpec,
-    Weight,
-=======
-    BufRef, Constant, IndexStep, MatB, MatBias, MatMulStep, Packing, PoolStep, Program, ProgramParts, RnnStep, Step,
-    TensorSpec, Weight,
->>>>>>> theirs
+    BufRef, Constant, ConvStep, ConvWeightsRef, IndexStep, MatB, MatBias, MatMulStep, Packing, PoolStep, Program,
+    ProgramParts, RnnStep, Step, TensorSpec, Weight,
 };
 use crate::target::Target;
 
