@@ -220,6 +220,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
         }),
         Step::Index(x) => super::convert_index::index_info(x),
         Step::Rnn(r) => K::Rnn(rnn_info(r)),
+        Step::Norm(x) => super::convert_norm::norm_info(x),
     };
     proto::StepInfo { kind: Some(kind) }
 }
@@ -472,6 +473,9 @@ fn step(s: &proto::StepInfo) -> Result<Step> {
     Ok(match kind {
         K::GatherElements(_) | K::GatherNd(_) | K::ScatterNd(_) | K::CumSum(_) | K::OneHot(_) => {
             Step::Index(Box::new(super::convert_index::index_step(kind)?))
+        }
+        K::GroupNorm(_) | K::Lrn(_) | K::ArgReduce(_) | K::TopK(_) => {
+            Step::Norm(Box::new(super::convert_norm::norm_step(kind)?))
         }
         K::Unary(u) => Step::Unary {
             op: unary_op(u)?,

@@ -18,6 +18,7 @@
 mod compat;
 mod convert;
 mod convert_index;
+mod convert_norm;
 mod generic;
 mod header;
 mod peek;

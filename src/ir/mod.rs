@@ -11,9 +11,11 @@ mod tensor;
 
 use std::fmt;
 
+pub use crate::kernels::channel_norm::Lrn;
 pub use crate::kernels::gemm::Activation;
 pub use crate::kernels::index::ScatterReduction;
 pub use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDirection, RnnSpec};
+pub use crate::kernels::select::{ArgRule, TopKRule};
 pub use crate::kernels::{BinaryOp, ReduceKind, UnaryOp};
 pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc, NO_CONSTANTS};
 pub use import::{check_support, import, Fold};
@@ -251,6 +253,28 @@ pub enum Op {
     },
     // Recurrent layers (issue #12).
     Rnn(Box<RnnAttrs>),
+    // Normalisation and selection ops (issue #13).
+    /// Channels-last `x [N, H, W, C]`, `scale [C]`, `bias [C]`: group
+    /// normalisation over `groups` groups of adjacent channels
+    /// (InstanceNormalization: one channel per group).
+    GroupNorm {
+        groups: usize,
+        epsilon: f32,
+    },
+    /// Channels-last `x [N, H, W, C]`: ONNX `LRN` across channels.
+    Lrn(Lrn),
+    /// ArgMax / ArgMin along `axis` (f32 or int64 in, int64 out).
+    ArgReduce {
+        axis: usize,
+        keepdims: bool,
+        rule: ArgRule,
+    },
+    /// TopK's int64 indices along `axis` (values come from a
+    /// GatherElements of them), sorted by [`crate::kernels::select`]'s order.
+    TopK {
+        axis: usize,
+        rule: TopKRule,
+    },
 }
 
 impl Op {
@@ -297,6 +321,10 @@ impl Op {
             Op::CumSum { .. } => "CumSum".into(),
             Op::OneHot { .. } => "OneHot".into(),
             Op::Rnn(r) => r.spec.cell.onnx_name().into(),
+            Op::GroupNorm { .. } => "GroupNormalization".into(),
+            Op::Lrn(_) => "LRN".into(),
+            Op::ArgReduce { rule, .. } => (if rule.min { "ArgMin" } else { "ArgMax" }).into(),
+            Op::TopK { .. } => "TopK".into(),
         }
     }
 

@@ -22,6 +22,9 @@ mod norm;
 pub mod parallel;
 pub mod recurrent;
 pub mod spatial;
+// Normalisation and selection kernels of issue #13.
+pub mod channel_norm;
+pub mod select;
 
 pub use layout::{Layout, Strided};
 pub use movement::{cast_f32_i32, cast_f32_i64, CopyPlan, Where3};

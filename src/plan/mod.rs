@@ -10,6 +10,10 @@
 //! are bytes; each step views them as its element types.
 
 mod validate;
+// Normalisation and selection steps (issue #13).
+mod norm;
+
+pub use norm::NormStep;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -268,6 +272,9 @@ pub enum Step {
     Index(Box<IndexStep>),
     // Recurrent layers (issue #12).
     Rnn(Box<RnnStep>),
+    // Normalisation and selection ops (issue #13).
+    /// GroupNorm (InstanceNorm), LRN, ArgMax / ArgMin, TopK.
+    Norm(Box<NormStep>),
 }
 
 impl Step {
@@ -286,6 +293,7 @@ impl Step {
             Step::MatMul(m) => m.dst,
             Step::Index(x) => x.dst(),
             Step::Rnn(r) => r.dst,
+            Step::Norm(x) => x.dst(),
         }
     }
 
@@ -330,6 +338,7 @@ impl Step {
             Step::Cast { src, from, .. } => vec![(*src, Some(*from))],
             Step::Where { cond, x, y, dtype, .. } => vec![(*cond, Some(Bool)), (*x, Some(*dtype)), (*y, Some(*dtype))],
             Step::Index(x) => x.typed_srcs(),
+            Step::Norm(x) => x.typed_srcs(),
             Step::Rnn(r) => {
                 let mut v = vec![(r.x, Some(F32))];
                 v.extend(r.optional().iter().filter_map(|(b, t)| b.map(|b| (b, Some(*t)))));
@@ -350,6 +359,7 @@ impl Step {
             Step::Cast { to, .. } => Some(*to),
             Step::Copy { .. } => None,
             Step::Index(x) => Some(x.dst_dtype()),
+            Step::Norm(x) => Some(x.dst_dtype()),
         }
     }
 
@@ -369,6 +379,7 @@ impl Step {
             Step::Where { .. } => "Where".into(),
             Step::Index(x) => x.kind().into(),
             Step::Rnn(r) => r.spec.cell.onnx_name().into(),
+            Step::Norm(x) => x.kind().into(),
         }
     }
 }
@@ -814,6 +825,7 @@ impl Memory<'_, '_, '_> {
             }
             Step::Index(x) => x.run(&src, dst),
             Step::Rnn(r) => rnn(isa, r, &src, packed, as_f32_mut(dst)?, par),
+            Step::Norm(x) => x.run(&src, dst, par),
         }
     }
 

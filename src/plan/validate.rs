@@ -191,6 +191,7 @@ fn check_step(p: &Program, step: &Step) -> Result<()> {
         Step::MatMul(m) => matmul_fits(p, m, &s, d)?,
         Step::Index(x) => x.fits(&s, d),
         Step::Rnn(r) => rnn_fits(p, r, &s, d),
+        Step::Norm(x) => x.fits(&s, d),
     };
     if !consistent {
         crate::bail!(

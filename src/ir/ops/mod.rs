@@ -14,6 +14,8 @@
 //! [`REGISTRY`]. `SUPPORTED_OPS` (the `disabled_ops` option) follows.
 
 mod attrs;
+// Normalisation and selection ops (issue #13).
+mod channel_norm;
 mod elementwise;
 mod index;
 mod logic;
@@ -23,6 +25,7 @@ mod movement;
 mod norm;
 mod recurrent;
 mod reduce;
+mod select;
 mod shape;
 // Shared by the convolution and pool families of issue #13 (unused until they land).
 #[allow(dead_code)]
@@ -84,6 +87,9 @@ static REGISTRY: &[&[OpFamily]] = &[
     recurrent::OPS,
     // Elementwise math of issue #12.
     math::OPS,
+    // Normalisation and selection ops (issue #13).
+    channel_norm::OPS,
+    select::OPS,
 ];
 
 fn families() -> impl Iterator<Item = &'static OpFamily> {
