@@ -283,11 +283,11 @@ mod tests {
         let mut y = [0f32; 5];
         lrn(&p, 5, &x, &mut y, &Serial);
         let sq = [1.0f32, 4.0, 9.0, 16.0, 25.0];
-        for c in 0..5 {
+        for c in 0..5usize {
             let lo = c.saturating_sub(1);
             let hi = (c + 2).min(4);
             let s: f32 = sq[lo..=hi].iter().sum();
-            let want = x[c] / (2.0 + 0.5 / 4.0 * s).powf(0.75);
+            let want = x[c] / (2.0f32 + 0.5 / 4.0 * s).powf(0.75);
             assert!((y[c] - want).abs() < 1e-6, "{c}: {} vs {want}", y[c]);
         }
     }

@@ -169,3 +169,91 @@ impl NormStep {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Program, ProgramParts, TensorMut, TensorRef, TensorSpec};
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::kernels::parallel::Serial;
+    use crate::target::Target;
+
+    /// One TopK step over `x [2, 4]` (f32) into `i [2, k]`.
+    fn top_k_parts(k: usize, len: usize, out_k: usize) -> ProgramParts {
+        ProgramParts {
+            target: Target::Generic,
+            inputs: vec![TensorSpec::new("x", DType::F32, &[2, 4])],
+            outputs: vec![TensorSpec::new("i", DType::I64, &[2, out_k])],
+            constants: vec![],
+            steps: vec![super::super::Step::Norm(Box::new(NormStep::TopK {
+                dtype: DType::F32,
+                rule: TopKRule { k, largest: true },
+                lanes: Lanes {
+                    outer: 2,
+                    len,
+                    inner: 1,
+                },
+                src: BufRef::Input(0),
+                dst: BufRef::Output(0),
+            }))],
+            arena_bytes: 0,
+            op_counts: vec![],
+        }
+    }
+
+    #[test]
+    fn a_top_k_step_runs_and_inconsistent_ones_are_refused() {
+        let p = Program::from_parts(top_k_parts(2, 4, 2)).unwrap();
+        let x = [1.0f32, 4.0, 4.0, 2.0, 0.0, -1.0, 3.0, 3.0];
+        let mut i = [0i64; 4];
+        p.run(
+            Target::Generic,
+            &[TensorRef::F32(&x)],
+            &mut [TensorMut::I64(&mut i)],
+            &Serial,
+        )
+        .unwrap();
+        assert_eq!(i, [1, 2, 2, 3]);
+        // k larger than the axis, and lanes that do not cover the input.
+        for parts in [top_k_parts(5, 4, 5), top_k_parts(2, 3, 2)] {
+            let e = Program::from_parts(parts).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidGraph, "{e}");
+            assert!(e.to_string().contains("parameters do not allow"), "{e}");
+        }
+    }
+
+    #[test]
+    fn group_norm_steps_need_groups_that_divide_the_channels() {
+        let step = |groups: usize| NormStep::GroupNorm {
+            dims: GroupNormDims {
+                batch: 1,
+                spatial: 2,
+                channels: 6,
+                groups,
+                epsilon: 1e-5,
+            },
+            src: BufRef::Input(0),
+            scale: BufRef::Input(1),
+            bias: BufRef::Input(2),
+            dst: BufRef::Output(0),
+        };
+        assert!(step(3).fits(&[12, 6, 6], 12));
+        assert!(!step(4).fits(&[12, 6, 6], 12));
+        assert!(!step(0).fits(&[12, 6, 6], 12));
+        assert!(!step(3).fits(&[12, 5, 6], 12));
+        let lrn = |size: usize| NormStep::Lrn {
+            lrn: Lrn {
+                size,
+                alpha: 1e-4,
+                beta: 0.75,
+                bias: 1.0,
+            },
+            channels: 6,
+            src: BufRef::Input(0),
+            dst: BufRef::Output(0),
+        };
+        assert!(lrn(5).fits(&[12], 12));
+        assert!(!lrn(0).fits(&[12], 12));
+        assert!(!lrn(5).fits(&[13], 13));
+    }
+}
