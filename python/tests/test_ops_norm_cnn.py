@@ -96,6 +96,27 @@ def test_instance_norm_large_mean_small_spread(tmp_path, kiln_dev):
     np.testing.assert_allclose(y.reshape(3, -1).std(axis=1), 1.0, rtol=1e-2)
 
 
+def test_instance_norm_nonfinite(tmp_path, kiln_dev):
+    """A channel holding inf, -inf or NaN is NaN throughout, as in ORT; a
+    channel of huge finite values, whose float sum overflows (ORT: NaN),
+    normalises on kiln (f64 statistics), like the float64 definition."""
+    node = h.make_node("InstanceNormalization", ["x", "s", "b"], ["y"])
+    inits = [_init("s", np.full(5, 0.5, np.float32)), _init("b", np.full(5, 0.25, np.float32))]
+    path = _save(_model([node], [_vi("x", [1, 5, 1, 4])], [_vi("y", None)], inits), tmp_path)
+    x = np.array([[[[1, 2, np.inf, 3]], [[1, np.nan, 2, 3]], [[-np.inf, 1, 2, 3]],
+                   [[1e38, 2e38, -1e38, 3e38]], [[1, 2, 3, 4]]]], np.float32)
+    run = tu.run_fully_on_kiln(path, kiln_dev, {"x": x}, options=CLAIM_ALL)
+    got = run.outputs[0][0, :, 0]
+    _, (want,) = tu.run_cpu(path, {"x": x})
+    want = want[0, :, 0]
+    assert np.isnan(got[:3]).all() and np.isnan(want[:3]).all()
+    np.testing.assert_allclose(got[4], want[4], rtol=RTOL, atol=ATOL)
+    assert np.isnan(want[3]).all(), "ORT now normalises huge values: kiln's documented difference is gone"
+    x64 = x[0, 3, 0].astype(np.float64)
+    ref = (x64 - x64.mean()) / np.sqrt(x64.var() + 1e-5) * 0.5 + 0.25
+    np.testing.assert_allclose(got[3], ref, rtol=1e-5)
+
+
 def test_instance_norm_with_runtime_scale_and_conv_chain(tmp_path, kiln_dev):
     """Scale and bias as graph inputs (not constants), between two elementwise
     ops: the channels-last wrapping is exact inside a chain."""

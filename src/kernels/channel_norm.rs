@@ -46,50 +46,44 @@ impl GroupNormDims {
 
 /// `y = (x - mean) / sqrt(var + epsilon) * scale[c] + bias[c]`, the
 /// statistics taken per image and group of `channels / groups` adjacent
-/// channels. Computed as `x * a[c] + b[c]` per image, as ORT's
-/// `InstanceNormalization` does.
+/// channels. The statistics and `rsqrt(var + eps) * scale` are computed in
+/// f64, so a channel of huge values (whose float sum overflows) still
+/// normalises, and `x - mean` is exact for a large mean of a small spread.
 pub fn group_norm(d: &GroupNormDims, x: &[f32], scale: &[f32], bias: &[f32], y: &mut [f32], par: &dyn Parallel) {
     assert!(d.fits(x.len(), scale.len(), bias.len(), y.len()), "group norm sizes");
     let c = d.channels;
     if x.is_empty() || c == 0 {
         return;
     }
-    let image = d.spatial * c;
-    let mean = group_means(d, x, par);
-    let rstd = group_rstds(d, x, &mean, par);
-    // Per image and channel: y = x * a + b.
     let cg = c / d.groups;
-    let mut a = vec![0f32; d.batch * c];
-    let mut b = vec![0f32; d.batch * c];
-    for n in 0..d.batch {
-        for ch in 0..c {
-            let g = n * d.groups + ch / cg;
-            let s = rstd[g] * scale[ch];
-            a[n * c + ch] = s;
-            b[n * c + ch] = bias[ch] - mean[g] * s;
-        }
-    }
+    let mean = per_group(d, &channel_sums(d, x, None, par));
+    // The group's mean repeated per channel, for the deviations.
+    let centre: Vec<f64> = (0..d.batch * c).map(|i| mean[(i / c) * d.groups + (i % c) / cg]).collect();
+    let var = per_group(d, &channel_sums(d, x, Some(&centre), par));
+    // Per image and channel: y = (x - m) * a + bias.
+    let m: Vec<f32> = centre.iter().map(|&v| v as f32).collect();
+    let a: Vec<f32> = (0..d.batch * c)
+        .map(|i| {
+            let v = var[(i / c) * d.groups + (i % c) / cg];
+            (f64::from(scale[i % c]) / (v + f64::from(d.epsilon)).sqrt()) as f32
+        })
+        .collect();
     super::par_rows(par, d.batch * d.spatial, c, y, &|rows, out| {
         for (r, row) in rows.zip(out.chunks_exact_mut(c)) {
-            let n = r / d.spatial.max(1);
-            let (a, b) = (&a[n * c..(n + 1) * c], &b[n * c..(n + 1) * c]);
+            let n = r / d.spatial;
+            let (m, a) = (&m[n * c..(n + 1) * c], &a[n * c..(n + 1) * c]);
             let xs = &x[r * c..(r + 1) * c];
-            for (((o, &v), &a), &b) in row.iter_mut().zip(xs).zip(a).zip(b) {
-                *o = v * a + b;
+            for ((((o, &v), &m), &a), &b) in row.iter_mut().zip(xs).zip(m).zip(a).zip(bias) {
+                *o = (v - m) * a + b;
             }
         }
     });
-    debug_assert_eq!(image * d.batch, y.len());
 }
 
-/// Per-block f64 sums of `f(x, channel)` per channel, for image `n`'s
-/// positions `block * STAT_BLOCK ..`, summed over blocks in order.
-fn channel_sums(
-    d: &GroupNormDims,
-    x: &[f32],
-    par: &dyn Parallel,
-    f: &(dyn Fn(usize, usize, f32) -> f64 + Sync),
-) -> Vec<f64> {
+/// Per image and channel, the f64 sum over positions of `x`, or with
+/// `centre` (per image and channel) of `(x - centre)²`: summed per block of
+/// `STAT_BLOCK` positions, then over blocks in order.
+fn channel_sums(d: &GroupNormDims, x: &[f32], centre: Option<&[f64]>, par: &dyn Parallel) -> Vec<f64> {
     let c = d.channels;
     let blocks = d.spatial.div_ceil(STAT_BLOCK).max(1);
     let partial: Vec<Mutex<Vec<f64>>> = (0..d.batch * blocks).map(|_| Mutex::new(Vec::new())).collect();
@@ -97,13 +91,26 @@ fn channel_sums(
     let par = if x.len() < SMALL { &Serial as &dyn Parallel } else { par };
     par.for_each(d.batch * blocks, &|t| {
         let (n, blk) = (t / blocks, t % blocks);
-        let start = blk * STAT_BLOCK;
-        let end = (start + STAT_BLOCK).min(d.spatial);
+        let start = n * d.spatial + blk * STAT_BLOCK;
+        let end = (start + STAT_BLOCK).min((n + 1) * d.spatial);
         let mut acc = vec![0f64; c];
-        for s in start..end {
-            let row = &x[(n * d.spatial + s) * c..(n * d.spatial + s + 1) * c];
-            for (ch, (a, &v)) in acc.iter_mut().zip(row).enumerate() {
-                *a += f(n, ch, v);
+        let rows = x[start * c..end * c].chunks_exact(c);
+        match centre {
+            None => {
+                for row in rows {
+                    for (a, &v) in acc.iter_mut().zip(row) {
+                        *a += f64::from(v);
+                    }
+                }
+            }
+            Some(centre) => {
+                let m = &centre[n * c..(n + 1) * c];
+                for row in rows {
+                    for ((a, &v), &m) in acc.iter_mut().zip(row).zip(m) {
+                        let dev = f64::from(v) - m;
+                        *a += dev * dev;
+                    }
+                }
             }
         }
         *partial[t].lock().unwrap_or_else(|e| e.into_inner()) = acc;
@@ -132,25 +139,6 @@ fn per_group(d: &GroupNormDims, sums: &[f64]) -> Vec<f64> {
         *v /= count;
     }
     out
-}
-
-fn group_means(d: &GroupNormDims, x: &[f32], par: &dyn Parallel) -> Vec<f32> {
-    let sums = channel_sums(d, x, par, &|_, _, v| f64::from(v));
-    per_group(d, &sums).iter().map(|&m| m as f32).collect()
-}
-
-/// `1 / sqrt(var + epsilon)` per (image, group), the variance the mean of
-/// squared deviations from the (f32) mean.
-fn group_rstds(d: &GroupNormDims, x: &[f32], mean: &[f32], par: &dyn Parallel) -> Vec<f32> {
-    let cg = d.channels / d.groups;
-    let sums = channel_sums(d, x, par, &|n, ch, v| {
-        let dev = f64::from(v) - f64::from(mean[n * d.groups + ch / cg]);
-        dev * dev
-    });
-    per_group(d, &sums)
-        .iter()
-        .map(|&var| 1.0 / ((var as f32) + d.epsilon).sqrt())
-        .collect()
 }
 
 /// The parameters of one local response normalisation.
