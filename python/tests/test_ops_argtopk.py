@@ -208,6 +208,23 @@ def test_top_k_with_k_from_a_runtime_input_is_left_to_ort(tmp_path, kiln_dev):
     np.testing.assert_array_equal(run.outputs[1], want[1])
 
 
+@pytest.mark.parametrize("target", list(kiln.TARGETS))
+def test_selection_on_every_target(target, tmp_path, kiln_dev):
+    order = list(kiln.TARGETS)  # best first
+    if order.index(target) < order.index(tu.host_target()):
+        pytest.skip(f"this CPU cannot run {target} (best here: {tu.host_target()})")
+    nodes = [
+        h.make_node("ArgMin", ["x"], ["a"], axis=1, select_last_index=1),
+        h.make_node("TopK", ["x", "k"], ["v", "i"], axis=0),
+    ]
+    outputs = [_vi("a", None, T.INT64), _vi("v", None), _vi("i", None, T.INT64)]
+    path = _save(_model(nodes, [_vi("x", [9, 8])], outputs, [_init("k", np.array([4], np.int64))]), tmp_path)
+    feeds = {"x": _ties((9, 8), 11, nan=0.1)}
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds, options={"claim": "all", "target": target})
+    _, want = tu.run_cpu(path, feeds)
+    np.testing.assert_array_equal(run.outputs[0], want[0])
+
+
 # ---------------------------------------------------------------- compiled model
 
 

@@ -228,6 +228,26 @@ def test_norm_chain(opt_level, tmp_path, kiln_dev):
     _check(path, kiln_dev, feeds, opt_level=opt_level)
 
 
+@pytest.mark.parametrize("target", list(kiln.TARGETS))
+def test_norms_on_every_target(target, tmp_path, kiln_dev):
+    """The kernels have one portable implementation; each target's build
+    of it (AVX-512, AVX2, generic code generation) gives the same results."""
+    order = list(kiln.TARGETS)  # best first
+    if order.index(target) < order.index(tu.host_target()):
+        pytest.skip(f"this CPU cannot run {target} (best here: {tu.host_target()})")
+    nodes = [
+        h.make_node("InstanceNormalization", ["x", "s", "b"], ["i"]),
+        h.make_node("LRN", ["i"], ["l"], size=3, alpha=0.3),
+        h.make_node("GroupNormalization", ["l", "s", "b"], ["y"], num_groups=2),
+    ]
+    inits = [_init("s", _rand(4, 1)), _init("b", _rand(4, 2))]
+    path = _save(_model(nodes, [_vi("x", [2, 4, 9, 7])], [_vi("y", None)], inits), tmp_path)
+    feeds = {"x": _rand((2, 4, 9, 7), 3)}
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds, options={"claim": "all", "target": target})
+    _, want = tu.run_cpu(path, feeds)
+    np.testing.assert_allclose(run.outputs[0], want[0], rtol=RTOL, atol=ATOL)
+
+
 # ---------------------------------------------------------------- compiled model
 
 
