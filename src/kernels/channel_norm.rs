@@ -58,7 +58,9 @@ pub fn group_norm(d: &GroupNormDims, x: &[f32], scale: &[f32], bias: &[f32], y: 
     let cg = c / d.groups;
     let mean = per_group(d, &channel_sums(d, x, None, par));
     // The group's mean repeated per channel, for the deviations.
-    let centre: Vec<f64> = (0..d.batch * c).map(|i| mean[(i / c) * d.groups + (i % c) / cg]).collect();
+    let centre: Vec<f64> = (0..d.batch * c)
+        .map(|i| mean[(i / c) * d.groups + (i % c) / cg])
+        .collect();
     let var = per_group(d, &channel_sums(d, x, Some(&centre), par));
     // Per image and channel: y = (x - m) * a + bias.
     let m: Vec<f32> = centre.iter().map(|&v| v as f32).collect();

@@ -10,7 +10,6 @@
 //! no consistent order with NaNs, see the README).
 
 use super::parallel::Parallel;
-use std::cmp::Ordering;
 
 /// The sizes of a selection: `len` values per (outer, inner) pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,33 +85,46 @@ pub struct TopKRule {
     pub largest: bool,
 }
 
-/// `a` before `b` in TopK's output order: by value (NaN greatest), then by
-/// the lower index.
-#[inline(always)]
-fn order<T: PartialOrd>(largest: bool, a: &(T, usize), b: &(T, usize)) -> Ordering {
-    let by_value = match a.0.partial_cmp(&b.0) {
-        Some(o) => o,
-        // Exactly one of them (or both) is NaN: NaN is the greater.
-        None => is_nan(&a.0).cmp(&is_nan(&b.0)),
-    };
-    let by_value = if largest { by_value.reverse() } else { by_value };
-    by_value.then(a.1.cmp(&b.1))
+/// A value's place in TopK's order as an unsigned key: a greater value
+/// has a greater key, equal values (+0 and -0 too) equal keys, and NaN the
+/// greatest key of all. Selecting on integer keys is several times faster
+/// than on a comparator that checks for NaN.
+pub trait SortKey: Copy + Send + Sync {
+    fn sort_key(self) -> u64;
 }
 
+impl SortKey for f32 {
+    #[inline(always)]
+    fn sort_key(self) -> u64 {
+        if self.is_nan() {
+            return u64::MAX;
+        }
+        // +0 for -0 (they tie); then flip so that the bits order like the values.
+        let b = (self + 0.0).to_bits();
+        u64::from(if b >> 31 == 1 { !b } else { b | 0x8000_0000 })
+    }
+}
+
+impl SortKey for i64 {
+    #[inline(always)]
+    fn sort_key(self) -> u64 {
+        (self as u64) ^ (1 << 63)
+    }
+}
+
+/// The rank of element `idx` of value `v`: the greater, the earlier in the
+/// output (by value in the wanted direction, NaN last when smallest, then
+/// by the lower index).
 #[inline(always)]
-fn is_nan<T: PartialOrd>(v: &T) -> bool {
-    v.partial_cmp(v).is_none()
+fn rank<T: SortKey>(largest: bool, v: T, idx: usize) -> u128 {
+    let k = v.sort_key();
+    let k = if largest { k } else { !k };
+    (u128::from(k) << 64) | u128::from(u64::MAX - idx as u64)
 }
 
 /// `dst[o, j, i]` = the index along `len` of the `j`-th of the `k` largest
 /// (smallest) values of `src[o, .., i]`, in order (`k <= len`).
-pub fn top_k<T: PartialOrd + Copy + Send + Sync>(
-    rule: TopKRule,
-    lanes: Lanes,
-    src: &[T],
-    dst: &mut [i64],
-    par: &dyn Parallel,
-) {
+pub fn top_k<T: SortKey>(rule: TopKRule, lanes: Lanes, src: &[T], dst: &mut [i64], par: &dyn Parallel) {
     let Lanes { outer, len, inner } = lanes;
     let k = rule.k;
     assert!(
@@ -124,19 +136,19 @@ pub fn top_k<T: PartialOrd + Copy + Send + Sync>(
     }
     let block = len * inner;
     super::par_rows(par, outer, k * inner, dst, &|rows, out| {
-        let mut col: Vec<(T, usize)> = Vec::with_capacity(len);
+        let mut col: Vec<u128> = Vec::with_capacity(len);
         for (o, d) in rows.zip(out.chunks_exact_mut(k * inner)) {
             let s = &src[o * block..(o + 1) * block];
             for i in 0..inner {
                 col.clear();
-                col.extend((0..len).map(|j| (s[j * inner + i], j)));
-                let cmp = |a: &(T, usize), b: &(T, usize)| order(rule.largest, a, b);
+                col.extend((0..len).map(|j| rank(rule.largest, s[j * inner + i], j)));
+                let first = |a: &u128, b: &u128| b.cmp(a);
                 if k < len {
-                    col.select_nth_unstable_by(k - 1, cmp);
+                    col.select_nth_unstable_by(k - 1, first);
                 }
-                col[..k].sort_unstable_by(cmp);
-                for (j, &(_, idx)) in col[..k].iter().enumerate() {
-                    d[j * inner + i] = idx as i64;
+                col[..k].sort_unstable_by(first);
+                for (j, &r) in col[..k].iter().enumerate() {
+                    d[j * inner + i] = (u64::MAX - r as u64) as i64;
                 }
             }
         }
@@ -213,8 +225,20 @@ mod tests {
         assert_eq!(d, [3, 0, 2, 4]);
         top_k(TopKRule { k: 4, largest: false }, lanes, &src, &mut d, &Serial);
         assert_eq!(d, [1, 5, 4, 0]);
+        // -0 and +0 tie (lower index first), as in ORT's `==`.
+        let zeros = [0.0f32, -0.0, 1.0, 0.0, -0.0, -1.0];
+        top_k(TopKRule { k: 4, largest: true }, lanes, &zeros, &mut d, &Serial);
+        assert_eq!(d, [2, 0, 1, 3]);
+        top_k(TopKRule { k: 4, largest: false }, lanes, &zeros, &mut d, &Serial);
+        assert_eq!(d, [5, 0, 1, 3]);
         let ints = [4i64, 4, 9, -1, 4, 0];
         top_k(TopKRule { k: 4, largest: true }, lanes, &ints, &mut d, &Serial);
         assert_eq!(d, [2, 0, 1, 4]);
+        let extremes = [i64::MIN, i64::MAX, -1, 0, i64::MAX, 1];
+        top_k(TopKRule { k: 4, largest: false }, lanes, &extremes, &mut d, &Serial);
+        assert_eq!(d, [0, 2, 3, 5]);
+        let floats = [f32::NEG_INFINITY, f32::INFINITY, f32::MIN, f32::MAX, -1e-45, 1e-45];
+        top_k(TopKRule { k: 4, largest: true }, lanes, &floats, &mut d, &Serial);
+        assert_eq!(d, [1, 3, 5, 4]);
     }
 }
