@@ -94,6 +94,18 @@ def test_arg_reduce_nan_like_ort(op, last, axis, tmp_path, kiln_dev):
 
 
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+def test_arg_reduce_infinities_and_signed_zeros(op, tmp_path, kiln_dev):
+    """±inf are ordinary extremes; -0 and +0 are equal (a tie)."""
+    node = h.make_node(op, ["x"], ["y"], axis=1, keepdims=0)
+    node_last = h.make_node(op, ["x"], ["z"], axis=1, keepdims=0, select_last_index=1)
+    inf = np.inf
+    x = np.array([[1, inf, -inf, inf], [-inf, -inf, 0, 1], [0.0, -0.0, 0.0, -0.0], [-0.0, 0.0, -1, 1]], np.float32)
+    outputs = [_vi("y", None, T.INT64), _vi("z", None, T.INT64)]
+    path = _save(_model([node, node_last], [_vi("x", [4, 4])], outputs), tmp_path)
+    _check(path, kiln_dev, [{"x": x}])
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
 def test_arg_reduce_int64_and_opset_11(op, tmp_path, kiln_dev):
     """int64 input, and opset 11 (no select_last_index)."""
     node = h.make_node(op, ["x"], ["y"], axis=1)

@@ -147,6 +147,19 @@ def test_group_norm(opset, channels, groups, tmp_path, kiln_dev):
     _check(path, kiln_dev, feeds)
 
 
+@pytest.mark.parametrize("opset", [18, 21])
+def test_group_norm_runtime_scale_and_bias(opset, tmp_path, kiln_dev):
+    """Scale and bias as graph inputs: opset 18's per-group vectors are
+    repeated per channel at run time (Reshape, Expand), opset 21's used as is."""
+    per = 3 if opset == 18 else 6
+    node = h.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=3)
+    inputs = [_vi("x", ["n", 6, "h", "w"]), _vi("s", [per]), _vi("b", [per])]
+    path = _save(_model([node], inputs, [_vi("y", None)], opset=opset), tmp_path)
+    feeds = [{"x": _rand((2, 6, 4, 5), 1), "s": _rand(per, 2), "b": _rand(per, 3)},
+             {"x": _rand((1, 6, 7, 2), 4), "s": _rand(per, 5), "b": _rand(per, 6)}]
+    _check(path, kiln_dev, feeds)
+
+
 @pytest.mark.parametrize("stash_type", [1, 11])
 def test_group_norm_1d_and_stash_type(stash_type, tmp_path, kiln_dev):
     node = h.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2, stash_type=stash_type)
@@ -194,6 +207,19 @@ def _lrn_reference(x, size, alpha, beta, bias):
         lo, hi = max(0, ch - (size - 1) // 2), min(c - 1, ch + size // 2)
         sq[:, ch] = (x[:, lo:hi + 1] ** 2).sum(axis=1)
     return (x / (bias + alpha / size * sq) ** beta).astype(np.float32)
+
+
+def test_lrn_nonfinite(tmp_path, kiln_dev):
+    """inf, NaN and a square that overflows: the same NaNs and zeros as ORT.
+    At an inf, x · (bias + a·inf)^-beta is inf · 0 = NaN, at its finite
+    neighbours 0; and ORT's running window sum leaves every later channel of
+    that position NaN (inf - inf), which kiln's running sum reproduces."""
+    node = h.make_node("LRN", ["x"], ["y"], size=3)
+    path = _save(_model([node], [_vi("x", [1, 6, 2, 2])], [_vi("y", None)]), tmp_path)
+    x = _rand((1, 6, 2, 2), 1)
+    x[0, 1, 0, 0], x[0, 4, 1, 1], x[0, 2, 1, 0] = np.inf, np.nan, -np.inf
+    x[0, 5, 0, 1] = 3e38
+    _check(path, kiln_dev, [{"x": x}])
 
 
 def test_lrn_even_size_against_the_formula(tmp_path, kiln_dev):

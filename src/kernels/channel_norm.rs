@@ -156,9 +156,15 @@ pub struct Lrn {
 /// ONNX `LRN` over rows of `channels` (one row per position):
 /// `y = x / (bias + alpha / size * Σ x²)^beta`, the sum over channels
 /// `c - (size - 1) / 2 ..= c + size / 2` (clipped to the row).
+///
+/// The sum is a running one, as ORT's CPU EP computes it: start from the
+/// first window, then per channel add the entering square and subtract the
+/// leaving one. Besides costing O(1) per channel, this gives ORT's
+/// non-finite results: once an inf has entered, `inf - inf` makes the
+/// rest of the row NaN, where a direct sum would be finite again.
 pub fn lrn(p: &Lrn, channels: usize, x: &[f32], y: &mut [f32], par: &dyn Parallel) {
     assert!(
-        x.len() == y.len() && (channels > 0 && x.len().is_multiple_of(channels) || x.is_empty()),
+        p.size > 0 && x.len() == y.len() && (channels > 0 && x.len().is_multiple_of(channels) || x.is_empty()),
         "lrn sizes"
     );
     if x.is_empty() {
@@ -166,20 +172,27 @@ pub fn lrn(p: &Lrn, channels: usize, x: &[f32], y: &mut [f32], par: &dyn Paralle
     }
     let rows = x.len() / channels;
     let before = (p.size - 1) / 2;
-    let after = p.size - 1 - before;
     let scale = p.alpha / p.size as f32;
     super::par_rows(par, rows, channels, y, &|range, out| {
-        let mut sq = vec![0f32; channels];
+        // The row's squares with `before` zeros in front and room after.
+        let mut padded = vec![0f32; channels + p.size];
         for (r, row) in range.zip(out.chunks_exact_mut(channels)) {
             let xs = &x[r * channels..(r + 1) * channels];
-            for (s, &v) in sq.iter_mut().zip(xs) {
+            for (s, &v) in padded[before..before + channels].iter_mut().zip(xs) {
                 *s = v * v;
             }
-            for (ch, o) in row.iter_mut().enumerate() {
-                let lo = ch.saturating_sub(before);
-                let hi = (ch + after).min(channels - 1);
-                let sum: f32 = sq[lo..=hi].iter().sum();
-                *o = xs[ch] * (p.bias + scale * sum).powf(-p.beta);
+            let mut sum = p.bias;
+            for &sq in &padded[..p.size] {
+                sum += scale * sq;
+            }
+            row[0] = sum;
+            for c in 1..channels {
+                sum += scale * padded[c + p.size - 1];
+                sum += -scale * padded[c - 1];
+                row[c] = sum;
+            }
+            for (o, &v) in row.iter_mut().zip(xs) {
+                *o = v * o.powf(-p.beta);
             }
         }
     });
