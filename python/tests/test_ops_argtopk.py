@@ -178,6 +178,15 @@ def test_top_k_int64_and_indices_only_consumer(tmp_path, kiln_dev):
     _check(path, kiln_dev, [{"x": x}])
 
 
+@pytest.mark.parametrize("shape,k", [((3, 5), 0), ((0, 5), 2)], ids=["k0", "no-rows"])
+def test_top_k_and_arg_max_empty(shape, k, tmp_path, kiln_dev):
+    """k = 0 and a batch of no rows: empty outputs of the right shapes."""
+    nodes = [h.make_node("TopK", ["x", "k"], ["v", "i"], axis=1), h.make_node("ArgMax", ["x"], ["a"], axis=1)]
+    outputs = [_vi("v", None), _vi("i", None, T.INT64), _vi("a", None, T.INT64)]
+    path = _save(_model(nodes, [_vi("x", ["n", 5])], outputs, [_init("k", np.array([k], np.int64))]), tmp_path)
+    _check(path, kiln_dev, [{"x": np.ones(shape, np.float32)}, {"x": _ties((2, 5), 1)}])
+
+
 def test_top_k_opset_1_attribute(tmp_path, kiln_dev):
     node = h.make_node("TopK", ["x"], ["v", "i"], k=3)
     outputs = [_vi("v", None), _vi("i", None, T.INT64)]
