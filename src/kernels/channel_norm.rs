@@ -174,22 +174,29 @@ pub fn lrn(p: &Lrn, channels: usize, x: &[f32], y: &mut [f32], par: &dyn Paralle
     let before = (p.size - 1) / 2;
     let scale = p.alpha / p.size as f32;
     super::par_rows(par, rows, channels, y, &|range, out| {
-        // The row's squares with `before` zeros in front and room after.
-        let mut padded = vec![0f32; channels + p.size];
+        let mut sq = vec![0f32; channels];
         for (r, row) in range.zip(out.chunks_exact_mut(channels)) {
             let xs = &x[r * channels..(r + 1) * channels];
-            for (s, &v) in padded[before..before + channels].iter_mut().zip(xs) {
+            for (s, &v) in sq.iter_mut().zip(xs) {
                 *s = v * v;
             }
+            // Window position `i` holds channel `i - before` (zero outside the
+            // row, so those terms are skipped: memory and time do not grow
+            // with `size`, which a corrupt file could make huge).
+            let at = |i: Option<usize>| i.and_then(|i| i.checked_sub(before)).and_then(|ch| sq.get(ch)).copied();
             let mut sum = p.bias;
-            for &sq in &padded[..p.size] {
-                sum += scale * sq;
+            for &v in &sq[..p.size.saturating_sub(before).min(channels)] {
+                sum += scale * v;
             }
             row[0] = sum;
-            for c in 1..channels {
-                sum += scale * padded[c + p.size - 1];
-                sum += -scale * padded[c - 1];
-                row[c] = sum;
+            for (c, o) in row.iter_mut().enumerate().skip(1) {
+                if let Some(v) = at(c.checked_add(p.size - 1)) {
+                    sum += scale * v;
+                }
+                if let Some(v) = at(Some(c - 1)) {
+                    sum += -scale * v;
+                }
+                *o = sum;
             }
             for (o, &v) in row.iter_mut().zip(xs) {
                 *o = v * o.powf(-p.beta);
@@ -293,5 +300,10 @@ mod tests {
             let want = x[c] / (2.0f32 + 0.5 / 4.0 * s).powf(0.75);
             assert!((y[c] - want).abs() < 1e-6, "{c}: {} vs {want}", y[c]);
         }
+        // A window wider than any row (a corrupt file's size) costs nothing extra.
+        let huge = Lrn { size: usize::MAX, ..p };
+        lrn(&huge, 5, &x, &mut y, &Serial);
+        let s: f32 = sq.iter().sum();
+        assert!((y[4] - x[4] / (2.0 + 0.5 / usize::MAX as f32 * s).powf(0.75)).abs() < 1e-6);
     }
 }
