@@ -55,7 +55,9 @@ pub fn arg_reduce<T: PartialOrd + Copy + Sync>(
         len > 0 && lanes.numel() == Some(src.len()) && outer * inner == dst.len(),
         "arg_reduce sizes"
     );
-    if inner == 0 {
+    // Nothing to write; also keeps the scratch below from sizing itself on
+    // a corrupt file's `inner` when no element backs it.
+    if dst.is_empty() {
         return;
     }
     let block = len * inner;
@@ -131,7 +133,9 @@ pub fn top_k<T: SortKey>(rule: TopKRule, lanes: Lanes, src: &[T], dst: &mut [i64
         k <= len && lanes.numel() == Some(src.len()) && outer * k * inner == dst.len(),
         "top_k sizes"
     );
-    if k == 0 || inner == 0 {
+    // Nothing to write; also keeps the scratch below from sizing itself on
+    // a corrupt file's `len` when no element backs it.
+    if dst.is_empty() {
         return;
     }
     let block = len * inner;
@@ -210,6 +214,28 @@ mod tests {
         assert_eq!(d, [1, 0, 0, 1]);
         arg_reduce(ArgRule { min: false, last: true }, lanes, &src, &mut d, &Serial);
         assert_eq!(d, [2, 1, 1, 2]);
+    }
+
+    #[test]
+    fn empty_outputs_allocate_nothing_for_huge_axes() {
+        // What a corrupt file may describe: no rows, but an axis of 2^60.
+        let lanes = Lanes {
+            outer: 0,
+            len: 1 << 60,
+            inner: 1 << 60,
+        };
+        let mut d: [i64; 0] = [];
+        arg_reduce(
+            ArgRule {
+                min: false,
+                last: false,
+            },
+            lanes,
+            &[0f32; 0],
+            &mut d,
+            &Serial,
+        );
+        top_k(TopKRule { k: 3, largest: true }, lanes, &[0f32; 0], &mut d, &Serial);
     }
 
     #[test]
