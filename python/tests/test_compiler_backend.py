@@ -64,6 +64,7 @@ MatMul Gemm Add Sub Mul Div Pow Sqrt Reciprocal Exp Log Erf Tanh Sigmoid Relu Le
 Softmax LayerNormalization ReduceMean ReduceSum Reshape Transpose Flatten Squeeze Unsqueeze Concat
 Split Slice Gather Cast Shape Constant ConstantOfShape Identity Dropout Where Expand Neg Abs
 LSTM GRU
+ArgMax ArgMin TopK InstanceNormalization GroupNormalization LRN
 """.split())
 IO_TYPES = {TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL}
 CPU_RTOL, CPU_ATOL = 1e-4, 1e-5

@@ -13,15 +13,17 @@ use super::generic::PackedWeights;
 use super::memplan::{plan_arena, Lifetime};
 use crate::error::{Error, Result};
 use crate::ir::{matmul_dims, BiasKind, ConvAttrs, DType, Graph, MatMulAttrs, Node, Op, RnnAttrs, ValueId};
+use crate::kernels::channel_norm::GroupNormDims;
 use crate::kernels::conv;
 use crate::kernels::gemm::PackedB;
 use crate::kernels::movement::broadcast_strides;
 use crate::kernels::pool::PoolShape;
 use crate::kernels::recurrent::RnnDims;
+use crate::kernels::select::Lanes;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
-    BufRef, Constant, ConvStep, ConvWeightsRef, IndexStep, MatB, MatBias, MatMulStep, Packing, PoolStep, Program,
-    ProgramParts, RnnStep, Step, TensorSpec, Weight,
+    BufRef, Constant, ConvStep, ConvWeightsRef, IndexStep, MatB, MatBias, MatMulStep, NormStep, Packing, PoolStep,
+    Program, ProgramParts, RnnStep, Step, TensorSpec, Weight,
 };
 use crate::target::Target;
 
@@ -341,6 +343,9 @@ impl Lowering<'_> {
             Op::Rnn(attrs) => self.rnn(attrs, ins, dst)?,
             Op::Conv(attrs) => self.conv(attrs, ins, dst)?,
             Op::Pool { .. } | Op::Resize(_) => Step::Pool(Box::new(self.pool_step(&node.op, ins, dst)?)),
+            Op::GroupNorm { .. } | Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => {
+                Step::Norm(Box::new(self.norm_step(&node.op, ins, dst)?))
+            }
             Op::Reshape => return Err(internal("an alias reached lowering")),
             Op::Shape { .. } => return Err(internal("Shape was not folded")),
         };
@@ -548,6 +553,52 @@ impl Lowering<'_> {
                 }
             }
             _ => return Err(internal(format_args!("{op} is not an indexing op"))),
+        })
+    }
+
+    /// The step of a normalisation or selection op (issue #13).
+    fn norm_step(&mut self, op: &Op, ins: &[ValueId], dst: BufRef) -> Result<NormStep> {
+        let s = self.shape(ins[0]).to_vec();
+        let lanes = |axis: usize| Lanes {
+            outer: s[..axis].iter().product(),
+            len: s[axis],
+            inner: s[axis + 1..].iter().product(),
+        };
+        Ok(match op {
+            Op::GroupNorm { groups, epsilon } => NormStep::GroupNorm {
+                dims: GroupNormDims {
+                    batch: s[0],
+                    spatial: s[1..s.len() - 1].iter().product(),
+                    channels: s[s.len() - 1],
+                    groups: *groups,
+                    epsilon: *epsilon,
+                },
+                src: self.buf(ins[0])?,
+                scale: self.buf(ins[1])?,
+                bias: self.buf(ins[2])?,
+                dst,
+            },
+            Op::Lrn(lrn) => NormStep::Lrn {
+                lrn: *lrn,
+                channels: s[s.len() - 1],
+                src: self.buf(ins[0])?,
+                dst,
+            },
+            Op::ArgReduce { axis, rule, .. } => NormStep::ArgReduce {
+                dtype: self.dtype(ins[0]),
+                rule: *rule,
+                lanes: lanes(*axis),
+                src: self.buf(ins[0])?,
+                dst,
+            },
+            Op::TopK { axis, rule } => NormStep::TopK {
+                dtype: self.dtype(ins[0]),
+                rule: *rule,
+                lanes: lanes(*axis),
+                src: self.buf(ins[0])?,
+                dst,
+            },
+            _ => return Err(internal(format_args!("{op} is not a normalisation or selection op"))),
         })
     }
 

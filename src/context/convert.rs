@@ -228,6 +228,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
         Step::Rnn(r) => K::Rnn(rnn_info(r)),
         Step::Conv(c) => K::Conv(conv_info(c)),
         Step::Pool(p) => super::convert_pool::pool_info(p),
+        Step::Norm(x) => super::convert_norm::norm_info(x),
     };
     proto::StepInfo { kind: Some(kind) }
 }
@@ -590,6 +591,9 @@ fn step(s: &proto::StepInfo) -> Result<Step> {
             Step::Index(Box::new(super::convert_index::index_step(kind)?))
         }
         K::Pool(_) | K::Resize(_) => Step::Pool(Box::new(super::convert_pool::pool_step(kind)?)),
+        K::GroupNorm(_) | K::Lrn(_) | K::ArgReduce(_) | K::TopK(_) => {
+            Step::Norm(Box::new(super::convert_norm::norm_step(kind)?))
+        }
         K::Unary(u) => Step::Unary {
             op: unary_op(u)?,
             src: buf_ref(&u.src)?,

@@ -19,6 +19,7 @@ mod compat;
 mod convert;
 mod convert_index;
 // Pools and resize (issue #13).
+mod convert_norm;
 mod convert_pool;
 mod generic;
 mod header;

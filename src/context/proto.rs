@@ -261,7 +261,7 @@ pub struct OpCount {
 pub struct StepInfo {
     #[prost(
         oneof = "step_info::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50, 65, 66"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50, 65, 66, 75, 76, 77, 78"
     )]
     pub kind: Option<step_info::Kind>,
 }
@@ -313,6 +313,15 @@ pub mod step_info {
         Pool(super::PoolStep),
         #[prost(message, tag = "66")]
         Resize(super::ResizeStep),
+        // Normalisation and selection ops (issue #13): tags 75-79.
+        #[prost(message, tag = "75")]
+        GroupNorm(super::GroupNormStep),
+        #[prost(message, tag = "76")]
+        Lrn(super::LrnStep),
+        #[prost(message, tag = "77")]
+        ArgReduce(super::ArgReduceStep),
+        #[prost(message, tag = "78")]
+        TopK(super::TopKStep),
     }
 }
 
@@ -1071,4 +1080,90 @@ pub enum CoordModeInfo {
     AlignCorners = 4,
     Asymmetric = 5,
     TfHalfPixelForNn = 6,
+}
+
+// Normalisation and selection ops (issue #13).
+
+/// `plan::NormStep::GroupNorm` (also InstanceNormalization).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GroupNormStep {
+    #[prost(uint64, tag = "1")]
+    pub batch: u64,
+    #[prost(uint64, tag = "2")]
+    pub spatial: u64,
+    #[prost(uint64, tag = "3")]
+    pub channels: u64,
+    #[prost(uint64, tag = "4")]
+    pub groups: u64,
+    #[prost(float, tag = "5")]
+    pub epsilon: f32,
+    #[prost(message, optional, tag = "6")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "7")]
+    pub scale: Option<BufInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub bias: Option<BufInfo>,
+    #[prost(message, optional, tag = "9")]
+    pub dst: Option<BufInfo>,
+}
+
+/// `plan::NormStep::Lrn`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LrnStep {
+    #[prost(uint64, tag = "1")]
+    pub size: u64,
+    #[prost(float, tag = "2")]
+    pub alpha: f32,
+    #[prost(float, tag = "3")]
+    pub beta: f32,
+    #[prost(float, tag = "4")]
+    pub bias: f32,
+    #[prost(uint64, tag = "5")]
+    pub channels: u64,
+    #[prost(message, optional, tag = "6")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "7")]
+    pub dst: Option<BufInfo>,
+}
+
+/// `plan::NormStep::ArgReduce`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ArgReduceStep {
+    #[prost(int32, tag = "1")]
+    pub dtype: i32,
+    #[prost(bool, tag = "2")]
+    pub min: bool,
+    #[prost(bool, tag = "3")]
+    pub last: bool,
+    #[prost(uint64, tag = "4")]
+    pub outer: u64,
+    #[prost(uint64, tag = "5")]
+    pub len: u64,
+    #[prost(uint64, tag = "6")]
+    pub inner: u64,
+    #[prost(message, optional, tag = "7")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub dst: Option<BufInfo>,
+}
+
+/// `plan::NormStep::TopK`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TopKStep {
+    #[prost(int32, tag = "1")]
+    pub dtype: i32,
+    #[prost(uint64, tag = "2")]
+    pub k: u64,
+    #[prost(bool, tag = "3")]
+    pub largest: bool,
+    #[prost(uint64, tag = "4")]
+    pub outer: u64,
+    #[prost(uint64, tag = "5")]
+    pub len: u64,
+    #[prost(uint64, tag = "6")]
+    pub inner: u64,
+    #[prost(message, optional, tag = "7")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub dst: Option<BufInfo>,
 }

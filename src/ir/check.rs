@@ -79,6 +79,9 @@ fn arity(op: &Op, ins: usize, outs: usize) -> Result<(), Why> {
         Op::MatMul(m) => return exact(op, ins, m.num_inputs(), outs, 1),
         Op::Rnn(r) => return exact(op, ins, 3 + r.has.count(), outs, 1),
         Op::Conv(c) => return exact(op, ins, c.num_inputs(), outs, 1),
+        // Normalisation and selection ops (issue #13).
+        Op::GroupNorm { .. } => (&[3], 1),
+        Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => (&[1], 1),
         Op::Concat { .. } => {
             if ins == 0 {
                 return Err("Concat needs at least one input".into());
@@ -317,8 +320,72 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
         Op::Rnn(r) => infer_rnn(r, ins)?,
         Op::Conv(c) => infer_conv(c, ins)?,
         Op::Pool { .. } | Op::Resize(_) => infer_spatial(op, x()?)?,
+        Op::GroupNorm { .. } | Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => infer_norm(op, ins)?,
     };
     Ok(vec![out])
+}
+
+/// Output type of the normalisation and selection ops (issue #13).
+fn infer_norm(op: &Op, ins: &[&TensorType]) -> Result<TensorType, Why> {
+    let t = ins[0];
+    let channels_last = |t: &TensorType| -> Result<usize, Why> {
+        expect_dtype("the input", t, &[DType::F32])?;
+        match t.shape[..] {
+            [_, _, _, c] => Ok(c),
+            _ => Err(format!("input {} is not channels-last [N, H, W, C]", shape(&t.shape))),
+        }
+    };
+    let along = |axis: usize| -> Result<usize, Why> {
+        expect_dtype("the input", t, &[DType::F32, DType::I64])?;
+        t.shape
+            .get(axis)
+            .copied()
+            .ok_or_else(|| format!("axis {axis} is out of range for {}", shape(&t.shape)))
+    };
+    match op {
+        Op::GroupNorm { groups, .. } => {
+            let c = channels_last(t)?;
+            if *groups == 0 || !c.is_multiple_of(*groups) {
+                return Err(format!("{c} channels do not split into {groups} groups"));
+            }
+            for (i, p) in ins[1..].iter().enumerate() {
+                expect_dtype(&format!("input {}", i + 1), p, &[DType::F32])?;
+                if p.shape != [c] {
+                    return Err(format!("scale/bias {} is not [{c}]", shape(&p.shape)));
+                }
+            }
+            Ok(t.clone())
+        }
+        Op::Lrn(p) => {
+            channels_last(t)?;
+            if p.size == 0 {
+                return Err("LRN size must be at least 1".into());
+            }
+            Ok(t.clone())
+        }
+        Op::ArgReduce { axis, keepdims, .. } => {
+            if along(*axis)? == 0 {
+                return Err(format!("{op} over an empty axis {axis}"));
+            }
+            let mut s = t.shape.clone();
+            if *keepdims {
+                s[*axis] = 1;
+            } else {
+                s.remove(*axis);
+            }
+            Ok(TensorType::new(DType::I64, &s))
+        }
+        Op::TopK { axis, rule } => {
+            let len = along(*axis)?;
+            if rule.k > len {
+                return Err(format!("k = {} is larger than the axis' {len} values", rule.k));
+            }
+            let mut s = t.shape.clone();
+            s[*axis] = rule.k;
+            Ok(TensorType::new(DType::I64, &s))
+        }
+        _ => Err(format!("{op} is not a normalisation or selection op")),
+    }
 }
 
 /// Output type of the indexing ops (issue #12).

@@ -11,11 +11,13 @@ mod tensor;
 
 use std::fmt;
 
+pub use crate::kernels::channel_norm::Lrn;
 pub use crate::kernels::gemm::Activation;
 pub use crate::kernels::index::ScatterReduction;
 pub use crate::kernels::pool::PoolKind;
 pub use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDirection, RnnSpec};
 pub use crate::kernels::resize::{CoordMode, Interp, NearestMode, ResizeAttrs, ResizeAxis};
+pub use crate::kernels::select::{ArgRule, TopKRule};
 pub use crate::kernels::spatial::{Axis, Window};
 pub use crate::kernels::{BinaryOp, ReduceKind, UnaryOp};
 pub use desc::{AttrValue, ConstantSource, GraphDesc, NodeDesc, TensorValue, ValueDesc, NO_CONSTANTS};
@@ -302,6 +304,28 @@ pub enum Op {
     },
     /// Resize of channels-last `[N, H, W, C]` along H and W (f32).
     Resize(ResizeAttrs),
+    // Normalisation and selection ops (issue #13).
+    /// Channels-last `x [N, H, W, C]`, `scale [C]`, `bias [C]`: group
+    /// normalisation over `groups` groups of adjacent channels
+    /// (InstanceNormalization: one channel per group).
+    GroupNorm {
+        groups: usize,
+        epsilon: f32,
+    },
+    /// Channels-last `x [N, H, W, C]`: ONNX `LRN` across channels.
+    Lrn(Lrn),
+    /// ArgMax / ArgMin along `axis` (f32 or int64 in, int64 out).
+    ArgReduce {
+        axis: usize,
+        keepdims: bool,
+        rule: ArgRule,
+    },
+    /// TopK's int64 indices along `axis` (values come from a
+    /// GatherElements of them), sorted by [`crate::kernels::select`]'s order.
+    TopK {
+        axis: usize,
+        rule: TopKRule,
+    },
 }
 
 impl Op {
@@ -356,6 +380,10 @@ impl Op {
             }
             .into(),
             Op::Resize(_) => "Resize".into(),
+            Op::GroupNorm { .. } => "GroupNormalization".into(),
+            Op::Lrn(_) => "LRN".into(),
+            Op::ArgReduce { rule, .. } => (if rule.min { "ArgMin" } else { "ArgMax" }).into(),
+            Op::TopK { .. } => "TopK".into(),
         }
     }
 

@@ -26,6 +26,9 @@ pub mod spatial;
 // Pools and resize (issue #13).
 pub mod pool;
 pub mod resize;
+// Normalisation and selection kernels of issue #13.
+pub mod channel_norm;
+pub mod select;
 
 pub use layout::{Layout, Strided};
 pub use movement::{cast_f32_i32, cast_f32_i64, CopyPlan, Where3};

@@ -10,6 +10,10 @@
 //! are bytes; each step views them as its element types.
 
 mod validate;
+// Normalisation and selection steps (issue #13).
+mod norm;
+
+pub use norm::NormStep;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -300,6 +304,9 @@ pub enum Step {
     // Pools and resize (issue #13).
     /// MaxPool, AveragePool, MaxPool's indices, Resize (channels-last).
     Pool(Box<PoolStep>),
+    // Normalisation and selection ops (issue #13).
+    /// GroupNorm (InstanceNorm), LRN, ArgMax / ArgMin, TopK.
+    Norm(Box<NormStep>),
 }
 
 impl Step {
@@ -320,6 +327,7 @@ impl Step {
             Step::Rnn(r) => r.dst,
             Step::Conv(c) => c.dst,
             Step::Pool(p) => p.dst(),
+            Step::Norm(x) => x.dst(),
         }
     }
 
@@ -364,6 +372,7 @@ impl Step {
             Step::Cast { src, from, .. } => vec![(*src, Some(*from))],
             Step::Where { cond, x, y, dtype, .. } => vec![(*cond, Some(Bool)), (*x, Some(*dtype)), (*y, Some(*dtype))],
             Step::Index(x) => x.typed_srcs(),
+            Step::Norm(x) => x.typed_srcs(),
             Step::Rnn(r) => {
                 let mut v = vec![(r.x, Some(F32))];
                 v.extend(r.optional().iter().filter_map(|(b, t)| b.map(|b| (b, Some(*t)))));
@@ -398,6 +407,7 @@ impl Step {
             Step::Copy { .. } => None,
             Step::Index(x) => Some(x.dst_dtype()),
             Step::Pool(p) => Some(p.dst_dtype()),
+            Step::Norm(x) => Some(x.dst_dtype()),
         }
     }
 
@@ -419,6 +429,7 @@ impl Step {
             Step::Rnn(r) => r.spec.cell.onnx_name().into(),
             Step::Conv(_) => "Conv".into(),
             Step::Pool(p) => p.kind().into(),
+            Step::Norm(x) => x.kind().into(),
         }
     }
 }
@@ -868,6 +879,7 @@ impl Memory<'_, '_, '_> {
             Step::Rnn(r) => rnn(isa, r, &src, packed, as_f32_mut(dst)?, par),
             Step::Conv(c) => conv(isa, c, &src, packed, as_f32_mut(dst)?, par),
             Step::Pool(p) => p.run(isa, &src, dst, par),
+            Step::Norm(x) => x.run(&src, dst, par),
         }
     }
 

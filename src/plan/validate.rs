@@ -193,6 +193,7 @@ fn check_step(p: &Program, step: &Step) -> Result<()> {
         Step::Rnn(r) => rnn_fits(p, r, &s, d),
         Step::Conv(c) => conv_fits(p, c, &s, d),
         Step::Pool(x) => x.fits(&s, d),
+        Step::Norm(x) => x.fits(&s, d),
     };
     if !consistent {
         crate::bail!(

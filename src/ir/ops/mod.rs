@@ -15,6 +15,8 @@
 
 mod activation;
 mod attrs;
+// Normalisation and selection ops (issue #13).
+mod channel_norm;
 mod elementwise;
 mod index;
 mod logic;
@@ -24,6 +26,7 @@ mod movement;
 mod norm;
 mod recurrent;
 mod reduce;
+mod select;
 mod shape;
 // Pools and resize (issue #13).
 mod pool;
@@ -97,6 +100,9 @@ static REGISTRY: &[&[OpFamily]] = &[
     // Pools and resize (issue #13).
     pool::OPS,
     resize::OPS,
+    // Normalisation and selection ops (issue #13).
+    channel_norm::OPS,
+    select::OPS,
 ];
 
 fn families() -> impl Iterator<Item = &'static OpFamily> {

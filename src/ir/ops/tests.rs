@@ -61,13 +61,16 @@ fn every_listed_name_reaches_its_import_function() {
 }
 
 #[test]
-fn only_split_dropout_and_recurrent_layers_may_use_extra_outputs() {
+fn only_split_dropout_topk_and_recurrent_layers_may_use_extra_outputs() {
     let multi: HashSet<&str> = families()
         .filter(|f| f.multi_output)
         .flat_map(|f| f.names.iter().copied())
         .collect();
     // MaxPool's second output is its Indices (issue #13).
-    assert_eq!(multi, HashSet::from(["Split", "Dropout", "LSTM", "GRU", "MaxPool"]));
+    assert_eq!(
+        multi,
+        HashSet::from(["Split", "Dropout", "LSTM", "GRU", "MaxPool", "TopK"])
+    );
     let optional: HashSet<&str> = families()
         .filter(|f| f.optional_outputs)
         .flat_map(|f| f.names.iter().copied())
