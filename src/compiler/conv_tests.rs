@@ -9,6 +9,7 @@ use crate::ir::{Activation, Axis, BinaryOp, ConvAttrs, Op, UnaryOp, ValueId, Win
 const NO_PASSES: Passes = Passes {
     fold: false,
     patterns: false,
+    layout: false,
     epilogue: false,
 };
 
