@@ -19,11 +19,13 @@
 //!    output columns and, as far
 //!    as the shapes tell, at least 16 rows (a leading batch dim of unknown
 //!    size counts as 1, a symbolic sequence dim as many) or a weight of at
-//!    least 2^20 elements (memory-bound even for one row), `LSTM`/`GRU`,
-//!    or a `Conv`/`ConvTranspose` with a constant weight of at least 64×64
-//!    elements (packed once, run channels-last with the ops around it).
+//!    least 2^20 elements (memory-bound even for one row), or `LSTM`/`GRU`.
+//! 4. `Conv` and `ConvTranspose` stay with ORT: kiln's im2col + GEMM
+//!    convolution is correct everywhere but slower than ORT's NCHWc kernels
+//!    on most layers measured (`bench/conv.py`), so the convolutions and
+//!    what rules 2 and 3 then leave around them are ORT's.
 //!
-//! Op types in the `force_ops` option are exempt from all three.
+//! Op types in the `force_ops` option are exempt from all four.
 
 use crate::ir::desc::Links;
 use crate::ir::{ConstantSource, GraphDesc, NodeDesc};
@@ -43,7 +45,7 @@ const STREAMED_WEIGHT: i64 = 1 << 20;
 
 /// Ops whose work kiln does better than ORT (rule 3), besides matrix products.
 const RECURRENT: [&str; 2] = ["LSTM", "GRU"];
-/// Convolutions (rule 3): like a product, a constant weight of `MIN_WEIGHT`.
+/// Convolutions, left to ORT (rule 4).
 const CONVOLUTIONS: [&str; 2] = ["Conv", "ConvTranspose"];
 /// ORT-run ops that absorb a following activation or affine op (rule 2).
 const FUSING_PRODUCERS: [&str; 6] = ["Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedGemm"];
@@ -125,6 +127,10 @@ impl<'a> CostRule<'a> {
     /// one): the nodes to leave to ORT, with the reason. Empty when every
     /// partition stays as it is.
     pub fn judge(&mut self, parts: &[Vec<usize>], claimed: &[bool]) -> Vec<(usize, String)> {
+        let convs = self.convolutions(parts);
+        if !convs.is_empty() {
+            return convs;
+        }
         let fused = self.fused_by_ort(parts, claimed);
         if !fused.is_empty() {
             return fused;
@@ -142,6 +148,18 @@ impl<'a> CostRule<'a> {
             out.extend(part.iter().map(|&i| (i, why.clone())));
         }
         out
+    }
+
+    /// Rule 4: claimed convolutions, unless forced.
+    fn convolutions(&self, parts: &[Vec<usize>]) -> Vec<(usize, String)> {
+        let why = "left to ORT by the cost rule: kiln's convolutions are not yet faster than ORT's \
+                   (force_ops=Conv or claim=all runs them in kiln)";
+        parts
+            .iter()
+            .flatten()
+            .filter(|&&i| !self.forced(i) && CONVOLUTIONS.contains(&self.desc.nodes[i].op_type.as_str()))
+            .map(|&i| (i, why.to_string()))
+            .collect()
     }
 
     /// Rule 2: claimed nodes ORT would fuse into the ORT-run op before them.
@@ -184,7 +202,6 @@ impl<'a> CostRule<'a> {
         let node = &self.desc.nodes[i];
         match node.op_type.as_str() {
             "MatMul" | "Gemm" => self.pays_as_gemm(node),
-            op if CONVOLUTIONS.contains(&op) => self.pays_as_conv(node),
             op => RECURRENT.contains(&op),
         }
     }
@@ -209,18 +226,6 @@ impl<'a> CostRule<'a> {
         };
         weight >= STREAMED_WEIGHT
             || (weight >= MIN_WEIGHT && cols >= MIN_COLS && self.rows_at_least(a, flag("transA")) >= MIN_ROWS)
-    }
-
-    /// A convolution whose constant weight is big enough to pack. Its rows
-    /// are output pixels, which even a small image has by the hundred.
-    fn pays_as_conv(&self, node: &NodeDesc) -> bool {
-        let Some(w) = node.inputs.get(1) else {
-            return false;
-        };
-        self.constant_like(w, 4)
-            && self
-                .known_dims(w)
-                .is_some_and(|d| d.iter().product::<i64>() >= MIN_WEIGHT)
     }
 
     /// A lower bound of the rows (m) of matrix operand `a`: unknown leading

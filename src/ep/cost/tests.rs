@@ -175,24 +175,22 @@ fn quantize_dequantize_groups_stay_with_ort() {
 }
 
 #[test]
-fn a_convolution_with_a_packable_weight_is_an_anchor() {
+fn convolutions_stay_with_ort_unless_forced() {
     let g = graph(
-        vec![node("Conv", &["x", "w"], &["y"]), node("Relu", &["y"], &["z"])],
-        &[("x", &[-1, 64, -1, -1]), ("w", &[64, 64, 3, 3])],
+        vec![node("Conv", &["x", "w"], &["y"]), node("MatMul", &["y", "m"], &["z"])],
+        &[
+            ("x", &[-1, 256, 16, 16]),
+            ("w", &[256, 256, 1, 1]),
+            ("y", &[-1, 256, 16, 16]),
+            ("m", &[16, 256]),
+        ],
     );
-    let c = weights(&["w"]);
-    assert!(CostRule::new(&g, &c, &[])
+    let c = weights(&["w", "m"]);
+    let out = CostRule::new(&g, &c, &[]).judge(&[vec![0, 1]], &[true, true]);
+    assert_eq!(reasons(&out), [0]);
+    assert!(out[0].1.contains("force_ops=Conv"), "{}", out[0].1);
+    let forced = ["Conv".to_string()];
+    assert!(CostRule::new(&g, &c, &forced)
         .judge(&[vec![0, 1]], &[true, true])
         .is_empty());
-    // A 3→8 stem alone is too little work to pay for a partition.
-    let small = graph(
-        vec![node("Conv", &["x", "w"], &["y"])],
-        &[("x", &[1, 3, 224, 224]), ("w", &[8, 3, 3, 3])],
-    );
-    assert_eq!(reasons(&CostRule::new(&small, &c, &[]).judge(&[vec![0]], &[true])), [0]);
-    // Run-time weights are not packed.
-    assert_eq!(
-        reasons(&CostRule::new(&g, &weights(&[]), &[]).judge(&[vec![0, 1]], &[true, true])),
-        [0, 1]
-    );
 }
