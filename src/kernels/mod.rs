@@ -10,6 +10,7 @@
 //! Big steps are split over a [`parallel::Parallel`] by rows; the GEMM
 //! ([`gemm`]) parallelises itself.
 
+pub mod conv_transpose;
 pub mod depthwise;
 mod elementwise;
 pub mod gemm;
