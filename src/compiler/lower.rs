@@ -12,13 +12,14 @@ use super::alias::Folded;
 use super::generic::PackedWeights;
 use super::memplan::{plan_arena, Lifetime};
 use crate::error::{Error, Result};
-use crate::ir::{matmul_dims, BiasKind, DType, Graph, MatMulAttrs, Node, Op, RnnAttrs, ValueId};
+use crate::ir::{matmul_dims, BiasKind, ConvTransposeAttrs, DType, Graph, MatMulAttrs, Node, Op, RnnAttrs, ValueId};
+use crate::kernels::conv_transpose;
 use crate::kernels::gemm::PackedB;
 use crate::kernels::movement::broadcast_strides;
 use crate::kernels::recurrent::RnnDims;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
-    BufRef, Constant, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, RnnStep, Step, TensorSpec,
+    BufRef, Constant, ConvTransposeStep, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, RnnStep, Step, TensorSpec,
     Weight,
 };
 use crate::target::Target;
@@ -337,6 +338,7 @@ impl Lowering<'_> {
             | Op::CumSum { .. }
             | Op::OneHot { .. } => Step::Index(Box::new(self.index_step(&node.op, ins, out, dst)?)),
             Op::Rnn(attrs) => self.rnn(attrs, ins, dst)?,
+            Op::ConvTranspose(attrs) => self.conv_transpose(attrs, ins, dst)?,
             Op::Reshape => return Err(internal("an alias reached lowering")),
             Op::Shape { .. } => return Err(internal("Shape was not folded")),
         };
@@ -562,6 +564,46 @@ impl Lowering<'_> {
             initial_h: opt(self, has.initial_h)?,
             initial_c: opt(self, has.initial_c)?,
             p: opt(self, has.p)?,
+            dst,
+        })))
+    }
+
+    /// A transposed convolution: the weights packed per group as the GEMM's
+    /// B (`[ci / groups, kh · kw · co / groups]`, tap-major columns).
+    fn conv_transpose(&mut self, attrs: &ConvTransposeAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
+        let [batch, _, _, ci] = self.shape(ins[0])[..] else {
+            return Err(internal("ConvTranspose x is not 4-D"));
+        };
+        let cog = self.shape(ins[1])[1];
+        let (g, taps) = (attrs.groups, attrs.window.taps());
+        let w = self
+            .graph
+            .constant(ins[1])
+            .cloned()
+            .ok_or_else(|| internal("ConvTranspose weights are not a constant"))?;
+        let mut packed = Vec::with_capacity(g);
+        for b in conv_transpose::weight_matrices(w.as_slice(), g, ci, cog, taps) {
+            let pb = PackedB::try_pack(self.target, &b, ci / g, taps * cog, false)?;
+            self.constants.push(Constant {
+                dtype: DType::F32,
+                shape: vec![ci / g, taps * cog].into(),
+                data: pb.data().clone(),
+                packing: Packing::GemmB {
+                    k: ci / g,
+                    n: taps * cog,
+                },
+            });
+            packed.push(self.constants.len() - 1);
+        }
+        Ok(Step::ConvTranspose(Box::new(ConvTransposeStep {
+            window: attrs.window,
+            batch,
+            groups: g,
+            ci,
+            co: cog * g,
+            x: self.buf(ins[0])?,
+            w: packed,
+            bias: if attrs.bias { Some(self.buf(ins[2])?) } else { None },
             dst,
         })))
     }

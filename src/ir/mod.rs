@@ -162,6 +162,19 @@ pub struct RnnAttrs {
     pub has: RnnInputs,
 }
 
+/// A channels-last transposed convolution (issue #13). Inputs: `x`
+/// `[N, H, W, Ci]`, the constant weights in ONNX's layout
+/// `[Ci, Co / groups, kh, kw]` (1-D: `[Ci, Co / groups, kw]`, `kh = 1`), then the bias `[Co]` when
+/// `bias`. Output `[N, Ho, Wo, Co]`. The window's axes are read the
+/// transposed way (`kernels::conv_transpose`): `input`/`output` are this
+/// op's, `pad_begin` shifts the output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvTransposeAttrs {
+    pub window: crate::kernels::spatial::Window,
+    pub groups: usize,
+    pub bias: bool,
+}
+
 /// An operator with its attributes resolved against static shapes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -251,6 +264,8 @@ pub enum Op {
     },
     // Recurrent layers (issue #12).
     Rnn(Box<RnnAttrs>),
+    // Transposed convolution (issue #13).
+    ConvTranspose(Box<ConvTransposeAttrs>),
 }
 
 impl Op {
@@ -297,6 +312,7 @@ impl Op {
             Op::CumSum { .. } => "CumSum".into(),
             Op::OneHot { .. } => "OneHot".into(),
             Op::Rnn(r) => r.spec.cell.onnx_name().into(),
+            Op::ConvTranspose(_) => "ConvTranspose".into(),
         }
     }
 

@@ -176,6 +176,24 @@ impl RnnStep {
     }
 }
 
+/// A channels-last transposed convolution (`kernels::conv_transpose`): `x`
+/// `[batch, h.input, w.input, ci]`, `w` one constant per group packed at
+/// compile time ([`Packing::GemmB`], `k = ci / groups`, `n = kh · kw · co /
+/// groups`, tap-major columns), optional `bias` `[co]`, `dst` `[batch,
+/// h.output, w.output, co]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvTransposeStep {
+    pub window: kernels::spatial::Window,
+    pub batch: usize,
+    pub groups: usize,
+    pub ci: usize,
+    pub co: usize,
+    pub x: BufRef,
+    pub w: Vec<usize>,
+    pub bias: Option<BufRef>,
+    pub dst: BufRef,
+}
+
 /// One instruction of a program.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
@@ -268,6 +286,8 @@ pub enum Step {
     Index(Box<IndexStep>),
     // Recurrent layers (issue #12).
     Rnn(Box<RnnStep>),
+    // Transposed convolution (issue #13).
+    ConvTranspose(Box<ConvTransposeStep>),
 }
 
 impl Step {
@@ -286,6 +306,7 @@ impl Step {
             Step::MatMul(m) => m.dst,
             Step::Index(x) => x.dst(),
             Step::Rnn(r) => r.dst,
+            Step::ConvTranspose(c) => c.dst,
         }
     }
 
@@ -335,6 +356,11 @@ impl Step {
                 v.extend(r.optional().iter().filter_map(|(b, t)| b.map(|b| (b, Some(*t)))));
                 v
             }
+            Step::ConvTranspose(c) => {
+                let mut v = vec![(c.x, Some(F32))];
+                v.extend(c.bias.map(|b| (b, Some(F32))));
+                v
+            }
         }
     }
 
@@ -343,9 +369,12 @@ impl Step {
         match self {
             Step::Unary { op, .. } => Some(op.dst_dtype()),
             Step::Binary { op, dtype, .. } => Some(op.dst_dtype(*dtype)),
-            Step::MatMul(_) | Step::Softmax { .. } | Step::LayerNorm { .. } | Step::Reduce { .. } | Step::Rnn(_) => {
-                Some(DType::F32)
-            }
+            Step::MatMul(_)
+            | Step::Softmax { .. }
+            | Step::LayerNorm { .. }
+            | Step::Reduce { .. }
+            | Step::Rnn(_)
+            | Step::ConvTranspose(_) => Some(DType::F32),
             Step::Strided { dtype, .. } | Step::Gather { dtype, .. } | Step::Where { dtype, .. } => Some(*dtype),
             Step::Cast { to, .. } => Some(*to),
             Step::Copy { .. } => None,
@@ -369,6 +398,7 @@ impl Step {
             Step::Where { .. } => "Where".into(),
             Step::Index(x) => x.kind().into(),
             Step::Rnn(r) => r.spec.cell.onnx_name().into(),
+            Step::ConvTranspose(_) => "ConvTranspose".into(),
         }
     }
 }
@@ -814,6 +844,7 @@ impl Memory<'_, '_, '_> {
             }
             Step::Index(x) => x.run(&src, dst),
             Step::Rnn(r) => rnn(isa, r, &src, packed, as_f32_mut(dst)?, par),
+            Step::ConvTranspose(c) => conv_transpose(isa, c, &src, packed, as_f32_mut(dst)?, par),
         }
     }
 
@@ -942,6 +973,32 @@ fn matmul(
         one(i, &mut dst[i * block..(i + 1) * block], par)?;
     }
     Ok(())
+}
+
+fn conv_transpose(
+    isa: Isa,
+    c: &ConvTransposeStep,
+    src: &Sources<'_>,
+    packed: &[Option<Arc<PackedB>>],
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
+    let w = c
+        .w
+        .iter()
+        .map(|&i| packed.get(i).and_then(|p| p.as_deref()).ok_or_else(cast_err))
+        .collect::<Result<Vec<_>>>()?;
+    let args = kernels::conv_transpose::ConvTransposeArgs {
+        window: &c.window,
+        batch: c.batch,
+        groups: c.groups,
+        ci: c.ci,
+        co: c.co,
+        x: src.f32(c.x)?,
+        w: &w,
+        bias: c.bias.map(|b| src.f32(b)).transpose()?,
+    };
+    kernels::conv_transpose::conv_transpose(isa, &args, dst, par)
 }
 
 fn rnn(

@@ -14,6 +14,8 @@
 //! [`REGISTRY`]. `SUPPORTED_OPS` (the `disabled_ops` option) follows.
 
 mod attrs;
+// Transposed convolution (issue #13).
+mod conv_transpose;
 mod elementwise;
 mod index;
 mod logic;
@@ -84,6 +86,8 @@ static REGISTRY: &[&[OpFamily]] = &[
     recurrent::OPS,
     // Elementwise math of issue #12.
     math::OPS,
+    // Transposed convolution (issue #13).
+    conv_transpose::OPS,
 ];
 
 fn families() -> impl Iterator<Item = &'static OpFamily> {
