@@ -19,8 +19,8 @@ use crate::kernels::movement::broadcast_strides;
 use crate::kernels::recurrent::RnnDims;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
-    BufRef, Constant, ConvTransposeStep, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, RnnStep, Step, TensorSpec,
-    Weight,
+    BufRef, Constant, ConvTransposeStep, IndexStep, MatB, MatBias, MatMulStep, Packing, Program, ProgramParts, RnnStep,
+    Step, TensorSpec, Weight,
 };
 use crate::target::Target;
 

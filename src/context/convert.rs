@@ -6,8 +6,8 @@ use super::proto::{self, buf_info, layout_info, step_info};
 use crate::error::{Error, Result};
 use crate::ir::{Activation, DType};
 use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDims, RnnDirection, RnnSpec};
-use crate::kernels::{BinaryOp, CopyPlan, Layout, ReduceKind, Strided, UnaryOp, Where3};
 use crate::kernels::spatial::{Axis, Window};
+use crate::kernels::{BinaryOp, CopyPlan, Layout, ReduceKind, Strided, UnaryOp, Where3};
 use crate::plan::{
     BufRef, Constant, ConvTransposeStep, MatB, MatBias, MatMulStep, Program, ProgramParts, RnnStep, Step, TensorSpec,
 };

@@ -467,7 +467,7 @@ fn infer_conv_transpose(c: &super::ConvTransposeAttrs, ins: &[&TensorType]) -> R
     let fits = g > 0
         && ih == h.input
         && iw == w.input
-        && ci % g == 0
+        && ci.is_multiple_of(g)
         && ws.len() >= 3
         && ws[0] == ci
         && (ws[2..] == [h.kernel, w.kernel] || (ws[2..] == [w.kernel] && h.kernel == 1))

@@ -58,7 +58,7 @@ pub fn conv_transpose(isa: Isa, a: &ConvTransposeArgs<'_>, y: &mut [f32], par: &
     let win = a.window;
     let (g, ci, co) = (a.groups, a.ci, a.co);
     let bad = || Error::fail("kiln bug: ConvTranspose operands do not fit its parameters");
-    if g == 0 || ci % g != 0 || co % g != 0 || a.w.len() != g {
+    if g == 0 || !ci.is_multiple_of(g) || !co.is_multiple_of(g) || a.w.len() != g {
         return Err(bad());
     }
     let (pixels, out_pixels) = (win.input_pixels(), win.output_pixels());
@@ -76,7 +76,17 @@ pub fn conv_transpose(isa: Isa, a: &ConvTransposeArgs<'_>, y: &mut [f32], par: &
         for (gi, w) in a.w.iter().enumerate() {
             let part = &mut cols[gi * pixels * cols_n..][..pixels * cols_n];
             if pixels > 0 {
-                gemm_packed(isa, pixels, &image[gi * (ci / g)..], ci, w, part, cols_n, &Epilogue::PLAIN, par)?;
+                gemm_packed(
+                    isa,
+                    pixels,
+                    &image[gi * (ci / g)..],
+                    ci,
+                    w,
+                    part,
+                    cols_n,
+                    &Epilogue::PLAIN,
+                    par,
+                )?;
             }
         }
         let out = &mut y[n * out_pixels * co..][..out_pixels * co];
@@ -165,7 +175,16 @@ mod tests {
 
     /// Scatter form straight from ONNX's definition, on ONNX-layout weights.
     #[allow(clippy::too_many_arguments)]
-    fn reference(win: &Window, batch: usize, g: usize, ci: usize, co: usize, x: &[f32], w: &[f32], bias: &[f32]) -> Vec<f32> {
+    fn reference(
+        win: &Window,
+        batch: usize,
+        g: usize,
+        ci: usize,
+        co: usize,
+        x: &[f32],
+        w: &[f32],
+        bias: &[f32],
+    ) -> Vec<f32> {
         let (cig, cog) = (ci / g, co / g);
         let (ho, wo) = (win.h.output, win.w.output);
         let mut y = vec![0.0f32; batch * ho * wo * co];
@@ -178,8 +197,10 @@ mod tests {
                         for o in 0..cog {
                             for kh in 0..win.h.kernel {
                                 for kw in 0..win.w.kernel {
-                                    let oh = (ih * win.h.stride + kh * win.h.dilation) as isize - win.h.pad_begin as isize;
-                                    let ow = (iw * win.w.stride + kw * win.w.dilation) as isize - win.w.pad_begin as isize;
+                                    let oh =
+                                        (ih * win.h.stride + kh * win.h.dilation) as isize - win.h.pad_begin as isize;
+                                    let ow =
+                                        (iw * win.w.stride + kw * win.w.dilation) as isize - win.w.pad_begin as isize;
                                     if oh < 0 || ow < 0 || oh as usize >= ho || ow as usize >= wo {
                                         continue;
                                     }
@@ -201,7 +222,9 @@ mod tests {
     }
 
     fn values(len: usize, seed: usize) -> Vec<f32> {
-        (0..len).map(|i| (((i * 7 + seed * 13) % 23) as f32 - 11.0) / 8.0).collect()
+        (0..len)
+            .map(|i| (((i * 7 + seed * 13) % 23) as f32 - 11.0) / 8.0)
+            .collect()
     }
 
     #[test]
@@ -241,7 +264,10 @@ mod tests {
                 conv_transpose(isa, &args, &mut y, &Serial).unwrap();
                 let want = reference(&win, batch, *g, *ci, *co, &x, &wt, &bias);
                 for (k, (a, b)) in y.iter().zip(&want).enumerate() {
-                    assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{target:?} case {i} at {k}: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                        "{target:?} case {i} at {k}: {a} vs {b}"
+                    );
                 }
             }
         }

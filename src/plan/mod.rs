@@ -983,11 +983,10 @@ fn conv_transpose(
     dst: &mut [f32],
     par: &dyn Parallel,
 ) -> Result<()> {
-    let w = c
-        .w
-        .iter()
-        .map(|&i| packed.get(i).and_then(|p| p.as_deref()).ok_or_else(cast_err))
-        .collect::<Result<Vec<_>>>()?;
+    let w =
+        c.w.iter()
+            .map(|&i| packed.get(i).and_then(|p| p.as_deref()).ok_or_else(cast_err))
+            .collect::<Result<Vec<_>>>()?;
     let args = kernels::conv_transpose::ConvTransposeArgs {
         window: &c.window,
         batch: c.batch,

@@ -315,11 +315,19 @@ const AXIS_MAX: usize = 1 << 31;
 fn conv_transpose_fits(p: &Program, c: &super::ConvTransposeStep, s: &[usize], d: usize) -> bool {
     let (h, w) = (&c.window.h, &c.window.w);
     let axis_ok = |a: &crate::kernels::spatial::Axis| {
-        let fields = [a.input, a.output, a.kernel, a.stride, a.dilation, a.pad_begin, a.pad_end];
+        let fields = [
+            a.input,
+            a.output,
+            a.kernel,
+            a.stride,
+            a.dilation,
+            a.pad_begin,
+            a.pad_end,
+        ];
         fields.iter().all(|&f| f < AXIS_MAX) && a.kernel > 0 && a.stride > 0 && a.dilation > 0
     };
     let g = c.groups;
-    if !axis_ok(h) || !axis_ok(w) || g == 0 || c.ci % g != 0 || c.co % g != 0 || c.w.len() != g {
+    if !axis_ok(h) || !axis_ok(w) || g == 0 || !c.ci.is_multiple_of(g) || !c.co.is_multiple_of(g) || c.w.len() != g {
         return false;
     }
     let cols = (h.kernel * w.kernel).checked_mul(c.co / g);

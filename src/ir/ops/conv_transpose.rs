@@ -69,7 +69,7 @@ fn conv_transpose(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why
         .ok()
         .filter(|&g| g > 0)
         .ok_or("group must be positive")?;
-    if ws[0] != xs[1] || xs[1] % groups != 0 {
+    if ws[0] != xs[1] || !xs[1].is_multiple_of(groups) {
         return Err(format!(
             "weights {ws:?} do not fit {} input channels in {groups} group(s)",
             xs[1]
@@ -162,7 +162,10 @@ fn axes(n: &NodeDesc, attrs: &[AxisAttrs]) -> Result<Vec<Axis>, Why> {
             .zip(targets)
             .map(|(a, out)| {
                 let total = a.full().checked_sub(out).ok_or_else(|| {
-                    format!("output size {out} is larger than ConvTranspose can produce ({})", a.full())
+                    format!(
+                        "output size {out} is larger than ConvTranspose can produce ({})",
+                        a.full()
+                    )
                 })?;
                 let begin = if upper { total / 2 } else { total - total / 2 };
                 Ok(a.axis(out, begin))
