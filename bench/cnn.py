@@ -167,7 +167,7 @@ def time_pair(path: str, dev, threads: int, feeds, reps: int, diffs: List[float]
     diffs.append(max(float(np.max(np.abs(w - g))) if w.size else 0.0 for w, g in zip(want, got)))
     times = real.latency({"cpu": cpu, "kiln": ks}, feeds, reps, 0.05)
     ratio = times["kiln"] / times["cpu"]
-    r = f"**{ratio:.2f}**" if ratio > 1.0 else f"{ratio:.2f}"
+    r = f"**{ratio:.2f}**" if round(ratio, 2) > 1.0 else f"{ratio:.2f}"
     return f"{real.ms(times['cpu'])} / {real.ms(times['kiln'])} ({r})"
 
 
