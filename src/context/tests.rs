@@ -992,3 +992,62 @@ fn activation_steps_round_trip() {
         assert!(steps.contains(needle), "{needle} not in {steps}");
     }
 }
+
+/// A grouped, strided, padded ConvTranspose with bias: its step (tag 55)
+/// and per-group packed weights go through the file and run identically;
+/// a step whose window no longer fits its buffers is refused at load.
+#[test]
+fn conv_transpose_step_round_trips() {
+    use crate::ir::ConvTransposeAttrs;
+    use crate::kernels::spatial::{Axis, Window};
+    let axis = |input: usize, output: usize| Axis {
+        input,
+        output,
+        kernel: 3,
+        stride: 2,
+        dilation: 1,
+        pad_begin: 1,
+        pad_end: 1,
+    };
+    // 2·(in−1) + 3 − 2 (+ output_padding 1 on W).
+    let window = Window {
+        h: axis(3, 5),
+        w: Axis {
+            pad_end: 0,
+            ..axis(4, 7)
+        },
+    };
+    let (g_, ci, co) = (2, 4, 6);
+    let mut g = G::new("ct");
+    let x = g.input("x", &[2, 3, 4, ci]);
+    let w = g.constant("w", &[ci, co / g_, 3, 3], row(ci * (co / g_) * 9, 2));
+    let b = g.constant("b", &[co], row(co, 3));
+    let attrs = ConvTransposeAttrs {
+        window,
+        groups: g_,
+        bias: true,
+    };
+    let y = g.value("y", &[2, 5, 7, co]);
+    g.0.add_node("ct", Op::ConvTranspose(Box::new(attrs)), vec![x, w, b], vec![y]);
+    g.0.outputs.push(y);
+    let want = compile(&g.0, Target::Generic).unwrap();
+    assert!(want
+        .steps()
+        .iter()
+        .any(|s| matches!(s, crate::plan::Step::ConvTranspose(_))));
+    let mut bld = ContextBuilder::new(Target::Generic);
+    bld.add_graph("ct", &want).unwrap();
+    let bytes = bld.to_bytes().unwrap();
+    let ctx = parse(&bytes).unwrap();
+    assert_same_program(&ctx.program("ct").unwrap().unwrap(), &want);
+
+    let bad = tamper(&bytes, |m| {
+        for s in &mut program0(m).steps {
+            if let Some(proto::step_info::Kind::ConvTranspose(c)) = &mut s.kind {
+                c.w.as_mut().unwrap().output += 1;
+            }
+        }
+    });
+    let err = parse(&bad).and_then(|c| c.program("ct").map(|_| ())).unwrap_err();
+    assert!(err.to_string().contains("ConvTranspose"), "{err}");
+}

@@ -82,6 +82,7 @@ fn arity(op: &Op, ins: usize, outs: usize) -> Result<(), Why> {
         // Normalisation and selection ops (issue #13).
         Op::GroupNorm { .. } => (&[3], 1),
         Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => (&[1], 1),
+        Op::ConvTranspose(c) => return exact(op, ins, 2 + usize::from(c.bias), outs, 1),
         Op::Concat { .. } => {
             if ins == 0 {
                 return Err("Concat needs at least one input".into());
@@ -321,6 +322,7 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
         Op::Conv(c) => infer_conv(c, ins)?,
         Op::Pool { .. } | Op::Resize(_) => infer_spatial(op, x()?)?,
         Op::GroupNorm { .. } | Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => infer_norm(op, ins)?,
+        Op::ConvTranspose(c) => infer_conv_transpose(c, ins)?,
     };
     Ok(vec![out])
 }
@@ -596,6 +598,40 @@ fn infer_conv(c: &super::ConvAttrs, ins: &[&TensorType]) -> Result<TensorType, W
         ));
     }
     Ok(TensorType::f32(&out))
+}
+
+/// A transposed convolution's output (see [`super::ConvTransposeAttrs`]).
+fn infer_conv_transpose(c: &super::ConvTransposeAttrs, ins: &[&TensorType]) -> Result<TensorType, Why> {
+    for (i, t) in ins.iter().enumerate() {
+        expect_dtype(&format!("input {i}"), t, &[DType::F32])?;
+    }
+    let (h, w) = (&c.window.h, &c.window.w);
+    let [n, ih, iw, ci] = ins[0].shape[..] else {
+        return Err(format!("x {} is not [N, H, W, C]", shape(&ins[0].shape)));
+    };
+    let g = c.groups;
+    let ws = &ins[1].shape;
+    let fits = g > 0
+        && ih == h.input
+        && iw == w.input
+        && ci.is_multiple_of(g)
+        && ws.len() >= 3
+        && ws[0] == ci
+        && (ws[2..] == [h.kernel, w.kernel] || (ws[2..] == [w.kernel] && h.kernel == 1))
+        && [h, w].iter().all(|a| a.kernel > 0 && a.stride > 0 && a.dilation > 0);
+    if !fits {
+        return Err(format!(
+            "x {} and weights {} do not fit {g} group(s) and window {:?}",
+            shape(&ins[0].shape),
+            shape(ws),
+            c.window
+        ));
+    }
+    let co = ws[1] * g;
+    if c.bias && ins[2].shape != [co] {
+        return Err(format!("bias {} is not [{co}]", shape(&ins[2].shape)));
+    }
+    Ok(TensorType::f32(&[n, h.output, w.output, co]))
 }
 
 /// Whether kiln can run `op` on these exact types; `Err` says why not.

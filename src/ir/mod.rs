@@ -203,6 +203,19 @@ impl ConvAttrs {
     }
 }
 
+/// A channels-last transposed convolution (issue #13). Inputs: `x`
+/// `[N, H, W, Ci]`, the constant weights in ONNX's layout
+/// `[Ci, Co / groups, kh, kw]` (1-D: `[Ci, Co / groups, kw]`, `kh = 1`), then the bias `[Co]` when
+/// `bias`. Output `[N, Ho, Wo, Co]`. The window's axes are read the
+/// transposed way (`kernels::conv_transpose`): `input`/`output` are this
+/// op's, `pad_begin` shifts the output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvTransposeAttrs {
+    pub window: crate::kernels::spatial::Window,
+    pub groups: usize,
+    pub bias: bool,
+}
+
 /// An operator with its attributes resolved against static shapes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -326,6 +339,8 @@ pub enum Op {
         axis: usize,
         rule: TopKRule,
     },
+    // Transposed convolution (issue #13).
+    ConvTranspose(Box<ConvTransposeAttrs>),
 }
 
 impl Op {
@@ -384,6 +399,7 @@ impl Op {
             Op::Lrn(_) => "LRN".into(),
             Op::ArgReduce { rule, .. } => (if rule.min { "ArgMin" } else { "ArgMax" }).into(),
             Op::TopK { .. } => "TopK".into(),
+            Op::ConvTranspose(_) => "ConvTranspose".into(),
         }
     }
 

@@ -133,6 +133,7 @@ pub fn conv(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> Result
     match c.weights {
         ConvWeights::Depthwise(w) => {
             let d = Depthwise {
+                isa,
                 window: c.window,
                 batch: c.batch,
                 channels: c.in_channels,

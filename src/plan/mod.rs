@@ -207,6 +207,24 @@ pub struct ConvStep {
     pub dst: BufRef,
 }
 
+/// A channels-last transposed convolution (`kernels::conv_transpose`): `x`
+/// `[batch, h.input, w.input, ci]`, `w` one constant per group packed at
+/// compile time ([`Packing::GemmB`], `k = ci / groups`, `n = kh · kw · co /
+/// groups`, tap-major columns), optional `bias` `[co]`, `dst` `[batch,
+/// h.output, w.output, co]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvTransposeStep {
+    pub window: kernels::spatial::Window,
+    pub batch: usize,
+    pub groups: usize,
+    pub ci: usize,
+    pub co: usize,
+    pub x: BufRef,
+    pub w: Vec<usize>,
+    pub bias: Option<BufRef>,
+    pub dst: BufRef,
+}
+
 /// One instruction of a program.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
@@ -307,6 +325,8 @@ pub enum Step {
     // Normalisation and selection ops (issue #13).
     /// GroupNorm (InstanceNorm), LRN, ArgMax / ArgMin, TopK.
     Norm(Box<NormStep>),
+    // Transposed convolution (issue #13).
+    ConvTranspose(Box<ConvTransposeStep>),
 }
 
 impl Step {
@@ -328,6 +348,7 @@ impl Step {
             Step::Conv(c) => c.dst,
             Step::Pool(p) => p.dst(),
             Step::Norm(x) => x.dst(),
+            Step::ConvTranspose(c) => c.dst,
         }
     }
 
@@ -388,6 +409,11 @@ impl Step {
                 v
             }
             Step::Pool(p) => p.typed_srcs(),
+            Step::ConvTranspose(c) => {
+                let mut v = vec![(c.x, Some(F32))];
+                v.extend(c.bias.map(|b| (b, Some(F32))));
+                v
+            }
         }
     }
 
@@ -401,7 +427,8 @@ impl Step {
             | Step::LayerNorm { .. }
             | Step::Reduce { .. }
             | Step::Rnn(_)
-            | Step::Conv(_) => Some(DType::F32),
+            | Step::Conv(_)
+            | Step::ConvTranspose(_) => Some(DType::F32),
             Step::Strided { dtype, .. } | Step::Gather { dtype, .. } | Step::Where { dtype, .. } => Some(*dtype),
             Step::Cast { to, .. } => Some(*to),
             Step::Copy { .. } => None,
@@ -430,6 +457,7 @@ impl Step {
             Step::Conv(_) => "Conv".into(),
             Step::Pool(p) => p.kind().into(),
             Step::Norm(x) => x.kind().into(),
+            Step::ConvTranspose(_) => "ConvTranspose".into(),
         }
     }
 }
@@ -880,6 +908,7 @@ impl Memory<'_, '_, '_> {
             Step::Conv(c) => conv(isa, c, &src, packed, as_f32_mut(dst)?, par),
             Step::Pool(p) => p.run(isa, &src, dst, par),
             Step::Norm(x) => x.run(&src, dst, par),
+            Step::ConvTranspose(c) => conv_transpose(isa, c, &src, packed, as_f32_mut(dst)?, par),
         }
     }
 
@@ -1008,6 +1037,31 @@ fn matmul(
         one(i, &mut dst[i * block..(i + 1) * block], par)?;
     }
     Ok(())
+}
+
+fn conv_transpose(
+    isa: Isa,
+    c: &ConvTransposeStep,
+    src: &Sources<'_>,
+    packed: &[Option<Arc<PackedB>>],
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
+    let w =
+        c.w.iter()
+            .map(|&i| packed.get(i).and_then(|p| p.as_deref()).ok_or_else(cast_err))
+            .collect::<Result<Vec<_>>>()?;
+    let args = kernels::conv_transpose::ConvTransposeArgs {
+        window: &c.window,
+        batch: c.batch,
+        groups: c.groups,
+        ci: c.ci,
+        co: c.co,
+        x: src.f32(c.x)?,
+        w: &w,
+        bias: c.bias.map(|b| src.f32(b)).transpose()?,
+    };
+    kernels::conv_transpose::conv_transpose(isa, &args, dst, par)
 }
 
 fn rnn(

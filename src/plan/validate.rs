@@ -194,6 +194,7 @@ fn check_step(p: &Program, step: &Step) -> Result<()> {
         Step::Conv(c) => conv_fits(p, c, &s, d),
         Step::Pool(x) => x.fits(&s, d),
         Step::Norm(x) => x.fits(&s, d),
+        Step::ConvTranspose(c) => conv_transpose_fits(p, c, &s, d),
     };
     if !consistent {
         crate::bail!(
@@ -337,6 +338,54 @@ fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
     let out = len(w.output_pixels(), co);
     let residual_ok = c.residual.is_none() || rest.next() == out;
     weights_ok && bias_ok && residual_ok && Some(s[0]) == len(w.input_pixels(), ci) && Some(d) == out
+}
+
+/// Largest size, stride or padding a transposed convolution's axis may
+/// have: small enough that the kernel's index arithmetic cannot overflow.
+const AXIS_MAX: usize = 1 << 31;
+
+/// A transposed convolution: a sane window, packed weights of the right
+/// sizes per group, buffers that fit.
+fn conv_transpose_fits(p: &Program, c: &super::ConvTransposeStep, s: &[usize], d: usize) -> bool {
+    let (h, w) = (&c.window.h, &c.window.w);
+    let axis_ok = |a: &crate::kernels::spatial::Axis| {
+        let fields = [
+            a.input,
+            a.output,
+            a.kernel,
+            a.stride,
+            a.dilation,
+            a.pad_begin,
+            a.pad_end,
+        ];
+        fields.iter().all(|&f| f < AXIS_MAX) && a.kernel > 0 && a.stride > 0 && a.dilation > 0
+    };
+    let g = c.groups;
+    if !axis_ok(h) || !axis_ok(w) || g == 0 || !c.ci.is_multiple_of(g) || !c.co.is_multiple_of(g) || c.w.len() != g {
+        return false;
+    }
+    let cols = (h.kernel * w.kernel).checked_mul(c.co / g);
+    let packed_ok = c.w.iter().all(|&i| {
+        p.packed
+            .get(i)
+            .and_then(|x| x.as_ref())
+            .is_some_and(|pb| Some(pb.n()) == cols && pb.k() == c.ci / g)
+    });
+    // The GEMM's output for one image, allocated at run time.
+    let work = (h.input * w.input)
+        .checked_mul(h.kernel * w.kernel)
+        .and_then(|n| n.checked_mul(c.co))
+        .and_then(|n| n.checked_mul(4));
+    let elems = |a: usize, b: usize, ch: usize| {
+        a.checked_mul(b)
+            .and_then(|n| n.checked_mul(c.batch))
+            .and_then(|n| n.checked_mul(ch))
+    };
+    packed_ok
+        && work.is_some_and(|b| b <= isize::MAX as usize)
+        && elems(h.input, w.input, c.ci) == Some(s[0])
+        && elems(h.output, w.output, c.co) == Some(d)
+        && (c.bias.is_none() || s.get(1) == Some(&c.co))
 }
 
 fn overlaps(src: BufRef, dst: BufRef) -> bool {

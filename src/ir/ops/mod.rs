@@ -17,6 +17,8 @@ mod activation;
 mod attrs;
 // Normalisation and selection ops (issue #13).
 mod channel_norm;
+// Transposed convolution (issue #13).
+mod conv_transpose;
 mod elementwise;
 mod index;
 mod logic;
@@ -103,6 +105,8 @@ static REGISTRY: &[&[OpFamily]] = &[
     // Normalisation and selection ops (issue #13).
     channel_norm::OPS,
     select::OPS,
+    // Transposed convolution (issue #13).
+    conv_transpose::OPS,
 ];
 
 fn families() -> impl Iterator<Item = &'static OpFamily> {
