@@ -335,6 +335,33 @@ def test_minilm_claimed_entirely(level_name, corpus, kiln_dev):
 
 
 # --------------------------------------------------------------------------
+# issue #13: CNNs run whole in kiln with force_ops=Conv; by default their convolutions are ORT's
+# --------------------------------------------------------------------------
+#: the CNNs of the corpus kiln runs whole; ppocr_rec keeps one Concat with ORT (README, Convolutional networks)
+WHOLE_CNNS = ["light_resnet50", "light_squeezenet", "light_densenet121", "light_shufflenet", "yolov8n", "ppocr_det",
+              "ppocr_cls"]
+FORCE_CONV = {"claim": "cost", "force_ops": "Conv,ConvTranspose"}
+
+
+@pytest.mark.parametrize("key", WHOLE_CNNS)
+def test_cnn_claimed_entirely_with_force_ops_conv(key, corpus, kiln_dev):
+    spec, path = rc.spec(key), corpus[key]
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds_of(spec, path), options=FORCE_CONV,
+                               opt_level=LEVELS["ORT_ENABLE_ALL"])
+    assert_matches_cpu(spec, path, run, "on kiln alone with force_ops=Conv")
+    assert_kiln_ran(spec, run, "on kiln alone with force_ops=Conv")
+
+
+@pytest.mark.parametrize("key", ["light_resnet50", "yolov8n", "ppocr_det"])
+def test_cnn_convolutions_stay_with_ort_by_default(key, corpus, kiln_dev):
+    """Rule 4 of the cost rule: kiln's convolutions are not yet faster than ORT's."""
+    spec, path = rc.spec(key), corpus[key]
+    run = tu.run_kiln(path, kiln_dev, feeds_seq=feeds_of(spec, path), options={"claim": "cost"})
+    assert not [op for _, op in run.nodes_on(kiln.EP_NAME) if op in ("Conv", "ConvTranspose")]
+    assert_matches_cpu(spec, path, run, "kiln defaults")
+
+
+# --------------------------------------------------------------------------
 # the fetcher: errors are errors, the cache is reused
 # --------------------------------------------------------------------------
 def _offline(monkeypatch, cache: str) -> None:
