@@ -178,8 +178,11 @@ def main() -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--option", action="append", default=[], metavar="K=V",
+                    help="a kiln EP option (repeatable), e.g. force_ops=Conv to run the convolutions in kiln")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "cnn.md"))
     args = ap.parse_args()
+    real.EP_OPTIONS.update(kv.split("=", 1) for kv in args.option)
     if args.quick:
         args.threads, args.batches, args.reps = "1", "1", 3
     cases = real.select(ap, list(CASES), args.models)
@@ -193,9 +196,9 @@ def main() -> int:
             print(rows[-1], file=sys.stderr)
     cols = [f"b{b} x{t}" for b in args.batches.split(",") for t in args.threads.split(",")]
     lines = [
-        "# CNN latency: kiln (defaults) / ORT's CPU EP (issue #13)\n",
+        f"# CNN latency: kiln ({real.EP_OPTIONS or 'defaults'}) / ORT's CPU EP (issue #13)\n",
         describe() + "\n",
-        f"Run: `python bench/cnn.py{' --quick' if args.quick else ''}` on "
+        f"Run: `python bench/cnn.py {' '.join(sys.argv[1:])}` on "
         f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; median of {args.reps} interleaved blocks; "
         f"other processes used {load.cpus:.1f} CPUs on average while it ran.\n",
         "Cells: CPU EP ms / kiln ms (kiln/CPU; above 1.0 in bold) per batch (b) and "
