@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::target::Target;
 
 /// The weights as the kernels hold them.
+#[derive(Clone, Copy)]
 pub enum ConvWeights<'a> {
     /// One packed `[kh·kw·Ci/g, Co/g]` B per group ([`pack_groups`]).
     Packed(&'a [&'a PackedB]),
@@ -34,6 +35,7 @@ pub enum ConvWeights<'a> {
 }
 
 /// One convolution's operands.
+#[derive(Clone, Copy)]
 pub struct Conv<'a> {
     pub window: &'a Window,
     pub batch: usize,
@@ -147,7 +149,9 @@ pub fn conv(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> Result
             Ok(())
         }
         ConvWeights::Packed(groups) => {
-            if is_pointwise(c.window) {
+            if super::conv_direct::usable(isa, groups) {
+                super::conv_direct::conv(isa, c, groups, y, par)
+            } else if is_pointwise(c.window) {
                 pointwise(isa, c, groups, y, par)
             } else {
                 im2col_gemm(isa, c, groups, y, par)
@@ -519,6 +523,18 @@ mod tests {
             case(2, 3, 8, 1, axis(64, 3, 1, 1, (1, 1)), axis(64, 3, 1, 1, (1, 1))),
             // A deep K (several K blocks) and a block of fewer rows.
             case(1, 96, 16, 1, axis(7, 3, 1, 1, (1, 1)), axis(6, 3, 1, 1, (1, 1))),
+            // Direct kernels: pointwise as rows of 112 pixels and a rest
+            // (234 = 2 x 112 + 10), output channels in a full, a partial
+            // and a half panel; grouped pointwise.
+            case(2, 20, 40, 1, axis(9, 1, 1, 1, (0, 0)), axis(13, 1, 1, 1, (0, 0))),
+            case(1, 24, 72, 2, axis(15, 1, 1, 1, (0, 0)), axis(16, 1, 1, 1, (0, 0))),
+            // Interior tiles of 14, 14 and a rest between border columns;
+            // dilation and stride; a 7×7 stem-like window on 3 channels.
+            case(1, 24, 48, 1, axis(5, 3, 1, 1, (1, 1)), axis(33, 3, 1, 1, (1, 1))),
+            case(1, 16, 20, 1, axis(11, 3, 2, 2, (2, 1)), axis(37, 3, 2, 2, (2, 2))),
+            case(1, 3, 64, 1, axis(12, 7, 2, 1, (3, 3)), axis(20, 7, 2, 1, (3, 3))),
+            // Several row blocks per task (each block runs every panel).
+            case(1, 128, 16, 1, axis(16, 3, 1, 1, (1, 1)), axis(40, 3, 1, 1, (1, 1))),
         ];
         for c in &cases {
             check(c);

@@ -11,6 +11,7 @@
 //! ([`gemm`]) parallelises itself.
 
 pub mod conv;
+pub mod conv_direct;
 pub mod conv_transpose;
 pub mod depthwise;
 mod elementwise;

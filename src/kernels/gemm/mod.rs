@@ -192,6 +192,11 @@ impl PackedB {
         self.k
     }
 
+    /// Panel width: the data is `n / nr` (rounded up) panels of `k` rows of `nr`.
+    pub fn nr(&self) -> usize {
+        self.nr
+    }
+
     pub fn n(&self) -> usize {
         self.n
     }

@@ -1,0 +1,469 @@
+//! Direct convolution over channels-last `[N, H, W, C]` input (issue #13):
+//! the packed-weight GEMM without im2col.
+//!
+//! In NHWC, the inputs that one kernel tap `(kh, kw)` reads for a run of
+//! consecutive output pixels of one output row are themselves a strided
+//! matrix: pixel `i` reads the `Ci` contiguous channels at `base + i·sw·Ci`.
+//! So a tile of `MR` pixels × `NR` output channels accumulates, in
+//! registers, over every tap and every input channel (`K = taps·Ci/g`),
+//! broadcasting A values straight from the input and streaming the packed
+//! weight panel (rows in tap, channel order: [`super::conv::pack_groups`]),
+//! and is stored once, with the bias. Nothing is copied: im2col wrote every
+//! input value `kh·kw` times and the GEMM packed it again.
+//!
+//! Taps in the padding are skipped, not multiplied by zeros: a tap whose
+//! input row is outside the image is left out of the whole output row's
+//! tap list, and output columns with a tap outside the row (at most
+//! `extent / stride` on each side) are computed one pixel at a time with
+//! their own list. The interior columns go in tiles of `MR`.
+//!
+//! The activation and the residual are applied to each output row while
+//! it is in cache, as [`super::depthwise`] does.
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use super::conv::{is_pointwise, Conv};
+use super::gemm::{activate, Activation, PackedB};
+use super::parallel::Parallel;
+use super::spatial::{Axis, Window};
+use super::Isa;
+use crate::error::Result;
+use crate::target::Target;
+
+/// Calls `$f::<MR>($args)` for the runtime `$mr` in `1..=14`.
+macro_rules! by_rows {
+    ($mr:expr, $($f:ident)::+, ($($arg:expr),*)) => {
+        match $mr {
+            1 => $($f)::+::<1>($($arg),*),
+            2 => $($f)::+::<2>($($arg),*),
+            3 => $($f)::+::<3>($($arg),*),
+            4 => $($f)::+::<4>($($arg),*),
+            5 => $($f)::+::<5>($($arg),*),
+            6 => $($f)::+::<6>($($arg),*),
+            7 => $($f)::+::<7>($($arg),*),
+            8 => $($f)::+::<8>($($arg),*),
+            9 => $($f)::+::<9>($($arg),*),
+            10 => $($f)::+::<10>($($arg),*),
+            11 => $($f)::+::<11>($($arg),*),
+            12 => $($f)::+::<12>($($arg),*),
+            13 => $($f)::+::<13>($($arg),*),
+            14 => $($f)::+::<14>($($arg),*),
+            _ => unreachable!("tile of {} rows", $mr),
+        }
+    };
+}
+
+/// One run of `len` consecutive K rows: A at `a` (from the tile's first
+/// pixel, in the image), B at `b` (from the panel's start).
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    a: usize,
+    b: usize,
+}
+
+/// What one microkernel call computes: `mr` pixels × `nc <= NR` output
+/// channels.
+struct TileArgs<'a> {
+    segs: &'a [Seg],
+    /// K rows per segment (the group's input channels).
+    len: usize,
+    /// The image and, in it, where the tile's first pixel's offsets start.
+    image: &'a [f32],
+    a0: usize,
+    /// Elements between consecutive pixels' inputs (`stride_w · Ci`).
+    pixel_step: usize,
+    /// The B panel: `K` rows of `NR`.
+    panel: &'a [f32],
+    bias: Option<&'a [f32]>,
+}
+
+/// Whether the direct kernels serve these packed weights on `isa`.
+pub fn usable(isa: Isa, packed: &[&PackedB]) -> bool {
+    matches!(isa.target(), Target::Avx512 | Target::Avx2) && packed.iter().all(|p| p.target() == isa.target())
+}
+
+/// Input bytes a block of output rows may read: the block's rows run one
+/// weight panel after the other, so a panel is loaded into L2 once per
+/// block, not once per row (deep layers at 7×7 or 14×14 have panels of
+/// several hundred KiB), while the input rows stay in L2 as well.
+const BLOCK_INPUT_BYTES: usize = 384 * 1024;
+
+/// `y = conv(x)` for sizes [`super::conv`] has checked and weights for which
+/// [`usable`] holds.
+pub fn conv(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    if is_pointwise(c.window) {
+        return pointwise(isa, c, packed, y, par);
+    }
+    rows(isa, c, packed, y, par)
+}
+
+/// Pixels per row of a pointwise convolution seen as a 2-D one: 8 tiles.
+const POINTWISE_ROW: usize = 112;
+
+/// 1×1, stride 1, no padding: every pixel of every image is one long row,
+/// cut into rows of [`POINTWISE_ROW`] pixels (so small images, 7×7 or
+/// 14×14, get whole tiles, and rows to share among threads) and the rest.
+fn pointwise(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    let pixels = c.batch * c.window.output_pixels();
+    let (ci, co) = (c.in_channels, c.out_channels);
+    let (full, rest) = (pixels / POINTWISE_ROW, pixels % POINTWISE_ROW);
+    let split = full * POINTWISE_ROW;
+    for (rows, start, len) in [(full, 0, POINTWISE_ROW), (1, split, rest)] {
+        if rows == 0 || len == 0 {
+            continue;
+        }
+        let line = |n: usize| Axis {
+            input: n,
+            output: n,
+            kernel: 1,
+            stride: 1,
+            dilation: 1,
+            pad_begin: 0,
+            pad_end: 0,
+        };
+        let window = Window {
+            h: line(rows),
+            w: line(len),
+        };
+        let part = Conv {
+            window: &window,
+            batch: 1,
+            x: &c.x[start * ci..(start + rows * len) * ci],
+            residual: c.residual.map(|r| &r[start * co..(start + rows * len) * co]),
+            ..*c
+        };
+        self::rows(isa, &part, packed, &mut y[start * co..(start + rows * len) * co], par)?;
+    }
+    Ok(())
+}
+
+/// The general case: tasks of output rows.
+fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    let w = c.window;
+    let row_len = w.w.output * c.out_channels;
+    let rows = c.batch * w.h.output;
+    if row_len == 0 || rows == 0 {
+        return Ok(());
+    }
+    let tasks = if par.threads() > 1 {
+        rows.min(4 * par.threads())
+    } else {
+        1
+    };
+    let per = rows.div_ceil(tasks);
+    // Input rows one output row reads, in bytes.
+    let row_bytes = (w.h.stride.max(w.h.extent()) * w.w.input * c.in_channels * 4).max(1);
+    let block = (BLOCK_INPUT_BYTES / row_bytes).clamp(1, per);
+    let chunks: Vec<Mutex<(usize, &mut [f32])>> = y
+        .chunks_mut(per * row_len)
+        .enumerate()
+        .map(|(t, ch)| Mutex::new((t * per, ch)))
+        .collect();
+    par.for_each(chunks.len(), &|t| {
+        let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+        let (first, chunk) = &mut *guard;
+        let mut segs = Vec::new();
+        for (b, out) in chunk.chunks_mut(block * row_len).enumerate() {
+            let start = *first + b * block;
+            row_block(isa, c, packed, start..start + out.len() / row_len, out, &mut segs);
+        }
+    });
+    Ok(())
+}
+
+/// Output rows `rows` (flat over batch and output rows; `out` holds them),
+/// every group, one weight panel at a time.
+fn row_block(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], rows: Range<usize>, out: &mut [f32], segs: &mut Vec<Seg>) {
+    let w = c.window;
+    let ci = c.in_channels;
+    let row_len = w.w.output * c.out_channels;
+    let (lo, hi) = interior_columns(w);
+    let cog = c.out_channels / c.groups;
+    for (g, pb) in packed.iter().enumerate() {
+        for j0 in (0..cog).step_by(pb.nr()) {
+            for (row, out) in rows.clone().zip(out.chunks_exact_mut(row_len)) {
+                let (n, oh) = (row / w.h.output, row % w.h.output);
+                let image = &c.x[n * w.input_pixels() * ci..][..w.input_pixels() * ci];
+                if lo < hi {
+                    row_taps(c, g, oh, lo, segs);
+                    tiles(isa, c, g, pb, j0, image, segs, lo..hi, out);
+                }
+                for ow in (0..lo).chain(hi.max(lo)..w.w.output) {
+                    pixel_taps(c, g, oh, ow, segs);
+                    tiles(isa, c, g, pb, j0, image, segs, ow..ow + 1, out);
+                }
+            }
+        }
+    }
+    for (row, out) in rows.zip(out.chunks_exact_mut(row_len)) {
+        if c.activation != Activation::None {
+            activate(c.activation, out);
+        }
+        if let Some(res) = c.residual {
+            for (v, &r) in out.iter_mut().zip(&res[row * row_len..][..row_len]) {
+                *v += r;
+            }
+        }
+    }
+}
+
+/// The columns `lo..hi` whose taps all read inside the input row.
+fn interior_columns(win: &Window) -> (usize, usize) {
+    let a = &win.w;
+    let lo = a.pad_begin.div_ceil(a.stride);
+    let hi = match (a.input + a.pad_begin).checked_sub(a.extent()) {
+        Some(span) => (span / a.stride + 1).min(a.output),
+        None => 0,
+    };
+    (lo.min(hi), hi)
+}
+
+/// Group `g`'s segments for interior column `ow0` of output row `oh`: every
+/// kernel row inside the image, every kernel column.
+fn row_taps(c: &Conv<'_>, g: usize, oh: usize, ow0: usize, segs: &mut Vec<Seg>) {
+    let (w, ci, cig) = (c.window, c.in_channels, c.in_channels / c.groups);
+    let nr = nr_of(c);
+    segs.clear();
+    // Interior: the first tap's column is inside the row.
+    let iw0 = ow0 * w.w.stride - w.w.pad_begin;
+    for kh in 0..w.h.kernel {
+        let Some(ih) = w.h.source(oh, kh) else { continue };
+        for kw in 0..w.w.kernel {
+            let iw = iw0 + kw * w.w.dilation;
+            segs.push(Seg {
+                a: (ih * w.w.input + iw) * ci + g * cig,
+                b: (kh * w.w.kernel + kw) * cig * nr,
+            });
+        }
+    }
+}
+
+/// Group `g`'s segments for the one pixel `(oh, ow)`: its taps inside the image.
+fn pixel_taps(c: &Conv<'_>, g: usize, oh: usize, ow: usize, segs: &mut Vec<Seg>) {
+    let (w, ci, cig) = (c.window, c.in_channels, c.in_channels / c.groups);
+    let nr = nr_of(c);
+    segs.clear();
+    for kh in 0..w.h.kernel {
+        let Some(ih) = w.h.source(oh, kh) else { continue };
+        for kw in 0..w.w.kernel {
+            let Some(iw) = w.w.source(ow, kw) else { continue };
+            segs.push(Seg {
+                a: (ih * w.w.input + iw) * ci + g * cig,
+                b: (kh * w.w.kernel + kw) * cig * nr,
+            });
+        }
+    }
+}
+
+fn nr_of(c: &Conv<'_>) -> usize {
+    match c.weights {
+        super::conv::ConvWeights::Packed(p) => p.first().map_or(1, |p| p.nr()),
+        super::conv::ConvWeights::Depthwise(_) => 1,
+    }
+}
+
+/// Columns `cols` of one output row (`out`), group `g`, the panel of
+/// output channels from `j0`: tiles of at most `MR` pixels × `NR` channels. `segs` are the taps of
+/// the first column; the others are `pixel_step` further each.
+#[allow(clippy::too_many_arguments)]
+fn tiles(
+    isa: Isa,
+    c: &Conv<'_>,
+    g: usize,
+    pb: &PackedB,
+    j0: usize,
+    image: &[f32],
+    segs: &[Seg],
+    cols: Range<usize>,
+    out: &mut [f32],
+) {
+    let (co, cig, cog) = (c.out_channels, c.in_channels / c.groups, c.out_channels / c.groups);
+    let nr = pb.nr();
+    let k = pb.k();
+    let data = pb.data().as_slice();
+    let mr_max = match isa.target() {
+        Target::Avx512 => 14,
+        _ => 6,
+    };
+    let pixel_step = c.window.w.stride * c.in_channels;
+    let mut ow = cols.start;
+    while ow < cols.end {
+        let mr = mr_max.min(cols.end - ow);
+        let a0 = (ow - cols.start) * pixel_step;
+        {
+            let p = j0 / nr;
+            let nc = nr.min(cog - j0);
+            let col0 = g * cog + j0;
+            let t = TileArgs {
+                segs,
+                len: cig,
+                image,
+                a0,
+                pixel_step,
+                panel: &data[p * k * nr..][..k * nr],
+                bias: c.bias.map(|b| &b[col0..col0 + nc]),
+            };
+            let dst = &mut out[ow * co + col0..(ow + mr - 1) * co + col0 + nc];
+            tile(isa, mr, nc, co, &t, dst);
+        }
+        ow += mr;
+    }
+}
+
+/// Checks every offset the microkernel will touch, then runs it.
+#[allow(unsafe_code)] // calls the target_feature microkernels, see SAFETY below
+fn tile(isa: Isa, mr: usize, nc: usize, ldc: usize, t: &TileArgs<'_>, dst: &mut [f32]) {
+    let nr = match isa.target() {
+        Target::Avx512 => 32,
+        _ => 16,
+    };
+    let a_end = t.segs.iter().map(|s| s.a).max().unwrap_or(0) + t.a0 + (mr - 1) * t.pixel_step + t.len;
+    let b_end = t.segs.iter().map(|s| s.b).max().unwrap_or(0) + t.len * nr;
+    assert!(
+        (1..=14).contains(&mr)
+            && (1..=nr).contains(&nc)
+            && a_end <= t.image.len()
+            && b_end <= t.panel.len()
+            && dst.len() == (mr - 1) * ldc + nc
+            && t.bias.is_none_or(|b| b.len() == nc),
+        "direct convolution tile out of bounds: {mr} x {nc}"
+    );
+    #[cfg(target_arch = "x86_64")]
+    match isa.target() {
+        // SAFETY: the Isa token proves the CPU has AVX-512F and FMA; the
+        // assert above proves every A offset (segment + pixel + channel),
+        // every B row and every C element the kernel touches is in bounds.
+        Target::Avx512 => unsafe { by_rows!(mr, x86::avx512, (t, nc, ldc, dst)) },
+        // SAFETY: likewise, AVX2 and FMA.
+        Target::Avx2 => unsafe { by_rows!(mr, x86::avx2, (t, nc, ldc, dst)) },
+        Target::Generic => unreachable!("direct convolution on the generic target"),
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("direct convolution without x86 kernels")
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // SIMD intrinsics on raw pointers, bounds checked by `tile`
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::TileArgs;
+
+    fn mask16(n: usize) -> __mmask16 {
+        if n >= 16 {
+            0xffff
+        } else {
+            ((1u32 << n) - 1) as __mmask16
+        }
+    }
+
+    /// # Safety
+    /// AVX-512F and FMA available; `tile` checked every offset for `MR`
+    /// pixels and `nc` columns.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    pub(super) unsafe fn avx512<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, dst: &mut [f32]) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        let (img, panel) = (t.image.as_ptr(), t.panel.as_ptr());
+        let half = nc <= 16;
+        for s in t.segs {
+            // SAFETY: in bounds, see `tile`: a_end covers a + i * step + k
+            // for i < MR, k < len; b_end covers b + 32 k + 32.
+            unsafe {
+                let a = img.add(t.a0 + s.a);
+                let b = panel.add(s.b);
+                if half {
+                    for k in 0..t.len {
+                        let b0 = _mm512_loadu_ps(b.add(32 * k));
+                        for (i, acc) in acc.iter_mut().enumerate() {
+                            let ai = _mm512_set1_ps(*a.add(i * t.pixel_step + k));
+                            acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
+                        }
+                    }
+                } else {
+                    for k in 0..t.len {
+                        let b0 = _mm512_loadu_ps(b.add(32 * k));
+                        let b1 = _mm512_loadu_ps(b.add(32 * k + 16));
+                        for (i, acc) in acc.iter_mut().enumerate() {
+                            let ai = _mm512_set1_ps(*a.add(i * t.pixel_step + k));
+                            acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
+                            acc[1] = _mm512_fmadd_ps(ai, b1, acc[1]);
+                        }
+                    }
+                }
+            }
+        }
+        let (m0, m1) = (mask16(nc), mask16(nc.saturating_sub(16)));
+        let c = dst.as_mut_ptr();
+        // SAFETY: masked loads and stores touch the first nc values of the
+        // bias and of each of the MR rows of C (dst covers them, see `tile`).
+        unsafe {
+            let (bias0, bias1) = match t.bias {
+                Some(b) => (
+                    _mm512_maskz_loadu_ps(m0, b.as_ptr()),
+                    _mm512_maskz_loadu_ps(m1, b.as_ptr().add(16.min(nc))),
+                ),
+                None => (_mm512_setzero_ps(), _mm512_setzero_ps()),
+            };
+            for (i, acc) in acc.iter().enumerate() {
+                let row = c.add(i * ldc);
+                _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(acc[0], bias0));
+                if m1 != 0 {
+                    _mm512_mask_storeu_ps(row.add(16), m1, _mm512_add_ps(acc[1], bias1));
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn mask8(n: usize) -> __m256i {
+        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        // Lanes below n: all ones.
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n.min(8) as i32), idx)
+    }
+
+    /// # Safety
+    /// AVX2 and FMA available; `tile` checked every offset for `MR <= 6`
+    /// pixels and `nc <= 16` columns.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn avx2<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, dst: &mut [f32]) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+        let (img, panel) = (t.image.as_ptr(), t.panel.as_ptr());
+        for s in t.segs {
+            // SAFETY: in bounds, see `tile` (b rows of 16).
+            unsafe {
+                let a = img.add(t.a0 + s.a);
+                let b = panel.add(s.b);
+                for k in 0..t.len {
+                    let b0 = _mm256_loadu_ps(b.add(16 * k));
+                    let b1 = _mm256_loadu_ps(b.add(16 * k + 8));
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        let ai = _mm256_broadcast_ss(&*a.add(i * t.pixel_step + k));
+                        acc[0] = _mm256_fmadd_ps(ai, b0, acc[0]);
+                        acc[1] = _mm256_fmadd_ps(ai, b1, acc[1]);
+                    }
+                }
+            }
+        }
+        let (m0, m1) = (mask8(nc), mask8(nc.saturating_sub(8)));
+        let c = dst.as_mut_ptr();
+        // SAFETY: masked loads and stores touch the first nc values of the
+        // bias and of each of the MR rows of C (see `tile`).
+        unsafe {
+            let (bias0, bias1) = match t.bias {
+                Some(b) => (
+                    _mm256_maskload_ps(b.as_ptr(), m0),
+                    _mm256_maskload_ps(b.as_ptr().add(8.min(nc)), m1),
+                ),
+                None => (_mm256_setzero_ps(), _mm256_setzero_ps()),
+            };
+            for (i, acc) in acc.iter().enumerate() {
+                let row = c.add(i * ldc);
+                _mm256_maskstore_ps(row, m0, _mm256_add_ps(acc[0], bias0));
+                if nc > 8 {
+                    _mm256_maskstore_ps(row.add(8), m1, _mm256_add_ps(acc[1], bias1));
+                }
+            }
+        }
+    }
+}
