@@ -149,7 +149,7 @@ pub fn conv(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> Result
             Ok(())
         }
         ConvWeights::Packed(groups) => {
-            if super::conv_direct::usable(isa, groups) {
+            if super::conv_direct::usable(isa, c, groups) {
                 super::conv_direct::conv(isa, c, groups, y, par)
             } else if is_pointwise(c.window) {
                 pointwise(isa, c, groups, y, par)
