@@ -31,6 +31,11 @@ const CASES: &[(&str, usize, usize, usize, usize, usize, usize)] = &[
     ("resnet 1x1/2 512->1024 @28", 28, 512, 1024, 1, 2, 1),
     ("mobilenet 1x1 32->64 @112", 112, 32, 64, 1, 1, 1),
     ("mobilenet dw 3x3 128 @56", 56, 128, 128, 3, 1, 128),
+    ("squeezenet 1x1 512->1000 @13", 13, 512, 1000, 1, 1, 1),
+    ("squeezenet 3x3 32->128 @27", 27, 32, 128, 3, 1, 1),
+    ("squeezenet 3x3 16->64 @55", 55, 16, 64, 3, 1, 1),
+    ("squeezenet 3x3 64->256 @13", 13, 64, 256, 3, 1, 1),
+    ("squeezenet 3x3/2 3->64 @224", 224, 3, 64, 3, 2, 1),
 ];
 
 fn axis(input: usize, kernel: usize, stride: usize) -> Axis {

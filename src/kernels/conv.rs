@@ -1,6 +1,9 @@
 //! Convolution over channels-last `[N, H, W, C]` activations (issue #13),
 //! as GEMMs with the weights packed at compile time:
 //!
+//! - on x86 targets (AVX2, AVX-512), every non-depthwise convolution is a
+//!   direct one, [`super::conv_direct`]: no im2col, A read in place;
+//!   the paths below serve the generic target (and the tests compare all);
 //! - pointwise (1×1, stride 1, no padding): the input *is* the GEMM's A
 //!   (`M = N·H·W` rows of `Ci` values), no copy;
 //! - depthwise (`groups == Ci == Co`): [`super::depthwise`];
@@ -149,7 +152,7 @@ pub fn conv(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> Result
             Ok(())
         }
         ConvWeights::Packed(groups) => {
-            if super::conv_direct::usable(isa, c, groups) {
+            if super::conv_direct::usable(isa, groups) {
                 super::conv_direct::conv(isa, c, groups, y, par)
             } else if is_pointwise(c.window) {
                 pointwise(isa, c, groups, y, par)

@@ -11,11 +11,19 @@
 //! and is stored once, with the bias. Nothing is copied: im2col wrote every
 //! input value `kh·kw` times and the GEMM packed it again.
 //!
-//! Taps in the padding are skipped, not multiplied by zeros: a tap whose
-//! input row is outside the image is left out of the whole output row's
-//! tap list, and output columns with a tap outside the row (at most
-//! `extent / stride` on each side) are computed one pixel at a time with
-//! their own list. The interior columns go in tiles of `MR`.
+//! Taps in the padding: a tap whose input row is outside the image is left
+//! out of the whole output row's tap list; the output columns with a tap
+//! outside the input row (at most `extent / stride` on each side) are
+//! im2col'd, the padding as zeros, and those patches of a block of rows go
+//! through the same kernel in whole tiles. Tiles are balanced (57 pixels
+//! as 12 + 12 + 11 + 11 + 11), so that no short tile runs at a fraction of
+//! the kernel's speed. Rows are processed in blocks whose input stays in
+//! L2, one weight panel after the other.
+//!
+//! Measured on an AMD EPYC (Zen 4, AVX-512), one thread, `cargo bench
+//! --bench conv_kernels`: 3×3 convolutions at ResNet-50 shapes (56² to 7²)
+//! and 1×1 at 97–105% of the GEMM microkernel's in-cache rate (im2col +
+//! GEMM: 53–86%); the 7×7/2 stem on 3 channels 85%.
 //!
 //! The activation and the residual are applied to each output row while
 //! it is in cache, as [`super::depthwise`] does.
@@ -78,22 +86,11 @@ struct TileArgs<'a> {
     bias: Option<&'a [f32]>,
 }
 
-/// Whether the direct kernels serve this convolution with these packed
-/// weights on `isa`, and are the faster way.
-///
-/// Not when an output row has fewer than [`MIN_INTERIOR`] interior columns
-/// (7×7 maps): its tiles would be short and its border pixels go one at a
-/// time, while im2col + GEMM forms full tiles across rows. Measured on a
-/// Zen 4, 3×3 512→512 at 7×7: 67% of the FMA ceiling direct, 90% by im2col.
-pub fn usable(isa: Isa, c: &Conv<'_>, packed: &[&PackedB]) -> bool {
-    let (lo, hi) = interior_columns(c.window);
-    matches!(isa.target(), Target::Avx512 | Target::Avx2)
-        && packed.iter().all(|p| p.target() == isa.target())
-        && (is_pointwise(c.window) || hi - lo >= MIN_INTERIOR)
+/// Whether the direct kernels serve these packed weights on `isa` (the
+/// x86 targets; the generic one keeps im2col + GEMM).
+pub fn usable(isa: Isa, packed: &[&PackedB]) -> bool {
+    matches!(isa.target(), Target::Avx512 | Target::Avx2) && packed.iter().all(|p| p.target() == isa.target())
 }
-
-/// Interior columns per output row below which im2col + GEMM is faster.
-const MIN_INTERIOR: usize = 12;
 
 /// Input bytes a block of output rows may read: the block's rows run one
 /// weight panel after the other, so a panel is loaded into L2 once per
@@ -175,37 +172,47 @@ fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Pa
     par.for_each(chunks.len(), &|t| {
         let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
         let (first, chunk) = &mut *guard;
-        let mut segs = Vec::new();
+        let mut scratch = Scratch::default();
         for (b, out) in chunk.chunks_mut(block * row_len).enumerate() {
             let start = *first + b * block;
-            row_block(isa, c, packed, start..start + out.len() / row_len, out, &mut segs);
+            row_block(isa, c, packed, start..start + out.len() / row_len, out, &mut scratch);
         }
     });
     Ok(())
 }
 
+/// Per-task buffers, reused from block to block.
+#[derive(Default)]
+struct Scratch {
+    segs: Vec<Seg>,
+    /// The border pixels of a block: (row in the block, column).
+    border: Vec<(usize, usize)>,
+    /// Their im2col patches: per pixel, `taps` runs of `Ci` (zeros in the padding).
+    patches: Vec<f32>,
+    /// One tile of C for the border pixels, before it is scattered.
+    tile: Vec<f32>,
+}
+
 /// Output rows `rows` (flat over batch and output rows; `out` holds them),
 /// every group, one weight panel at a time.
-fn row_block(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], rows: Range<usize>, out: &mut [f32], segs: &mut Vec<Seg>) {
+fn row_block(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], rows: Range<usize>, out: &mut [f32], s: &mut Scratch) {
     let w = c.window;
     let ci = c.in_channels;
     let row_len = w.w.output * c.out_channels;
     let (lo, hi) = interior_columns(w);
     let cog = c.out_channels / c.groups;
+    border_patches(c, rows.clone(), (lo, hi), s);
     for (g, pb) in packed.iter().enumerate() {
         for j0 in (0..cog).step_by(pb.nr()) {
             for (row, out) in rows.clone().zip(out.chunks_exact_mut(row_len)) {
                 let (n, oh) = (row / w.h.output, row % w.h.output);
                 let image = &c.x[n * w.input_pixels() * ci..][..w.input_pixels() * ci];
                 if lo < hi {
-                    row_taps(c, g, oh, lo, segs);
-                    tiles(isa, c, g, pb, j0, image, segs, lo..hi, out);
-                }
-                for ow in (0..lo).chain(hi.max(lo)..w.w.output) {
-                    pixel_taps(c, g, oh, ow, segs);
-                    tiles(isa, c, g, pb, j0, image, segs, ow..ow + 1, out);
+                    row_taps(c, g, oh, lo, &mut s.segs);
+                    tiles(isa, c, g, pb, j0, image, &s.segs, lo..hi, out);
                 }
             }
+            border_tiles(isa, c, g, pb, j0, s, out);
         }
     }
     for (row, out) in rows.zip(out.chunks_exact_mut(row_len)) {
@@ -251,20 +258,90 @@ fn row_taps(c: &Conv<'_>, g: usize, oh: usize, ow0: usize, segs: &mut Vec<Seg>) 
     }
 }
 
-/// Group `g`'s segments for the one pixel `(oh, ow)`: its taps inside the image.
-fn pixel_taps(c: &Conv<'_>, g: usize, oh: usize, ow: usize, segs: &mut Vec<Seg>) {
-    let (w, ci, cig) = (c.window, c.in_channels, c.in_channels / c.groups);
-    let nr = nr_of(c);
-    segs.clear();
-    for kh in 0..w.h.kernel {
-        let Some(ih) = w.h.source(oh, kh) else { continue };
-        for kw in 0..w.w.kernel {
-            let Some(iw) = w.w.source(ow, kw) else { continue };
-            segs.push(Seg {
-                a: (ih * w.w.input + iw) * ci + g * cig,
-                b: (kh * w.w.kernel + kw) * cig * nr,
-            });
+/// The block's border pixels (a tap outside the input row) and their
+/// im2col patches, so that they too go through the kernel in whole tiles
+/// (one pixel at a time, the kernel does 2 FMAs per broadcast, a quarter of
+/// its speed), with the padding read as zeros.
+fn border_patches(c: &Conv<'_>, rows: Range<usize>, (lo, hi): (usize, usize), s: &mut Scratch) {
+    let (w, ci) = (c.window, c.in_channels);
+    s.border.clear();
+    for r in 0..rows.len() {
+        for ow in (0..lo).chain(hi.max(lo)..w.w.output) {
+            s.border.push((r, ow));
         }
+    }
+    let patch = w.taps() * ci;
+    s.patches.clear();
+    s.patches.resize(s.border.len() * patch, 0.0);
+    for (&(r, ow), dst) in s.border.iter().zip(s.patches.chunks_exact_mut(patch.max(1))) {
+        let row = rows.start + r;
+        let (n, oh) = (row / w.h.output, row % w.h.output);
+        let image = &c.x[n * w.input_pixels() * ci..][..w.input_pixels() * ci];
+        for kh in 0..w.h.kernel {
+            let Some(ih) = w.h.source(oh, kh) else { continue };
+            for kw in 0..w.w.kernel {
+                let Some(iw) = w.w.source(ow, kw) else { continue };
+                let t = kh * w.w.kernel + kw;
+                dst[t * ci..][..ci].copy_from_slice(&image[(ih * w.w.input + iw) * ci..][..ci]);
+            }
+        }
+    }
+}
+
+/// Group `g`'s panel from `j0` for the border pixels: tiles of their
+/// patches into `s.tile`, scattered to their places in `out`.
+fn border_tiles(isa: Isa, c: &Conv<'_>, g: usize, pb: &PackedB, j0: usize, s: &mut Scratch, out: &mut [f32]) {
+    if s.border.is_empty() {
+        return;
+    }
+    let (w, ci, cig, cog, co) = (
+        c.window,
+        c.in_channels,
+        c.in_channels / c.groups,
+        c.out_channels / c.groups,
+        c.out_channels,
+    );
+    let (nr, k) = (pb.nr(), pb.k());
+    let patch = w.taps() * ci;
+    s.segs.clear();
+    s.segs.extend((0..w.taps()).map(|t| Seg {
+        a: t * ci + g * cig,
+        b: t * cig * nr,
+    }));
+    let (nc, col0) = (nr.min(cog - j0), g * cog + j0);
+    let panel = &pb.data().as_slice()[j0 / nr * k * nr..][..k * nr];
+    s.tile.resize(mr_max(isa) * nr, 0.0);
+    let row_len = w.w.output * co;
+    let mut at = 0;
+    for mr in balanced(s.border.len(), mr_max(isa)) {
+        let t = TileArgs {
+            segs: &s.segs,
+            len: cig,
+            image: &s.patches,
+            a0: at * patch,
+            pixel_step: patch,
+            panel,
+            bias: c.bias.map(|b| &b[col0..col0 + nc]),
+        };
+        tile(isa, mr, nc, nr, &t, &mut s.tile[..(mr - 1) * nr + nc]);
+        for (i, &(r, ow)) in s.border[at..at + mr].iter().enumerate() {
+            out[r * row_len + ow * co + col0..][..nc].copy_from_slice(&s.tile[i * nr..][..nc]);
+        }
+        at += mr;
+    }
+}
+
+/// Sizes of tiles of at most `max` covering `len`, as even as possible
+/// (57 as 12, 12, 11, 11, 11, not 14, 14, 14, 14, 1).
+fn balanced(len: usize, max: usize) -> impl Iterator<Item = usize> {
+    let tiles = len.div_ceil(max);
+    (0..tiles).map(move |i| len / tiles + usize::from(i < len % tiles))
+}
+
+fn mr_max(isa: Isa) -> usize {
+    match isa.target() {
+        Target::Avx512 => 14,
+        _ => 6,
     }
 }
 
@@ -294,14 +371,9 @@ fn tiles(
     let nr = pb.nr();
     let k = pb.k();
     let data = pb.data().as_slice();
-    let mr_max = match isa.target() {
-        Target::Avx512 => 14,
-        _ => 6,
-    };
     let pixel_step = c.window.w.stride * c.in_channels;
     let mut ow = cols.start;
-    while ow < cols.end {
-        let mr = mr_max.min(cols.end - ow);
+    for mr in balanced(cols.len(), mr_max(isa)) {
         let a0 = (ow - cols.start) * pixel_step;
         {
             let p = j0 / nr;
