@@ -25,6 +25,7 @@ mod norm;
 pub mod parallel;
 pub mod recurrent;
 pub mod spatial;
+pub mod transpose;
 // Pools and resize (issue #13).
 pub mod pool;
 pub mod resize;

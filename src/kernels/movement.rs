@@ -4,6 +4,10 @@
 //! plan hands them `u8`/`u16`/`u32`/`u64` views for 1-, 2-, 4- and 8-byte
 //! elements.
 
+use bytemuck::Pod;
+
+use super::transpose::{transpose, Transpose2};
+use super::Isa;
 use crate::error::{Error, Result};
 
 /// `dst[dst_offset + Σ i_d·dst_strides[d]] = src[src_offset + Σ i_d·src_strides[d]]`
@@ -71,11 +75,40 @@ fn range_ok(dims: &[usize], offset: usize, strides: &[isize], len: usize) -> boo
     lo >= 0 && hi < len as i128 && offset < len.max(1)
 }
 
-/// Runs a copy plan that `fits` the slices.
-pub fn strided_copy<T: Copy>(p: &CopyPlan, src: &[T], dst: &mut [T]) {
+/// When a copy swaps two dims that are not the innermost two (the dim
+/// contiguous in `src` and the one contiguous in `dst` differ, at least one
+/// of them further out), the same plan with those two moved innermost, so
+/// that the inner loop is a 2-D transpose.
+fn transpose_innermost(p: &CopyPlan) -> Option<CopyPlan> {
+    let rank = p.dims.len();
+    if rank < 3 {
+        return None;
+    }
+    let ks = p.src_strides.iter().position(|&s| s == 1)?;
+    let kd = p.dst_strides.iter().rposition(|&s| s == 1)?;
+    let innermost = (ks == rank - 2 && kd == rank - 1) || (kd == rank - 2 && ks == rank - 1);
+    // Not when the pair is no transpose (a broadcast, a reversal) either.
+    if ks == kd || innermost || p.dst_strides[ks] <= 0 || p.src_strides[kd] <= 0 {
+        return None;
+    }
+    let order: Vec<usize> = (0..rank).filter(|&k| k != ks && k != kd).chain([ks, kd]).collect();
+    Some(CopyPlan {
+        dims: order.iter().map(|&k| p.dims[k]).collect(),
+        src_offset: p.src_offset,
+        src_strides: order.iter().map(|&k| p.src_strides[k]).collect(),
+        dst_offset: p.dst_offset,
+        dst_strides: order.iter().map(|&k| p.dst_strides[k]).collect(),
+    })
+}
+
+/// Runs a copy plan that `fits` the slices (panics where it does not).
+/// `isa` picks the build of the transpose blocks.
+pub fn strided_copy<T: Pod>(isa: Isa, p: &CopyPlan, src: &[T], dst: &mut [T]) {
     if p.numel() == Some(0) {
         return;
     }
+    let reordered = transpose_innermost(p);
+    let p = reordered.as_ref().unwrap_or(p);
     let rank = p.dims.len();
     if rank == 0 {
         dst[p.dst_offset] = src[p.src_offset];
@@ -97,6 +130,16 @@ pub fn strided_copy<T: Copy>(p: &CopyPlan, src: &[T], dst: &mut [T]) {
                 d,
                 p.dst_strides[rank - 1],
             );
+        } else if let Some(t) = Transpose2::of(
+            [p.dims[rank - 2], p.dims[rank - 1]],
+            s,
+            [p.src_strides[rank - 2], p.src_strides[rank - 1]],
+            d,
+            [p.dst_strides[rank - 2], p.dst_strides[rank - 1]],
+        )
+        .filter(|t| t.fits(src.len(), dst.len()))
+        {
+            transpose(isa, &t, src, dst);
         } else {
             copy_tile2(
                 [p.dims[rank - 2], p.dims[rank - 1]],
@@ -302,6 +345,116 @@ pub fn cast_f32_i32(src: &[f32], dst: &mut [i32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::target::Target;
+    use std::fmt::Debug;
+
+    fn generic() -> Isa {
+        Isa::new(Target::Generic).unwrap()
+    }
+
+    /// Every target this CPU runs.
+    fn isas() -> Vec<Isa> {
+        Target::ALL.into_iter().filter_map(Isa::new).collect()
+    }
+
+    /// The plan run index by index, bounds-checked.
+    fn naive<T: Copy>(p: &CopyPlan, src: &[T], dst: &mut [T]) {
+        let n = p.numel().unwrap();
+        let rank = p.dims.len();
+        for flat in 0..n {
+            let (mut rem, mut s, mut d) = (flat, p.src_offset as isize, p.dst_offset as isize);
+            for k in (0..rank).rev() {
+                let i = (rem % p.dims[k]) as isize;
+                rem /= p.dims[k];
+                s += i * p.src_strides[k];
+                d += i * p.dst_strides[k];
+            }
+            dst[d as usize] = src[s as usize];
+        }
+    }
+
+    /// `strided_copy` by every target against [`naive`], into a `dst`
+    /// prefilled with a sentinel (so writes outside the plan show).
+    fn check<T: Pod + PartialEq + Debug>(p: &CopyPlan, src_len: usize, dst_len: usize, make: impl Fn(usize) -> T) {
+        assert!(p.fits(src_len, dst_len), "{p:?}");
+        let src: Vec<T> = (0..src_len).map(&make).collect();
+        let mut want = vec![make(usize::MAX); dst_len];
+        naive(p, &src, &mut want);
+        for isa in isas() {
+            let mut got = vec![make(usize::MAX); dst_len];
+            strided_copy(isa, p, &src, &mut got);
+            assert_eq!(got, want, "{isa:?} {p:?}");
+        }
+    }
+
+    /// `[outer, rows, cols]`: `dst[o, i, j] = src[o, j, i]` with the given
+    /// offsets and paddings of both leading dims, in both dim orders
+    /// (`Transpose2::of`'s two cases), for every element size.
+    #[test]
+    fn transposes_match_naive() {
+        let sizes = [0usize, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33, 70];
+        for &rows in &sizes {
+            for &cols in &sizes {
+                for (outer, off, pad) in [(1usize, 0usize, 0usize), (3, 5, 0), (2, 1, 3)] {
+                    let (sld, dld) = (rows + pad, cols + pad);
+                    let (so, dso) = (cols * sld + pad, rows * dld + 2 * pad);
+                    let (src_len, dst_len) = (off + outer * so, off + outer * dso);
+                    let ii = |x: usize| x as isize;
+                    let plans = [
+                        CopyPlan {
+                            dims: vec![outer, rows, cols],
+                            src_offset: off,
+                            src_strides: vec![ii(so), 1, ii(sld)],
+                            dst_offset: off,
+                            dst_strides: vec![ii(dso), ii(dld), 1],
+                        },
+                        CopyPlan {
+                            dims: vec![outer, cols, rows],
+                            src_offset: off,
+                            src_strides: vec![ii(so), ii(sld), 1],
+                            dst_offset: off,
+                            dst_strides: vec![ii(dso), 1, ii(dld)],
+                        },
+                    ];
+                    for p in &plans {
+                        check(p, src_len, dst_len, |i| i as u8);
+                        check(p, src_len, dst_len, |i| i as u16);
+                        check(p, src_len, dst_len, |i| i as u32);
+                        check(p, src_len, dst_len, |i| i as u64);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Transposes whose swapped dims are not the innermost two once merged
+    /// (moved there by `transpose_innermost`), and ordinary strided copies.
+    #[test]
+    fn permutations_match_naive() {
+        for (shape, perm) in [
+            (vec![5usize, 6, 7], vec![2usize, 1, 0]),
+            (vec![2, 9, 3, 17], vec![3, 1, 0, 2]),
+            (vec![2, 3, 16, 17], vec![0, 2, 3, 1]),
+            (vec![2, 16, 17, 3], vec![0, 3, 1, 2]),
+            (vec![3, 8, 9, 4], vec![1, 0, 3, 2]),
+            (vec![2, 3, 4, 5], vec![2, 0, 3, 1]),
+            (vec![4, 0, 3], vec![2, 0, 1]),
+        ] {
+            let n: usize = shape.iter().product();
+            let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+            let ss = strides(&shape);
+            let src_strides: Vec<isize> = perm.iter().map(|&p| ss[p]).collect();
+            let plan = CopyPlan::new(&out_shape, 0, &src_strides, 0, &strides(&out_shape));
+            check(&plan, n, n, |i| i as u32);
+            check(&plan, n, n, |i| i as u16);
+            check(&plan, n, n, |i| i as u64);
+            check(&plan, n, n, |i| i as u8);
+        }
+        // Slice with a negative step, Expand, and a concat-like offset copy.
+        check(&CopyPlan::new(&[4, 3], 9, &[-3, 1], 0, &[3, 1]), 12, 12, |i| i as u32);
+        check(&CopyPlan::new(&[4, 3], 0, &[1, 0], 0, &[3, 1]), 4, 12, |i| i as u32);
+        check(&CopyPlan::new(&[3, 5], 0, &[1, 3], 2, &[7, 1]), 15, 23, |i| i as u32);
+    }
 
     /// Row-major strides of a shape.
     fn strides(shape: &[usize]) -> Vec<isize> {
@@ -331,7 +484,7 @@ mod tests {
             let plan = CopyPlan::new(&out_shape, 0, &src_strides, 0, &strides(&out_shape));
             assert!(plan.fits(n, n));
             let mut dst = vec![0u32; n];
-            strided_copy(&plan, &src, &mut dst);
+            strided_copy(generic(), &plan, &src, &mut dst);
             // naive
             let os = strides(&out_shape);
             for (flat, &got) in dst.iter().enumerate() {
@@ -353,11 +506,11 @@ mod tests {
         let plan = CopyPlan::new(&[3], 4, &[-2], 0, &[1]);
         let mut dst = [0u32; 3];
         assert!(plan.fits(5, 3));
-        strided_copy(&plan, &src, &mut dst);
+        strided_copy(generic(), &plan, &src, &mut dst);
         assert_eq!(dst, [5, 3, 1]);
         let plan = CopyPlan::new(&[2, 3], 0, &[1, 0], 0, &[3, 1]);
         let mut dst = [0u32; 6];
-        strided_copy(&plan, &src, &mut dst);
+        strided_copy(generic(), &plan, &src, &mut dst);
         assert_eq!(dst, [1, 1, 1, 2, 2, 2]);
         assert!(!CopyPlan::new(&[3], 4, &[-2], 0, &[1]).fits(4, 3));
         assert!(!CopyPlan::new(&[3], 0, &[1], 1, &[1]).fits(3, 3));
