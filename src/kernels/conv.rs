@@ -536,6 +536,8 @@ mod tests {
             case(1, 24, 48, 1, axis(5, 3, 1, 1, (1, 1)), axis(33, 3, 1, 1, (1, 1))),
             case(1, 16, 20, 1, axis(11, 3, 2, 2, (2, 1)), axis(37, 3, 2, 2, (2, 2))),
             case(1, 3, 64, 1, axis(12, 7, 2, 1, (3, 3)), axis(20, 7, 2, 1, (3, 3))),
+            // Fewer rows than tasks: tasks split the weight panels too.
+            case(1, 16, 100, 1, axis(3, 3, 1, 1, (1, 1)), axis(7, 3, 1, 1, (1, 1))),
             // Several row blocks per task (each block runs every panel).
             case(1, 128, 16, 1, axis(16, 3, 1, 1, (1, 1)), axis(40, 3, 1, 1, (1, 1))),
         ];

@@ -28,8 +28,8 @@
 //! The activation and the residual are applied to each output row while
 //! it is in cache, as [`super::depthwise`] does.
 
+use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::Mutex;
 
 use super::conv::{is_pointwise, Conv};
 use super::gemm::{activate, Activation, PackedB};
@@ -147,38 +147,78 @@ fn pointwise(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &d
     Ok(())
 }
 
-/// The general case: tasks of output rows.
+/// The general case: tasks of output rows × weight panels.
 fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Parallel) -> Result<()> {
     let w = c.window;
     let row_len = w.w.output * c.out_channels;
     let rows = c.batch * w.h.output;
-    if row_len == 0 || rows == 0 {
+    let nr = packed.first().map_or(1, |p| p.nr());
+    let panels = c.groups * (c.out_channels / c.groups).div_ceil(nr);
+    if row_len == 0 || rows == 0 || panels == 0 {
         return Ok(());
     }
-    let tasks = if par.threads() > 1 {
-        rows.min(4 * par.threads())
-    } else {
-        1
-    };
-    let per = rows.div_ceil(tasks);
+    // About 4 tasks per thread; rows first, and panels too when there are
+    // few rows (7×7 maps, pointwise rests), so that both threads work.
+    let want = if par.threads() > 1 { 4 * par.threads() } else { 1 };
+    let per_rows = rows.div_ceil(rows.min(want));
+    let row_tasks = rows.div_ceil(per_rows);
+    let per_panels = panels.div_ceil(want.div_ceil(row_tasks).min(panels));
+    let panel_tasks = panels.div_ceil(per_panels);
     // Input rows one output row reads, in bytes.
     let row_bytes = (w.h.stride.max(w.h.extent()) * w.w.input * c.in_channels * 4).max(1);
-    let block = (BLOCK_INPUT_BYTES / row_bytes).clamp(1, per);
-    let chunks: Vec<Mutex<(usize, &mut [f32])>> = y
-        .chunks_mut(per * row_len)
-        .enumerate()
-        .map(|(t, ch)| Mutex::new((t * per, ch)))
-        .collect();
-    par.for_each(chunks.len(), &|t| {
-        let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
-        let (first, chunk) = &mut *guard;
+    let block = (BLOCK_INPUT_BYTES / row_bytes).clamp(1, per_rows);
+    let out = Out::new(y);
+    par.for_each(row_tasks * panel_tasks, &|t| {
+        let (r, p) = (t / panel_tasks, t % panel_tasks);
+        let task_rows = r * per_rows..((r + 1) * per_rows).min(rows);
+        let task_panels = p * per_panels..((p + 1) * per_panels).min(panels);
         let mut scratch = Scratch::default();
-        for (b, out) in chunk.chunks_mut(block * row_len).enumerate() {
-            let start = *first + b * block;
-            row_block(isa, c, packed, start..start + out.len() / row_len, out, &mut scratch);
+        for start in task_rows.clone().step_by(block) {
+            let block_rows = start..(start + block).min(task_rows.end);
+            row_block(isa, c, packed, block_rows, task_panels.clone(), &out, &mut scratch);
         }
     });
     Ok(())
+}
+
+/// The output, shared by the tasks that each write their own block of rows
+/// × output channels, as raw parts: one task's block interleaves with
+/// another's pixel by pixel, so no task may hold a `&mut` spanning it.
+struct Out<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _y: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: an `Out` is an exclusive borrow of f32 values, like `&mut [f32]`;
+// the tasks that share it write disjoint elements (`rows` gives each its
+// own rows × panels) through `Out::run`.
+#[allow(unsafe_code)]
+unsafe impl Sync for Out<'_> {}
+
+impl<'a> Out<'a> {
+    fn new(y: &'a mut [f32]) -> Out<'a> {
+        Out {
+            ptr: y.as_mut_ptr(),
+            len: y.len(),
+            _y: PhantomData,
+        }
+    }
+
+    /// The `len` elements from `at`.
+    ///
+    /// # Safety
+    /// The calling task owns them (they are in its rows × panels), and no
+    /// other reference to them lives while the result does.
+    #[allow(unsafe_code, clippy::mut_from_ref)]
+    unsafe fn run(&self, at: usize, len: usize) -> &mut [f32] {
+        assert!(
+            at.checked_add(len).is_some_and(|end| end <= self.len),
+            "output run out of bounds"
+        );
+        // SAFETY: in bounds (checked), exclusive (the caller's contract).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
+    }
 }
 
 /// Per-task buffers, reused from block to block.
@@ -193,36 +233,50 @@ struct Scratch {
     tile: Vec<f32>,
 }
 
-/// Output rows `rows` (flat over batch and output rows; `out` holds them),
-/// every group, one weight panel at a time.
-fn row_block(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], rows: Range<usize>, out: &mut [f32], s: &mut Scratch) {
+/// Output rows `rows` (flat over batch and output rows), weight panels
+/// `panels` (flat over groups), one panel at a time.
+fn row_block(
+    isa: Isa,
+    c: &Conv<'_>,
+    packed: &[&PackedB],
+    rows: Range<usize>,
+    panels: Range<usize>,
+    out: &Out<'_>,
+    s: &mut Scratch,
+) {
     let w = c.window;
     let ci = c.in_channels;
     let row_len = w.w.output * c.out_channels;
     let (lo, hi) = interior_columns(w);
     let cog = c.out_channels / c.groups;
+    let nr = packed.first().map_or(1, |p| p.nr());
+    let per_group = cog.div_ceil(nr);
     border_patches(c, rows.clone(), (lo, hi), s);
-    for (g, pb) in packed.iter().enumerate() {
-        for j0 in (0..cog).step_by(pb.nr()) {
-            for (row, out) in rows.clone().zip(out.chunks_exact_mut(row_len)) {
-                let (n, oh) = (row / w.h.output, row % w.h.output);
-                let image = &c.x[n * w.input_pixels() * ci..][..w.input_pixels() * ci];
-                if lo < hi {
-                    row_taps(c, g, oh, lo, &mut s.segs);
-                    tiles(isa, c, g, pb, j0, image, &s.segs, lo..hi, out);
-                }
+    for panel in panels {
+        let (g, j0) = (panel / per_group, panel % per_group * nr);
+        let pb = packed[g];
+        for row in rows.clone() {
+            let (n, oh) = (row / w.h.output, row % w.h.output);
+            let image = &c.x[n * w.input_pixels() * ci..][..w.input_pixels() * ci];
+            if lo < hi {
+                row_taps(c, g, oh, lo, &mut s.segs);
+                tiles(isa, c, g, pb, j0, image, &s.segs, lo..hi, out, row * row_len);
             }
-            border_tiles(isa, c, g, pb, j0, s, out);
         }
+        border_tiles(isa, c, g, pb, j0, rows.start, s, out);
     }
-    for (row, out) in rows.zip(out.chunks_exact_mut(row_len)) {
-        if c.activation != Activation::None {
-            activate(c.activation, out);
-        }
-        if let Some(res) = c.residual {
-            for (v, &r) in out.iter_mut().zip(&res[row * row_len..][..row_len]) {
-                *v += r;
-            }
+}
+
+/// The activation and residual of one tile row (`at`: its flat index in
+/// the output, which the residual shares), after its store.
+fn epilogue(c: &Conv<'_>, run: &mut [f32], at: usize) {
+    if c.activation != Activation::None {
+        activate(c.activation, run);
+    }
+    if let Some(res) = c.residual {
+        let len = run.len();
+        for (v, &r) in run.iter_mut().zip(&res[at..at + len]) {
+            *v += r;
         }
     }
 }
@@ -290,7 +344,17 @@ fn border_patches(c: &Conv<'_>, rows: Range<usize>, (lo, hi): (usize, usize), s:
 
 /// Group `g`'s panel from `j0` for the border pixels: tiles of their
 /// patches into `s.tile`, scattered to their places in `out`.
-fn border_tiles(isa: Isa, c: &Conv<'_>, g: usize, pb: &PackedB, j0: usize, s: &mut Scratch, out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+fn border_tiles(
+    isa: Isa,
+    c: &Conv<'_>,
+    g: usize,
+    pb: &PackedB,
+    j0: usize,
+    first_row: usize,
+    s: &mut Scratch,
+    out: &Out<'_>,
+) {
     if s.border.is_empty() {
         return;
     }
@@ -323,9 +387,14 @@ fn border_tiles(isa: Isa, c: &Conv<'_>, g: usize, pb: &PackedB, j0: usize, s: &m
             panel,
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
         };
-        tile(isa, mr, nc, nr, &t, &mut s.tile[..(mr - 1) * nr + nc]);
+        tile(isa, mr, nc, &t, &Out::new(&mut s.tile), 0, nr);
         for (i, &(r, ow)) in s.border[at..at + mr].iter().enumerate() {
-            out[r * row_len + ow * co + col0..][..nc].copy_from_slice(&s.tile[i * nr..][..nc]);
+            let pos = (first_row + r) * row_len + ow * co + col0;
+            // SAFETY: this task's row and panel; the run is dropped at once.
+            #[allow(unsafe_code)]
+            let run = unsafe { out.run(pos, nc) };
+            run.copy_from_slice(&s.tile[i * nr..][..nc]);
+            epilogue(c, run, pos);
         }
         at += mr;
     }
@@ -365,7 +434,8 @@ fn tiles(
     image: &[f32],
     segs: &[Seg],
     cols: Range<usize>,
-    out: &mut [f32],
+    out: &Out<'_>,
+    row_at: usize,
 ) {
     let (co, cig, cog) = (c.out_channels, c.in_channels / c.groups, c.out_channels / c.groups);
     let nr = pb.nr();
@@ -388,16 +458,23 @@ fn tiles(
                 panel: &data[p * k * nr..][..k * nr],
                 bias: c.bias.map(|b| &b[col0..col0 + nc]),
             };
-            let dst = &mut out[ow * co + col0..(ow + mr - 1) * co + col0 + nc];
-            tile(isa, mr, nc, co, &t, dst);
+            let at = row_at + ow * co + col0;
+            tile(isa, mr, nc, &t, out, at, co);
+            for i in 0..mr {
+                // SAFETY: this task's row and panel; the run is dropped at once.
+                #[allow(unsafe_code)]
+                let run = unsafe { out.run(at + i * co, nc) };
+                epilogue(c, run, at + i * co);
+            }
         }
         ow += mr;
     }
 }
 
-/// Checks every offset the microkernel will touch, then runs it.
+/// Checks every offset the microkernel will touch, then runs it: C rows
+/// `at + i·ldc`, `i < mr`, `nc` values each, of `out` (the calling task's).
 #[allow(unsafe_code)] // calls the target_feature microkernels, see SAFETY below
-fn tile(isa: Isa, mr: usize, nc: usize, ldc: usize, t: &TileArgs<'_>, dst: &mut [f32]) {
+fn tile(isa: Isa, mr: usize, nc: usize, t: &TileArgs<'_>, out: &Out<'_>, at: usize, ldc: usize) {
     let nr = match isa.target() {
         Target::Avx512 => 32,
         _ => 16,
@@ -409,7 +486,7 @@ fn tile(isa: Isa, mr: usize, nc: usize, ldc: usize, t: &TileArgs<'_>, dst: &mut 
             && (1..=nr).contains(&nc)
             && a_end <= t.image.len()
             && b_end <= t.panel.len()
-            && dst.len() == (mr - 1) * ldc + nc
+            && at + (mr - 1) * ldc + nc <= out.len
             && t.bias.is_none_or(|b| b.len() == nc),
         "direct convolution tile out of bounds: {mr} x {nc}"
     );
@@ -417,10 +494,12 @@ fn tile(isa: Isa, mr: usize, nc: usize, ldc: usize, t: &TileArgs<'_>, dst: &mut 
     match isa.target() {
         // SAFETY: the Isa token proves the CPU has AVX-512F and FMA; the
         // assert above proves every A offset (segment + pixel + channel),
-        // every B row and every C element the kernel touches is in bounds.
-        Target::Avx512 => unsafe { by_rows!(mr, x86::avx512, (t, nc, ldc, dst)) },
+        // every B row and every C element the kernel touches is in bounds;
+        // those C elements are the calling task's (the caller's contract)
+        // and no reference to them is alive.
+        Target::Avx512 => unsafe { by_rows!(mr, x86::avx512, (t, nc, ldc, out.ptr.add(at))) },
         // SAFETY: likewise, AVX2 and FMA.
-        Target::Avx2 => unsafe { by_rows!(mr, x86::avx2, (t, nc, ldc, dst)) },
+        Target::Avx2 => unsafe { by_rows!(mr, x86::avx2, (t, nc, ldc, out.ptr.add(at))) },
         Target::Generic => unreachable!("direct convolution on the generic target"),
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -443,10 +522,11 @@ mod x86 {
     }
 
     /// # Safety
-    /// AVX-512F and FMA available; `tile` checked every offset for `MR`
-    /// pixels and `nc` columns.
+    /// AVX-512F and FMA available; `tile` checked every A and B offset for
+    /// `MR` pixels and `nc` columns; `c.add(i * ldc + j)`, `i < MR`, `j <
+    /// nc`, is the caller's to write and nothing else refers to it.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    pub(super) unsafe fn avx512<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, dst: &mut [f32]) {
+    pub(super) unsafe fn avx512<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, c: *mut f32) {
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
         let (img, panel) = (t.image.as_ptr(), t.panel.as_ptr());
         let half = nc <= 16;
@@ -478,9 +558,8 @@ mod x86 {
             }
         }
         let (m0, m1) = (mask16(nc), mask16(nc.saturating_sub(16)));
-        let c = dst.as_mut_ptr();
         // SAFETY: masked loads and stores touch the first nc values of the
-        // bias and of each of the MR rows of C (dst covers them, see `tile`).
+        // bias and of each of the MR rows of C (the caller's, see above).
         unsafe {
             let (bias0, bias1) = match t.bias {
                 Some(b) => (
@@ -507,10 +586,11 @@ mod x86 {
     }
 
     /// # Safety
-    /// AVX2 and FMA available; `tile` checked every offset for `MR <= 6`
-    /// pixels and `nc <= 16` columns.
+    /// AVX2 and FMA available; `tile` checked every A and B offset for
+    /// `MR` pixels and `nc <= 16` columns; `c.add(i * ldc + j)`, `i < MR`,
+    /// `j < nc`, is the caller's to write and nothing else refers to it.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn avx2<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, dst: &mut [f32]) {
+    pub(super) unsafe fn avx2<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, c: *mut f32) {
         let mut acc = [[_mm256_setzero_ps(); 2]; MR];
         let (img, panel) = (t.image.as_ptr(), t.panel.as_ptr());
         for s in t.segs {
@@ -530,7 +610,6 @@ mod x86 {
             }
         }
         let (m0, m1) = (mask8(nc), mask8(nc.saturating_sub(8)));
-        let c = dst.as_mut_ptr();
         // SAFETY: masked loads and stores touch the first nc values of the
         // bias and of each of the MR rows of C (see `tile`).
         unsafe {
