@@ -68,14 +68,23 @@ macro_rules! by_rows {
 struct Seg {
     a: usize,
     b: usize,
+    len: usize,
+}
+
+/// Appends `seg`, or lengthens the last segment if `seg` continues it in
+/// both A and B (the taps of a kernel row with dilation 1, and a whole
+/// patch, are one run: fewer, longer loops).
+fn push_seg(segs: &mut Vec<Seg>, seg: Seg, nr: usize) {
+    match segs.last_mut() {
+        Some(last) if last.a + last.len == seg.a && last.b + last.len * nr == seg.b => last.len += seg.len,
+        _ => segs.push(seg),
+    }
 }
 
 /// What one microkernel call computes: `mr` pixels × `nc <= NR` output
 /// channels.
 struct TileArgs<'a> {
     segs: &'a [Seg],
-    /// K rows per segment (the group's input channels).
-    len: usize,
     /// The image and, in it, where the tile's first pixel's offsets start.
     image: &'a [f32],
     a0: usize,
@@ -84,6 +93,18 @@ struct TileArgs<'a> {
     /// The B panel: `K` rows of `NR`.
     panel: &'a [f32],
     bias: Option<&'a [f32]>,
+    /// The activation, when it is a clamp the kernel applies in registers.
+    clamp: Option<(f32, f32)>,
+}
+
+/// Relu and Clip as the `[lo, hi]` clamp the kernels apply before they
+/// store (NaN stays NaN, as in [`activate`]); other activations run after.
+fn clamp_of(act: Activation) -> Option<(f32, f32)> {
+    match act {
+        Activation::Relu => Some((0.0, f32::INFINITY)),
+        Activation::Clip(lo, hi) => Some((lo, hi)),
+        _ => None,
+    }
 }
 
 /// Whether the direct kernels serve these packed weights on `isa` (the
@@ -270,7 +291,7 @@ fn row_block(
 /// The activation and residual of one tile row (`at`: its flat index in
 /// the output, which the residual shares), after its store.
 fn epilogue(c: &Conv<'_>, run: &mut [f32], at: usize) {
-    if c.activation != Activation::None {
+    if c.activation != Activation::None && clamp_of(c.activation).is_none() {
         activate(c.activation, run);
     }
     if let Some(res) = c.residual {
@@ -304,10 +325,12 @@ fn row_taps(c: &Conv<'_>, g: usize, oh: usize, ow0: usize, segs: &mut Vec<Seg>) 
         let Some(ih) = w.h.source(oh, kh) else { continue };
         for kw in 0..w.w.kernel {
             let iw = iw0 + kw * w.w.dilation;
-            segs.push(Seg {
+            let seg = Seg {
                 a: (ih * w.w.input + iw) * ci + g * cig,
                 b: (kh * w.w.kernel + kw) * cig * nr,
-            });
+                len: cig,
+            };
+            push_seg(segs, seg, nr);
         }
     }
 }
@@ -368,10 +391,14 @@ fn border_tiles(
     let (nr, k) = (pb.nr(), pb.k());
     let patch = w.taps() * ci;
     s.segs.clear();
-    s.segs.extend((0..w.taps()).map(|t| Seg {
-        a: t * ci + g * cig,
-        b: t * cig * nr,
-    }));
+    for t in 0..w.taps() {
+        let seg = Seg {
+            a: t * ci + g * cig,
+            b: t * cig * nr,
+            len: cig,
+        };
+        push_seg(&mut s.segs, seg, nr);
+    }
     let (nc, col0) = (nr.min(cog - j0), g * cog + j0);
     let panel = &pb.data().as_slice()[j0 / nr * k * nr..][..k * nr];
     s.tile.resize(mr_max(isa) * nr, 0.0);
@@ -380,12 +407,12 @@ fn border_tiles(
     for mr in balanced(s.border.len(), mr_max(isa)) {
         let t = TileArgs {
             segs: &s.segs,
-            len: cig,
             image: &s.patches,
             a0: at * patch,
             pixel_step: patch,
             panel,
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
+            clamp: clamp_of(c.activation),
         };
         tile(isa, mr, nc, &t, &Out::new(&mut s.tile), 0, nr);
         for (i, &(r, ow)) in s.border[at..at + mr].iter().enumerate() {
@@ -437,7 +464,7 @@ fn tiles(
     out: &Out<'_>,
     row_at: usize,
 ) {
-    let (co, cig, cog) = (c.out_channels, c.in_channels / c.groups, c.out_channels / c.groups);
+    let (co, cog) = (c.out_channels, c.out_channels / c.groups);
     let nr = pb.nr();
     let k = pb.k();
     let data = pb.data().as_slice();
@@ -451,12 +478,12 @@ fn tiles(
             let col0 = g * cog + j0;
             let t = TileArgs {
                 segs,
-                len: cig,
                 image,
                 a0,
                 pixel_step,
                 panel: &data[p * k * nr..][..k * nr],
                 bias: c.bias.map(|b| &b[col0..col0 + nc]),
+                clamp: clamp_of(c.activation),
             };
             let at = row_at + ow * co + col0;
             tile(isa, mr, nc, &t, out, at, co);
@@ -479,8 +506,8 @@ fn tile(isa: Isa, mr: usize, nc: usize, t: &TileArgs<'_>, out: &Out<'_>, at: usi
         Target::Avx512 => 32,
         _ => 16,
     };
-    let a_end = t.segs.iter().map(|s| s.a).max().unwrap_or(0) + t.a0 + (mr - 1) * t.pixel_step + t.len;
-    let b_end = t.segs.iter().map(|s| s.b).max().unwrap_or(0) + t.len * nr;
+    let a_end = t.segs.iter().map(|s| s.a + s.len).max().unwrap_or(0) + t.a0 + (mr - 1) * t.pixel_step;
+    let b_end = t.segs.iter().map(|s| s.b + s.len * nr).max().unwrap_or(0);
     assert!(
         (1..=14).contains(&mr)
             && (1..=nr).contains(&nc)
@@ -537,7 +564,7 @@ mod x86 {
                 let a = img.add(t.a0 + s.a);
                 let b = panel.add(s.b);
                 if half {
-                    for k in 0..t.len {
+                    for k in 0..s.len {
                         let b0 = _mm512_loadu_ps(b.add(32 * k));
                         for (i, acc) in acc.iter_mut().enumerate() {
                             let ai = _mm512_set1_ps(*a.add(i * t.pixel_step + k));
@@ -545,7 +572,7 @@ mod x86 {
                         }
                     }
                 } else {
-                    for k in 0..t.len {
+                    for k in 0..s.len {
                         let b0 = _mm512_loadu_ps(b.add(32 * k));
                         let b1 = _mm512_loadu_ps(b.add(32 * k + 16));
                         for (i, acc) in acc.iter_mut().enumerate() {
@@ -568,11 +595,15 @@ mod x86 {
                 ),
                 None => (_mm512_setzero_ps(), _mm512_setzero_ps()),
             };
+            let (lo, hi) = t.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+            let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+            // max(lo, v), min(hi, v): the second operand (v) when either is NaN.
+            let fix = |v: __m512| _mm512_min_ps(hi, _mm512_max_ps(lo, v));
             for (i, acc) in acc.iter().enumerate() {
                 let row = c.add(i * ldc);
-                _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(acc[0], bias0));
+                _mm512_mask_storeu_ps(row, m0, fix(_mm512_add_ps(acc[0], bias0)));
                 if m1 != 0 {
-                    _mm512_mask_storeu_ps(row.add(16), m1, _mm512_add_ps(acc[1], bias1));
+                    _mm512_mask_storeu_ps(row.add(16), m1, fix(_mm512_add_ps(acc[1], bias1)));
                 }
             }
         }
@@ -598,7 +629,7 @@ mod x86 {
             unsafe {
                 let a = img.add(t.a0 + s.a);
                 let b = panel.add(s.b);
-                for k in 0..t.len {
+                for k in 0..s.len {
                     let b0 = _mm256_loadu_ps(b.add(16 * k));
                     let b1 = _mm256_loadu_ps(b.add(16 * k + 8));
                     for (i, acc) in acc.iter_mut().enumerate() {
@@ -620,11 +651,15 @@ mod x86 {
                 ),
                 None => (_mm256_setzero_ps(), _mm256_setzero_ps()),
             };
+            let (lo, hi) = t.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+            let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+            // max(lo, v), min(hi, v): the second operand (v) when either is NaN.
+            let fix = |v: __m256| _mm256_min_ps(hi, _mm256_max_ps(lo, v));
             for (i, acc) in acc.iter().enumerate() {
                 let row = c.add(i * ldc);
-                _mm256_maskstore_ps(row, m0, _mm256_add_ps(acc[0], bias0));
+                _mm256_maskstore_ps(row, m0, fix(_mm256_add_ps(acc[0], bias0)));
                 if nc > 8 {
-                    _mm256_maskstore_ps(row.add(8), m1, _mm256_add_ps(acc[1], bias1));
+                    _mm256_maskstore_ps(row.add(8), m1, fix(_mm256_add_ps(acc[1], bias1)));
                 }
             }
         }
