@@ -7,6 +7,8 @@
 //! number is the median of several timed runs. The formal comparison with
 //! ORT's own convolution is `bench/conv.py`'s. Without `--bench` (as
 //! `cargo test --benches` runs it) it only checks that every case runs.
+//! `KILN_MAX_TARGET` caps the target as in kiln. Arguments other than `--...` keep only the cases whose names contain
+//! one (`cargo bench --bench conv_kernels -- dw`).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -36,6 +38,17 @@ const CASES: &[(&str, usize, usize, usize, usize, usize, usize)] = &[
     ("squeezenet 3x3 16->64 @55", 55, 16, 64, 3, 1, 1),
     ("squeezenet 3x3 64->256 @13", 13, 64, 256, 3, 1, 1),
     ("squeezenet 3x3/2 3->64 @224", 224, 3, 64, 3, 2, 1),
+    ("mobilenet dw 3x3/1 32 @112", 112, 32, 32, 3, 1, 32),
+    ("mobilenet dw 3x3/2 96 @112", 112, 96, 96, 3, 2, 96),
+    ("mobilenet dw 3x3/1 144 @56", 56, 144, 144, 3, 1, 144),
+    ("mobilenet dw 3x3/2 144 @56", 56, 144, 144, 3, 2, 144),
+    ("mobilenet dw 3x3/1 192 @28", 28, 192, 192, 3, 1, 192),
+    ("mobilenet dw 3x3/1 576 @14", 14, 576, 576, 3, 1, 576),
+    ("mobilenet dw 3x3/1 960 @7", 7, 960, 960, 3, 1, 960),
+    ("mobilenet dw 5x5/1 384 @14", 14, 384, 384, 5, 1, 384),
+    ("pp-ocr dw 3x3/1 24 @80", 80, 24, 24, 3, 1, 24),
+    ("pp-ocr dw 3x3/1 72 @40", 40, 72, 72, 3, 1, 72),
+    ("pp-ocr dw 5x5/2 120 @40", 40, 120, 120, 5, 2, 120),
 ];
 
 fn axis(input: usize, kernel: usize, stride: usize) -> Axis {
@@ -49,6 +62,12 @@ fn axis(input: usize, kernel: usize, stride: usize) -> Axis {
         pad_begin: pad,
         pad_end: pad,
     }
+}
+
+/// `len` elements of `buf` from its first 64-byte boundary.
+fn aligned(buf: &mut [f32], len: usize) -> &mut [f32] {
+    let skip = buf.as_ptr().align_offset(64);
+    &mut buf[skip..skip + len]
 }
 
 fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -66,9 +85,15 @@ fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
 
 fn main() {
     let timed = std::env::args().any(|a| a == "--bench");
-    let target = Target::cpu_best();
+    // KILN_MAX_TARGET=x86_64-avx2 measures the AVX2 build on an AVX-512 CPU.
+    let target = Target::detect_host().unwrap();
     let isa = Isa::new(target).unwrap();
-    let reps = if timed { 15 } else { 1 };
+    // KILN_BENCH_REPS=n: more timed runs per case (e.g. under a profiler).
+    let reps = match std::env::var("KILN_BENCH_REPS").ok().and_then(|r| r.parse().ok()) {
+        Some(r) if timed => r,
+        _ if timed => 15,
+        _ => 1,
+    };
     let ceiling = {
         let kc = 256;
         // Short runs (a few ms, like the cases), so that a median dodges
@@ -82,12 +107,23 @@ fn main() {
     println!("target {target}: microkernel ceiling {ceiling:.1} GFLOP/s per core\n");
     println!("| layer | GFLOP | 1 thread GFLOP/s | % ceiling | 2 threads GFLOP/s | % 2x ceiling |");
     println!("|---|---|---|---|---|---|");
+    // Other arguments (not `--...`) pick the cases whose names contain one.
+    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     for &(name, size, ci, co, k, stride, groups) in CASES {
+        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
         let window = Window {
             h: axis(size, k, stride),
             w: axis(size, k, stride),
         };
-        let x: Vec<f32> = (0..size * size * ci).map(|i| (i % 17) as f32 * 0.01).collect();
+        // Activations 64-byte aligned, as ORT allocates them.
+        let mut x_buf = vec![0.0f32; size * size * ci + 16];
+        let x = aligned(&mut x_buf, size * size * ci);
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = (i % 17) as f32 * 0.01;
+        }
+        let x = &*x;
         let w: Vec<f32> = (0..co * (ci / groups) * k * k)
             .map(|i| (i % 13) as f32 * 0.01)
             .collect();
@@ -95,7 +131,8 @@ fn main() {
         let packs: Vec<PackedB> = pack_groups(target, &w, co, ci / groups, k * k, groups).unwrap();
         let refs: Vec<&PackedB> = packs.iter().collect();
         let dw = depthwise_weights(&w, co, k * k);
-        let mut y = vec![0.0f32; window.output_pixels() * co];
+        let mut y_buf = vec![0.0f32; window.output_pixels() * co + 16];
+        let y = aligned(&mut y_buf, window.output_pixels() * co);
         let flops = 2.0 * (window.output_pixels() * co * (ci / groups) * k * k) as f64;
         let mut rates = Vec::new();
         for par in [&Serial as &dyn Parallel, &ScopedThreads(2)] {
@@ -105,7 +142,7 @@ fn main() {
                 in_channels: ci,
                 out_channels: co,
                 groups,
-                x: &x,
+                x,
                 weights: if groups == ci && ci == co {
                     ConvWeights::Depthwise(&dw)
                 } else {
@@ -115,7 +152,7 @@ fn main() {
                 activation: Activation::Relu,
                 residual: None,
             };
-            let secs = median_secs(reps, || conv(isa, &c, &mut y, par).unwrap());
+            let secs = median_secs(reps, || conv(isa, &c, y, par).unwrap());
             rates.push(flops / secs / 1e9);
         }
         println!(

@@ -6,26 +6,48 @@
 //! channel vector.
 //!
 //! # Speed
-//! Channels are the SIMD dimension. Each output row splits into border
-//! pixels (some tap in the padding: the reference loop, which tests every
-//! tap) and interior pixels, whose taps all read inside the image: there
-//! the loops have no padding tests and keep 4 pixels × 16 channels of
-//! accumulators in registers across all taps (one weight load serves 4
-//! pixels): AVX-512 and AVX2 + FMA intrinsics (`simd`), then blocks of 8
-//! channels and a scalar tail. The code around them is compiled three
-//! times: plain (SSE2), AVX2 + FMA and AVX-512 + FMA, chosen by the
-//! program's target ([`Isa`]); FMA targets use fused multiply-adds, so
-//! results differ from the portable path in the last bits. On an AMD EPYC
-//! (Zen 4), one thread, MobileNet-v2 shapes (3×3 s1 at 56²×144, 28²×192,
-//! 14²×576; 5×5 at 14²×384): ~40 GFLOP/s with AVX-512 or AVX2 against ~30
-//! for the same loops without the intrinsics (LLVM keeps the portable
-//! accumulator arrays in memory) and ~20 for the portable build.
+//! Channels are the SIMD dimension. The AVX-512 and AVX2 + FMA builds
+//! (`simd`, one generic kernel over a register type: 16 or 8 lanes, the
+//! last partial register of a row masked) compute every pixel of an output
+//! row, border pixels included, in groups of `P` pixels (8, then 4, 2, 1)
+//! × one register of channels, with the `P` accumulators in registers:
+//! for 3×3 and 5×5 windows without dilation, the group loads each input
+//! column once and feeds it to every pixel whose taps read it (stride 1: a
+//! row of 8 pixels × 3 taps needs 10 loads, not 24), and the kernel row's
+//! weights once per group. Columns in the padding read as zeros (groups
+//! wholly inside the input skip the tests); kernel rows in the padding are
+//! skipped. Bias is the accumulators' start; ReLU, Clip and LeakyRelu and
+//! the residual are applied in registers before the store (the other
+//! activations after, over the row). Other windows (dilation, 7×7,
+//! non-square) go pixel by pixel, tap by tap, still vectorized over
+//! channels. The portable build keeps the reference loop on border pixels
+//! and blocks of 4 pixels × 16, 8, 1 channels inside. FMA builds fuse the
+//! multiply-adds, so results differ from the portable path in the last
+//! bits. Threads get whole output rows: one convolution under
+//! `MIN_PARALLEL_WORK` multiply-adds runs on the caller alone.
+//!
+//! Measured with `cargo bench --bench conv_kernels -- dw` (the kernel
+//! alone, 64-byte-aligned activations as ORT allocates, bias + ReLU,
+//! medians of 3 interleaved runs of 15) on an AMD EPYC (Zen 4/5 class,
+//! AVX-512, FMA ceiling ~263 GFLOP/s per core), one thread, GFLOP/s
+//! before → after this kernel: AVX-512: 3×3/1 at 112²×32 44 → 104, 56²×144
+//! 47 → 100, 28²×192 46 → 89, 14²×576 47 → 74, 7²×960 43 → 59; 3×3/2 at
+//! 112²×96 38 → 51, 56²×144 38 → 54; 5×5/1 14²×384 45 → 98; 5×5/2
+//! 40²×120 40 → 72; 3×3/1 80²×24 28 → 73. AVX2 (`KILN_MAX_TARGET`):
+//! 3×3/1 56²×144 40 → 60, 80²×24 26 → 63; 3×3/2 112²×96 35 → 40; 5×5/1
+//! 45 → 77. ORT's CPU EP (MLAS, NCHWc) runs these layers at 28–64 GFLOP/s
+//! including its layout reorders (`bench/results/conv.md`). Stride 2
+//! stays ~50 (AVX-512) / ~40 (AVX2): each output reads 4 input vectors'
+//! worth of fresh data. Two threads on this shared 2-core machine gained
+//! 1.2–1.6× at 56² and larger, little below (`ScopedThreads` starts a
+//! thread per call, which costs about as much as a 14² layer).
 
 use super::gemm::{activate, Activation};
 use super::parallel::Parallel;
 use super::spatial::Window;
 use super::Isa;
 use crate::target::Target;
+use std::sync::Mutex;
 
 /// One depthwise convolution's operands.
 pub struct Depthwise<'a> {
@@ -45,24 +67,58 @@ pub struct Depthwise<'a> {
     pub residual: Option<&'a [f32]>,
 }
 
-/// Which build a kernel function is inlined into (its `SIMD` parameter).
-const PORTABLE: u8 = 0;
-const AVX2: u8 = 1;
-const AVX512: u8 = 2;
+/// Multiply-adds below which a convolution runs on the caller alone: about
+/// 5 µs at this kernel's rate, a few times what handing tasks to a pool
+/// costs.
+const MIN_PARALLEL_WORK: usize = 1 << 19;
 
-/// Interior pixels computed together (sharing each weight load; 8 ran no
-/// faster with AVX-512).
-const PIXELS: usize = 4;
+/// The least multiply-adds per task (under 1 µs).
+const MIN_TASK_WORK: usize = 1 << 16;
 
-/// `y` (`[batch, h.output, w.output, channels]`) = the convolution, one
-/// task per output row.
+/// `y` (`[batch, h.output, w.output, channels]`) = the convolution, in
+/// tasks of whole output rows when it is worth `MIN_PARALLEL_WORK`: one
+/// row each for up to 8 rows per thread, else 4 tasks per thread, each at
+/// least `MIN_TASK_WORK`.
 pub fn depthwise(d: &Depthwise<'_>, y: &mut [f32], par: &dyn Parallel) {
     let (win, c) = (d.window, d.channels);
     let row_len = win.w.output * c;
     let rows = d.batch * win.h.output;
     assert_eq!(y.len(), rows * row_len, "depthwise output size");
-    super::par_rows(par, rows, row_len, y, &|range, chunk| {
-        for (r, row) in range.zip(chunk.chunks_mut(row_len.max(1))) {
+    // The SIMD builds index through raw pointers: these bounds are what
+    // their SAFETY comments rely on.
+    assert!(d.x.len() >= d.batch * win.input_pixels() * c, "depthwise input size");
+    assert!(d.weights.len() >= win.taps() * c, "depthwise weights size");
+    assert!(d.bias.is_none_or(|b| b.len() >= c), "depthwise bias size");
+    assert!(d.residual.is_none_or(|r| r.len() >= y.len()), "depthwise residual size");
+    if rows == 0 || row_len == 0 {
+        return;
+    }
+    let work = rows * row_len * win.taps();
+    let threads = par.threads();
+    let tasks = if threads <= 1 || work < MIN_PARALLEL_WORK {
+        1
+    } else if rows <= 8 * threads {
+        rows.min(work / MIN_TASK_WORK)
+    } else {
+        (4 * threads).min(work / MIN_TASK_WORK)
+    };
+    if tasks <= 1 {
+        for (r, row) in y.chunks_mut(row_len).enumerate() {
+            output_row(d, r / win.h.output, r % win.h.output, row);
+        }
+        return;
+    }
+    let per = rows.div_ceil(tasks);
+    let chunks: Vec<Mutex<(usize, &mut [f32])>> = y
+        .chunks_mut(per * row_len)
+        .enumerate()
+        .map(|(t, chunk)| Mutex::new((t * per, chunk)))
+        .collect();
+    par.for_each(chunks.len(), &|t| {
+        // Each task locks its own chunk once: never contended.
+        let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+        let (first, chunk) = &mut *guard;
+        for (r, row) in (*first..).zip(chunk.chunks_mut(row_len)) {
             output_row(d, r / win.h.output, r % win.h.output, row);
         }
     });
@@ -72,13 +128,14 @@ pub fn depthwise(d: &Depthwise<'_>, y: &mut [f32], par: &dyn Parallel) {
 #[allow(unsafe_code)] // calls the target_feature builds, see SAFETY below
 fn output_row(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
     match d.isa.target() {
-        // SAFETY: an `Isa` for AVX-512 exists only if this CPU has AVX-512F/BW/VL and FMA.
+        // SAFETY: an `Isa` for AVX-512 exists only if this CPU has
+        // AVX-512F/BW/VL and FMA; `depthwise` checked the operands' sizes.
         #[cfg(target_arch = "x86_64")]
         Target::Avx512 => unsafe { isa_builds::avx512(d, n, oh, row) },
-        // SAFETY: an `Isa` for AVX2 exists only if this CPU has AVX2 and FMA.
+        // SAFETY: likewise for AVX2 and FMA.
         #[cfg(target_arch = "x86_64")]
         Target::Avx2 => unsafe { isa_builds::avx2(d, n, oh, row) },
-        _ => row_impl::<false, PORTABLE>(d, n, oh, row),
+        _ => row_impl::<false>(d, n, oh, row),
     }
 }
 
@@ -86,19 +143,23 @@ fn output_row(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
 #[allow(unsafe_code)] // target_feature functions are unsafe to call
 mod isa_builds {
     use super::*;
+    use std::arch::x86_64::{__m256, __m512};
 
     /// # Safety
-    /// The CPU must have AVX-512F/BW/VL and FMA.
+    /// The CPU must have AVX-512F/BW/VL and FMA; `d`'s operands must have
+    /// the sizes `depthwise` asserts and `row` be output row (`n`, `oh`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
     pub(super) unsafe fn avx512(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
-        row_impl::<true, AVX512>(d, n, oh, row)
+        // SAFETY: this function's contract.
+        unsafe { simd::row::<__m512>(d, n, oh, row) }
     }
 
     /// # Safety
-    /// The CPU must have AVX2 and FMA.
+    /// The CPU must have AVX2 and FMA; operands as for [`avx512`].
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn avx2(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
-        row_impl::<true, AVX2>(d, n, oh, row)
+        // SAFETY: this function's contract.
+        unsafe { simd::row::<__m256>(d, n, oh, row) }
     }
 }
 
@@ -125,8 +186,8 @@ fn interior_columns(win: &Window) -> (usize, usize) {
     (lo.min(hi), hi)
 }
 
-#[inline(always)]
-fn row_impl<const FMA: bool, const SIMD: u8>(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
+/// The portable build of one output row (the SIMD builds: [`simd::row`]).
+fn row_impl<const FMA: bool>(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
     let (win, c) = (d.window, d.channels);
     let image = &d.x[n * win.input_pixels() * c..][..win.input_pixels() * c];
     let (lo, hi) = if win.h.interior(oh) {
@@ -137,46 +198,40 @@ fn row_impl<const FMA: bool, const SIMD: u8>(d: &Depthwise<'_>, n: usize, oh: us
     for ow in (0..lo).chain(hi..win.w.output) {
         border_pixel::<FMA>(d, image, oh, ow, &mut row[ow * c..][..c]);
     }
-    let ow = interior_run::<FMA, SIMD, PIXELS>(d, image, oh, (lo, hi), row);
-    for ow in ow..hi {
-        interior::<FMA, SIMD, 1>(d, image, oh, ow, &mut row[ow * c..][..c]);
+    let mut ow = lo;
+    while ow + PIXELS <= hi {
+        interior::<FMA, PIXELS>(d, image, oh, ow, &mut row[ow * c..][..PIXELS * c]);
+        ow += PIXELS;
     }
+    for ow in ow..hi {
+        interior::<FMA, 1>(d, image, oh, ow, &mut row[ow * c..][..c]);
+    }
+    epilogue(d, n, oh, row);
+}
+
+/// The activation, then the residual, over a whole output row.
+fn epilogue(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
     if d.activation != Activation::None {
         activate(d.activation, row);
     }
     if let Some(res) = d.residual {
-        let (base, len) = ((n * win.h.output + oh) * win.w.output * c, row.len());
+        let win = d.window;
+        let (base, len) = ((n * win.h.output + oh) * win.w.output * d.channels, row.len());
         for (a, &r) in row.iter_mut().zip(&res[base..base + len]) {
             *a += r;
         }
     }
 }
 
-/// Interior columns `lo..hi` in groups of `P`; returns the first column
-/// left over (fewer than `P`).
-#[inline(always)]
-fn interior_run<const FMA: bool, const SIMD: u8, const P: usize>(
-    d: &Depthwise<'_>,
-    image: &[f32],
-    oh: usize,
-    (lo, hi): (usize, usize),
-    row: &mut [f32],
-) -> usize {
-    let c = d.channels;
-    let mut ow = lo;
-    while ow + P <= hi {
-        interior::<FMA, SIMD, P>(d, image, oh, ow, &mut row[ow * c..][..P * c]);
-        ow += P;
-    }
-    ow
-}
+/// Interior pixels the portable build computes together (sharing each
+/// weight load).
+const PIXELS: usize = 4;
 
 /// One output pixel with some taps in the padding (tested per tap).
-#[inline(always)]
 fn border_pixel<const FMA: bool>(d: &Depthwise<'_>, image: &[f32], oh: usize, ow: usize, acc: &mut [f32]) {
     let (win, c) = (d.window, d.channels);
     match d.bias {
-        Some(b) => acc.copy_from_slice(b),
+        Some(b) => acc.copy_from_slice(&b[..c]),
         None => acc.fill(0.0),
     }
     for kh in 0..win.h.kernel {
@@ -195,30 +250,14 @@ fn border_pixel<const FMA: bool>(d: &Depthwise<'_>, image: &[f32], oh: usize, ow
 /// `P` consecutive interior pixels from column `ow` (`out` is their `P·c`
 /// values): channel blocks of 16 and 8, then one at a time.
 #[inline(always)]
-#[allow(unsafe_code)] // calls the intrinsic blocks, see SAFETY below
-fn interior<const FMA: bool, const SIMD: u8, const P: usize>(
-    d: &Depthwise<'_>,
-    image: &[f32],
-    oh: usize,
-    ow: usize,
-    out: &mut [f32],
-) {
-    let c0 = match SIMD {
-        // SAFETY: SIMD is AVX512 only in the build `isa_builds::avx512`,
-        // which runs only on CPUs with AVX-512F and FMA.
-        #[cfg(target_arch = "x86_64")]
-        AVX512 => unsafe { simd::blocks16_avx512::<P>(&Tile::new::<P>(d, image, oh, ow), out) },
-        // SAFETY: likewise for AVX2 and FMA (`isa_builds::avx2`).
-        #[cfg(target_arch = "x86_64")]
-        AVX2 => unsafe { simd::blocks16_avx2::<P>(&Tile::new::<P>(d, image, oh, ow), out) },
-        _ => blocks::<FMA, P, 16>(d, image, oh, ow, out, 0),
-    };
+fn interior<const FMA: bool, const P: usize>(d: &Depthwise<'_>, image: &[f32], oh: usize, ow: usize, out: &mut [f32]) {
+    let c0 = blocks::<FMA, P, 16>(d, image, oh, ow, out, 0);
     let c0 = blocks::<FMA, P, 8>(d, image, oh, ow, out, c0);
     blocks::<FMA, P, 1>(d, image, oh, ow, out, c0);
 }
 
 /// Channels `c0..` in blocks of `L` while whole blocks fit; returns where
-/// it stopped. `P × L` accumulators live in registers across every tap.
+/// it stopped.
 #[inline(always)]
 fn blocks<const FMA: bool, const P: usize, const L: usize>(
     d: &Depthwise<'_>,
@@ -267,149 +306,479 @@ fn blocks<const FMA: bool, const P: usize, const L: usize>(
     c0
 }
 
-/// Where `P` interior pixels from column `ow` of output row `oh` read.
-struct Tile<'a> {
-    image: &'a [f32],
-    weights: &'a [f32],
-    bias: Option<&'a [f32]>,
-    c: usize,
-    window: &'a Window,
-    /// Input row and column of the first pixel's first tap.
-    ih0: usize,
-    iw0: usize,
-    /// Elements between consecutive pixels' inputs.
-    pixel_step: usize,
-    /// Elements of an input row the `P` pixels' taps span (all channels).
-    span: usize,
-}
-
-impl<'a> Tile<'a> {
-    #[inline(always)]
-    fn new<const P: usize>(d: &Depthwise<'a>, image: &'a [f32], oh: usize, ow: usize) -> Tile<'a> {
-        let (win, c) = (d.window, d.channels);
-        let pixel_step = win.w.stride * c;
-        Tile {
-            image,
-            weights: d.weights,
-            bias: d.bias,
-            c,
-            window: win,
-            // Interior: these never underflow (the caller's ranges).
-            ih0: oh * win.h.stride - win.h.pad_begin,
-            iw0: ow * win.w.stride - win.w.pad_begin,
-            pixel_step,
-            span: (P - 1) * pixel_step + (win.w.kernel - 1) * win.w.dilation * c + c,
-        }
-    }
-
-    /// Input row `kh` of the tile (bounds-checked once per kernel row).
-    #[inline(always)]
-    fn row(&self, kh: usize) -> &'a [f32] {
-        let h = &self.window.h;
-        let start = ((self.ih0 + kh * h.dilation) * self.window.w.input + self.iw0) * self.c;
-        &self.image[start..start + self.span]
-    }
-}
-
-/// Interior blocks of 16 channels with explicit AVX-512 / AVX2 registers:
-/// `P` pixels' accumulators stay in registers across every tap (LLVM does
-/// not keep the portable version's arrays in registers).
+/// The AVX-512 and AVX2 builds: every pixel of a row, channels in
+/// registers of 16 (8), the last partial register masked.
 #[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)] // SIMD intrinsics on raw pointers, each load justified below
+#[allow(unsafe_code)] // SIMD intrinsics on raw pointers, bounds proven per function
 mod simd {
-    use super::Tile;
+    use super::{epilogue, Activation, Depthwise};
+    use crate::kernels::spatial::Window;
     use std::arch::x86_64::*;
 
-    /// Channels `0..` of the tile in blocks of 16 while whole blocks fit;
-    /// returns where it stopped.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F and FMA.
-    #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn blocks16_avx512<const P: usize>(t: &Tile<'_>, out: &mut [f32]) -> usize {
-        let (c, w) = (t.c, &t.window.w);
-        let mut c0 = 0;
-        while c0 + 16 <= c {
-            let init = match t.bias {
-                Some(b) => load16(&b[c0..c0 + 16]),
-                None => _mm512_setzero_ps(),
-            };
-            let mut acc = [init; P];
-            for kh in 0..t.window.h.kernel {
-                let xrow = t.row(kh);
-                for kw in 0..w.kernel {
-                    let at = (kh * w.kernel + kw) * c + c0;
-                    let wv = load16(&t.weights[at..at + 16]);
-                    let base = kw * w.dilation * c + c0;
-                    for (p, a) in acc.iter_mut().enumerate() {
-                        // Pixel p's tap: (P-1)·pixel_step + (k-1)·dilation·c + c0 + 16 <= span.
-                        let x = &xrow[base + p * t.pixel_step..][..16];
-                        *a = _mm512_fmadd_ps(load16(x), wv, *a);
-                    }
-                }
-            }
-            for (p, a) in acc.iter().enumerate() {
-                let o = &mut out[p * c + c0..p * c + c0 + 16];
-                // SAFETY: `o` holds exactly 16 floats.
-                unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
-            }
-            c0 += 16;
+    /// One SIMD register of f32 lanes. Every method is `unsafe`: the CPU
+    /// must have the register's features, and pointers must be valid for
+    /// the lanes read or written (all, or those of the mask).
+    pub(super) trait Vector: Copy {
+        const LANES: usize;
+        type Mask: Copy;
+        /// Lanes `0..n`, `0 < n <= LANES`.
+        unsafe fn mask(n: usize) -> Self::Mask;
+        /// All lanes when `FULL`, else those of `m` (the others read 0).
+        unsafe fn load<const FULL: bool>(p: *const f32, m: Self::Mask) -> Self;
+        unsafe fn store<const FULL: bool>(self, p: *mut f32, m: Self::Mask);
+        unsafe fn splat(v: f32) -> Self;
+        /// `self·w + acc`, fused.
+        unsafe fn fma(self, w: Self, acc: Self) -> Self;
+        unsafe fn add(self, o: Self) -> Self;
+        /// `o > self ? o : self` (NaN in `self` stays).
+        unsafe fn at_least(self, o: Self) -> Self;
+        /// `o < self ? o : self` (NaN in `self` stays).
+        unsafe fn at_most(self, o: Self) -> Self;
+        /// `self < 0 ? alpha·self : self`.
+        unsafe fn leaky(self, alpha: Self) -> Self;
+    }
+
+    impl Vector for __m512 {
+        const LANES: usize = 16;
+        type Mask = __mmask16;
+        #[inline(always)]
+        unsafe fn mask(n: usize) -> __mmask16 {
+            ((1u32 << n) - 1) as __mmask16
         }
-        c0
+        #[inline(always)]
+        unsafe fn load<const FULL: bool>(p: *const f32, m: __mmask16) -> Self {
+            // SAFETY: the caller's (AVX-512F; `p` valid for the lanes read).
+            unsafe {
+                if FULL {
+                    _mm512_loadu_ps(p)
+                } else {
+                    _mm512_maskz_loadu_ps(m, p)
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn store<const FULL: bool>(self, p: *mut f32, m: __mmask16) {
+            // SAFETY: the caller's (AVX-512F; `p` valid for the lanes written).
+            unsafe {
+                if FULL {
+                    _mm512_storeu_ps(p, self)
+                } else {
+                    _mm512_mask_storeu_ps(p, m, self)
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            // SAFETY: AVX-512F (the caller's).
+            unsafe { _mm512_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn fma(self, w: Self, acc: Self) -> Self {
+            // SAFETY: AVX-512F (the caller's).
+            unsafe { _mm512_fmadd_ps(self, w, acc) }
+        }
+        #[inline(always)]
+        unsafe fn add(self, o: Self) -> Self {
+            // SAFETY: AVX-512F (the caller's).
+            unsafe { _mm512_add_ps(self, o) }
+        }
+        #[inline(always)]
+        unsafe fn at_least(self, o: Self) -> Self {
+            // SAFETY: AVX-512F (the caller's). max(a, b) = a > b ? a : b.
+            unsafe { _mm512_max_ps(o, self) }
+        }
+        #[inline(always)]
+        unsafe fn at_most(self, o: Self) -> Self {
+            // SAFETY: AVX-512F (the caller's). min(a, b) = a < b ? a : b.
+            unsafe { _mm512_min_ps(o, self) }
+        }
+        #[inline(always)]
+        unsafe fn leaky(self, alpha: Self) -> Self {
+            // SAFETY: AVX-512F (the caller's).
+            unsafe {
+                let neg = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(self, _mm512_setzero_ps());
+                _mm512_mask_mul_ps(self, neg, self, alpha)
+            }
+        }
     }
 
-    #[inline(always)]
-    fn load16(s: &[f32]) -> __m512 {
-        assert!(s.len() >= 16);
-        // SAFETY: `s` holds at least 16 floats; callers run with AVX-512F.
-        unsafe { _mm512_loadu_ps(s.as_ptr()) }
+    impl Vector for __m256 {
+        const LANES: usize = 8;
+        type Mask = __m256i;
+        #[inline(always)]
+        unsafe fn mask(n: usize) -> __m256i {
+            // SAFETY: AVX2 (the caller's).
+            unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
+        }
+        #[inline(always)]
+        unsafe fn load<const FULL: bool>(p: *const f32, m: __m256i) -> Self {
+            // SAFETY: the caller's (AVX2; `p` valid for the lanes read).
+            unsafe {
+                if FULL {
+                    _mm256_loadu_ps(p)
+                } else {
+                    _mm256_maskload_ps(p, m)
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn store<const FULL: bool>(self, p: *mut f32, m: __m256i) {
+            // SAFETY: the caller's (AVX2; `p` valid for the lanes written).
+            unsafe {
+                if FULL {
+                    _mm256_storeu_ps(p, self)
+                } else {
+                    _mm256_maskstore_ps(p, m, self)
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            // SAFETY: AVX (the caller's).
+            unsafe { _mm256_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn fma(self, w: Self, acc: Self) -> Self {
+            // SAFETY: FMA (the caller's).
+            unsafe { _mm256_fmadd_ps(self, w, acc) }
+        }
+        #[inline(always)]
+        unsafe fn add(self, o: Self) -> Self {
+            // SAFETY: AVX (the caller's).
+            unsafe { _mm256_add_ps(self, o) }
+        }
+        #[inline(always)]
+        unsafe fn at_least(self, o: Self) -> Self {
+            // SAFETY: AVX (the caller's). max(a, b) = a > b ? a : b.
+            unsafe { _mm256_max_ps(o, self) }
+        }
+        #[inline(always)]
+        unsafe fn at_most(self, o: Self) -> Self {
+            // SAFETY: AVX (the caller's). min(a, b) = a < b ? a : b.
+            unsafe { _mm256_min_ps(o, self) }
+        }
+        #[inline(always)]
+        unsafe fn leaky(self, alpha: Self) -> Self {
+            // SAFETY: AVX (the caller's).
+            unsafe {
+                let neg = _mm256_cmp_ps::<_CMP_LT_OQ>(self, _mm256_setzero_ps());
+                _mm256_blendv_ps(self, _mm256_mul_ps(self, alpha), neg)
+            }
+        }
     }
 
-    /// [`blocks16_avx512`] with two 8-lane registers per pixel.
+    /// The most input columns a [`group`] reads: (P − 1)·S + K.
+    const MAX_COLUMNS: usize = 20;
+
+    /// The activations applied in registers before the store.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Fused {
+        None,
+        Relu,
+        Clip,
+        Leaky,
+    }
+
+    /// One output row's operands as raw pointers (bounds: `row`'s contract).
+    struct Row<'a, V: Vector> {
+        win: &'a Window,
+        c: usize,
+        oh: usize,
+        /// Image `n`'s first element.
+        image: *const f32,
+        weights: *const f32,
+        bias: Option<*const f32>,
+        /// The output row and, when fused, the residual's same row.
+        out: *mut f32,
+        residual: Option<*const f32>,
+        fused: Fused,
+        lo: V,
+        hi: V,
+    }
+
+    /// Output row `oh` of image `n`, activation and residual included.
     ///
     /// # Safety
-    /// The CPU must have AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn blocks16_avx2<const P: usize>(t: &Tile<'_>, out: &mut [f32]) -> usize {
-        let (c, w) = (t.c, &t.window.w);
+    /// The CPU must have `V`'s features (AVX-512F, or AVX2 and FMA); `d`'s
+    /// operands must have the sizes `depthwise` asserts and `row` be output
+    /// row (`n`, `oh`): then every pointer below stays inside its slice
+    /// (input rows `ih < h.input`, columns `iw < w.input`, channels `< c`).
+    #[inline(always)]
+    pub(super) unsafe fn row<V: Vector>(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
+        let (win, c) = (d.window, d.channels);
+        assert_eq!(row.len(), win.w.output * c);
+        let (fused, lo, hi, after) = match d.activation {
+            Activation::None => (Fused::None, 0.0, 0.0, false),
+            Activation::Relu => (Fused::Relu, 0.0, 0.0, false),
+            Activation::Clip(lo, hi) => (Fused::Clip, lo, hi, false),
+            Activation::LeakyRelu(a) => (Fused::Leaky, a, 0.0, false),
+            _ => (Fused::None, 0.0, 0.0, true),
+        };
+        let row_start = (n * win.h.output + oh) * win.w.output * c;
+        // SAFETY: the function's contract (`x` holds `batch` images, the
+        // residual the whole output); the CPU has V's features.
+        let t = unsafe {
+            Row::<V> {
+                win,
+                c,
+                oh,
+                image: d.x.as_ptr().add(n * win.input_pixels() * c),
+                weights: d.weights.as_ptr(),
+                bias: d.bias.map(|b| b.as_ptr()),
+                out: row.as_mut_ptr(),
+                residual: d.residual.filter(|_| !after).map(|r| r.as_ptr().add(row_start)),
+                fused,
+                lo: V::splat(lo),
+                hi: V::splat(hi),
+            }
+        };
+        let (h, w) = (&win.h, &win.w);
+        let square = h.kernel == w.kernel && h.dilation == 1 && w.dilation == 1;
+        // SAFETY: the function's contract.
+        unsafe {
+            match (square, w.kernel, w.stride) {
+                (true, 3, 1) => pixels::<V, 3, 1, 8>(&t),
+                // 8 pixels need 17 input registers: too many for AVX2's 16.
+                (true, 3, 2) if V::LANES == 16 => pixels::<V, 3, 2, 8>(&t),
+                (true, 3, 2) => pixels::<V, 3, 2, 4>(&t),
+                (true, 5, 1) => pixels::<V, 5, 1, 8>(&t),
+                (true, 5, 2) => pixels::<V, 5, 2, 4>(&t),
+                _ => pixels::<V, 0, 1, 1>(&t),
+            }
+        }
+        if after {
+            epilogue(d, n, oh, row);
+        }
+    }
+
+    /// Every pixel and channel of the row. `K > 0`: a K×K window, dilation
+    /// 1, width stride `S`: groups of `P` pixels (then 4, 2, 1) over all
+    /// channels, see [`group`]. `K == 0`: any window, pixel by pixel, tap by
+    /// tap ([`pixel`]).
+    ///
+    /// # Safety
+    /// [`row`]'s.
+    #[inline(always)]
+    unsafe fn pixels<V: Vector, const K: usize, const S: usize, const P: usize>(t: &Row<'_, V>) {
+        let (c, out_w) = (t.c, t.win.w.output);
+        let full = c - c % V::LANES;
+        let tail = (c > full).then(|| {
+            // SAFETY: the CPU has V's features ([`row`]'s contract).
+            unsafe { V::mask(c - full) }
+        });
+        if K == 0 {
+            for ow in 0..out_w {
+                for c0 in (0..full).step_by(V::LANES) {
+                    // SAFETY: [`row`]'s contract; channels c0..c0 + LANES <= c.
+                    unsafe { pixel::<V, true>(t, c0, None, ow) };
+                }
+                if let Some(m) = tail {
+                    // SAFETY: likewise, the mask's lanes full..c.
+                    unsafe { pixel::<V, false>(t, full, Some(m), ow) };
+                }
+            }
+            return;
+        }
+        let rows: [Option<usize>; K] = core::array::from_fn(|kh| t.win.h.source(t.oh, kh));
+        // SAFETY (each call): [`row`]'s contract; ow + the group's pixels
+        // <= out_w; channels as above.
+        unsafe {
+            let mut ow = 0;
+            while ow + P <= out_w {
+                group_channels::<V, K, S, P>(t, &rows, ow, full, tail);
+                ow += P;
+            }
+            if ow + 4 <= out_w && P > 4 {
+                group_channels::<V, K, S, 4>(t, &rows, ow, full, tail);
+                ow += 4;
+            }
+            if ow + 2 <= out_w && P > 2 {
+                group_channels::<V, K, S, 2>(t, &rows, ow, full, tail);
+                ow += 2;
+            }
+            if ow < out_w {
+                group_channels::<V, K, S, 1>(t, &rows, ow, full, tail);
+            }
+        }
+    }
+
+    /// [`group_channels_at`], with or without column tests.
+    ///
+    /// # Safety
+    /// [`group`]'s, for every channel.
+    #[inline(always)]
+    unsafe fn group_channels<V: Vector, const K: usize, const S: usize, const P: usize>(
+        t: &Row<'_, V>,
+        rows: &[Option<usize>; K],
+        ow: usize,
+        full: usize,
+        tail: Option<V::Mask>,
+    ) {
+        let w = &t.win.w;
+        // Whether every column the group reads is inside the input.
+        let inside = ow * S >= w.pad_begin && (ow + P - 1) * S + K <= w.input + w.pad_begin;
+        // SAFETY: the caller's.
+        unsafe {
+            if inside {
+                group_channels_at::<V, true, K, S, P>(t, rows, ow, full, tail)
+            } else {
+                group_channels_at::<V, false, K, S, P>(t, rows, ow, full, tail)
+            }
+        }
+    }
+
+    /// [`group`] over every channel: whole registers, then a masked one.
+    ///
+    /// # Safety
+    /// [`group`]'s, for every channel.
+    #[inline(always)]
+    unsafe fn group_channels_at<V: Vector, const INSIDE: bool, const K: usize, const S: usize, const P: usize>(
+        t: &Row<'_, V>,
+        rows: &[Option<usize>; K],
+        ow: usize,
+        full: usize,
+        tail: Option<V::Mask>,
+    ) {
         let mut c0 = 0;
-        while c0 + 16 <= c {
-            let init = match t.bias {
-                Some(b) => [load8(&b[c0..c0 + 8]), load8(&b[c0 + 8..c0 + 16])],
-                None => [_mm256_setzero_ps(); 2],
+        while c0 < full {
+            // SAFETY: the caller's; channels c0..c0 + LANES <= c.
+            unsafe { group::<V, true, INSIDE, K, S, P>(t, rows, ow, c0, None) };
+            c0 += V::LANES;
+        }
+        if tail.is_some() {
+            // SAFETY: the caller's; the mask's lanes full..c.
+            unsafe { group::<V, false, INSIDE, K, S, P>(t, rows, ow, c0, tail) };
+        }
+    }
+
+    /// Channels `c0..` (one register: all lanes when `FULL`, else those of
+    /// `m`) of output pixels `ow..ow + P`, accumulators in registers.
+    /// Input column `j` of the group feeds pixel `p` through tap `j − p·S`,
+    /// so each input register is loaded once for all pixels that use it;
+    /// unless `INSIDE` (every column inside the input), columns in the
+    /// padding read as zeros, kernel
+    /// rows in it too (`rows[kh]` is `None`).
+    ///
+    /// # Safety
+    /// [`row`]'s; `ow + P <= w.output`, and when `INSIDE` every column the
+    /// group reads inside the input; channels `c0..c0 + LANES <= c`
+    /// when `FULL`, else the lanes of `m` from `c0` are `< c`.
+    #[inline(always)]
+    unsafe fn group<V: Vector, const FULL: bool, const INSIDE: bool, const K: usize, const S: usize, const P: usize>(
+        t: &Row<'_, V>,
+        rows: &[Option<usize>; K],
+        ow: usize,
+        c0: usize,
+        m: Option<V::Mask>,
+    ) {
+        let (w, c) = (&t.win.w, t.c);
+        const { assert!((P - 1) * S + K <= MAX_COLUMNS) };
+        let m = match m {
+            Some(m) => m,
+            // SAFETY: the CPU has V's features (the contract).
+            None => unsafe { V::mask(V::LANES) },
+        };
+        // SAFETY (this block): every offset is a kernel tap `< K·K`, a row
+        // `ih < h.input` (`source`), a column `iw < w.input` (tested) or an
+        // output pixel `< w.output`, times `c`, plus channels inside c0..c:
+        // inside the operands by the contract.
+        unsafe {
+            let bias = match t.bias {
+                Some(b) => V::load::<FULL>(b.add(c0), m),
+                None => V::splat(0.0),
             };
-            let mut acc = [init; P];
-            for kh in 0..t.window.h.kernel {
-                let xrow = t.row(kh);
-                for kw in 0..w.kernel {
-                    let at = (kh * w.kernel + kw) * c + c0;
-                    let (w0, w1) = (load8(&t.weights[at..at + 8]), load8(&t.weights[at + 8..at + 16]));
-                    let base = kw * w.dilation * c + c0;
+            let mut acc = [bias; P];
+            for (kh, &ih) in rows.iter().enumerate() {
+                let Some(ih) = ih else { continue };
+                let mut wt = [bias; K];
+                for (kw, v) in wt.iter_mut().enumerate() {
+                    *v = V::load::<FULL>(t.weights.add((kh * K + kw) * c + c0), m);
+                }
+                let x0 = t.image.add(ih * w.input * c + c0);
+                // Column j of the group (input column ow·S + j − pad) feeds
+                // pixel p through tap j − p·S: each is loaded once. Plain
+                // constant-bound loops, so that LLVM unrolls them and keeps
+                // `xs` in registers.
+                let mut xs = [bias; MAX_COLUMNS];
+                for (j, x) in xs.iter_mut().enumerate().take((P - 1) * S + K) {
+                    let iw = (ow * S + j).wrapping_sub(w.pad_begin);
+                    *x = if INSIDE || iw < w.input {
+                        V::load::<FULL>(x0.add(iw * c), m)
+                    } else {
+                        // The padding's zeros (as ONNX defines it).
+                        V::splat(0.0)
+                    };
+                }
+                for (kw, &wv) in wt.iter().enumerate() {
                     for (p, a) in acc.iter_mut().enumerate() {
-                        let x = &xrow[base + p * t.pixel_step..][..16];
-                        a[0] = _mm256_fmadd_ps(load8(&x[..8]), w0, a[0]);
-                        a[1] = _mm256_fmadd_ps(load8(&x[8..]), w1, a[1]);
+                        *a = xs[p * S + kw].fma(wv, *a);
                     }
                 }
             }
-            for (p, a) in acc.iter().enumerate() {
-                let o = &mut out[p * c + c0..p * c + c0 + 16];
-                // SAFETY: `o` holds exactly 16 floats.
+            for (p, a) in acc.into_iter().enumerate() {
+                store::<V, FULL>(t, a, (ow + p) * c + c0, m);
+            }
+        }
+    }
+
+    /// One pixel, tap by tap (any window; taps in the padding skipped).
+    ///
+    /// # Safety
+    /// [`group`]'s; `ow < w.output`.
+    #[inline(always)]
+    unsafe fn pixel<V: Vector, const FULL: bool>(t: &Row<'_, V>, c0: usize, m: Option<V::Mask>, ow: usize) {
+        let (h, w, c) = (&t.win.h, &t.win.w, t.c);
+        // SAFETY: [`group`]'s (V's features; the bias has `c` channels).
+        let (m, mut acc) = unsafe {
+            let m = m.unwrap_or_else(|| V::mask(V::LANES));
+            let bias = match t.bias {
+                Some(b) => V::load::<FULL>(b.add(c0), m),
+                None => V::splat(0.0),
+            };
+            (m, bias)
+        };
+        for kh in 0..h.kernel {
+            let Some(ih) = h.source(t.oh, kh) else { continue };
+            // SAFETY: [`group`]'s: row ih < h.input, tap kh·kw < taps.
+            let (xrow, wrow) = unsafe {
+                (
+                    t.image.add(ih * w.input * c + c0),
+                    t.weights.add(kh * w.kernel * c + c0),
+                )
+            };
+            for kw in 0..w.kernel {
+                let Some(iw) = w.source(ow, kw) else { continue };
+                // SAFETY: likewise, column iw < w.input, channels in c0..c.
                 unsafe {
-                    _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
-                    _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+                    let x = V::load::<FULL>(xrow.add(iw * c), m);
+                    acc = x.fma(V::load::<FULL>(wrow.add(kw * c), m), acc);
                 }
             }
-            c0 += 16;
         }
-        c0
+        // SAFETY: [`group`]'s, pixel ow of the row.
+        unsafe { store::<V, FULL>(t, acc, ow * c + c0, m) };
     }
 
+    /// `acc` + the fused activation and residual, stored at element `at` of
+    /// the row.
+    ///
+    /// # Safety
+    /// [`group`]'s; `at` + the lanes `<=` the row's length.
     #[inline(always)]
-    fn load8(s: &[f32]) -> __m256 {
-        assert!(s.len() >= 8);
-        // SAFETY: `s` holds at least 8 floats; callers run with AVX2.
-        unsafe { _mm256_loadu_ps(s.as_ptr()) }
+    unsafe fn store<V: Vector, const FULL: bool>(t: &Row<'_, V>, acc: V, at: usize, m: V::Mask) {
+        // SAFETY: the function's contract (the residual row is as long).
+        unsafe {
+            let mut v = match t.fused {
+                Fused::None => acc,
+                Fused::Relu => acc.at_least(V::splat(0.0)),
+                Fused::Clip => acc.at_least(t.lo).at_most(t.hi),
+                Fused::Leaky => acc.leaky(t.lo),
+            };
+            if let Some(r) = t.residual {
+                v = v.add(V::load::<FULL>(r.add(at), m));
+            }
+            v.store::<FULL>(t.out.add(at), m);
+        }
     }
 }
 
@@ -525,8 +894,43 @@ mod tests {
                 h: axis(3, 3, 1, 1, (0, 0)),
                 w: axis(2, 2, 1, 1, (1, 1)),
             },
+            // Rows wide enough for every group size (8, 4, 2, 1 pixels).
+            Window {
+                h: axis(5, 3, 1, 1, (1, 1)),
+                w: axis(23, 3, 1, 1, (1, 1)),
+            },
+            Window {
+                h: axis(6, 3, 2, 1, (1, 1)),
+                w: axis(40, 3, 2, 1, (1, 1)),
+            },
+            Window {
+                h: axis(7, 5, 1, 1, (2, 2)),
+                w: axis(27, 5, 1, 1, (2, 2)),
+            },
+            Window {
+                h: axis(9, 5, 2, 1, (2, 2)),
+                w: axis(33, 5, 2, 1, (2, 2)),
+            },
+            // Asymmetric pads; an image smaller than the kernel.
+            Window {
+                h: axis(4, 3, 1, 1, (2, 0)),
+                w: axis(19, 3, 1, 1, (0, 2)),
+            },
+            Window {
+                h: axis(3, 5, 1, 1, (2, 2)),
+                w: axis(3, 5, 1, 1, (2, 2)),
+            },
+            // The tap-by-tap path: dilation, 7×7.
+            Window {
+                h: axis(6, 3, 1, 2, (2, 2)),
+                w: axis(21, 3, 1, 2, (2, 2)),
+            },
+            Window {
+                h: axis(8, 7, 2, 1, (3, 3)),
+                w: axis(9, 7, 2, 1, (3, 3)),
+            },
         ];
-        let channels = [1, 7, 8, 16, 19, 32, 40, 53, 96];
+        let channels = [1, 7, 8, 16, 19, 24, 32, 40, 53, 72, 96, 120];
         for isa in Target::ALL.into_iter().filter_map(Isa::new) {
             for (wi, win) in windows.iter().enumerate() {
                 for (ci, &c) in channels.iter().enumerate() {
@@ -563,33 +967,88 @@ mod tests {
         }
     }
 
+    /// Every activation (fused in registers or applied after), with and
+    /// without bias and residual, on the 3×3 and 5×5 paths.
     #[test]
     fn every_activation_on_interior_and_border() {
-        let win = Window {
-            h: axis(6, 3, 1, 1, (1, 1)),
-            w: axis(10, 3, 1, 1, (1, 1)),
-        };
+        let windows = [
+            Window {
+                h: axis(6, 3, 1, 1, (1, 1)),
+                w: axis(10, 3, 1, 1, (1, 1)),
+            },
+            Window {
+                h: axis(7, 5, 2, 1, (2, 2)),
+                w: axis(21, 5, 2, 1, (2, 2)),
+            },
+        ];
         let c = 35;
-        let x = values(win.input_pixels() * c, 5);
-        let weights = values(win.taps() * c, 6);
-        for isa in Target::ALL.into_iter().filter_map(Isa::new) {
-            for act in ACTIVATIONS {
+        let activations = ACTIVATIONS.into_iter().chain([
+            Activation::HardSwish,
+            Activation::LeakyRelu(-2.0),
+            Activation::Clip(0.0, 6.0),
+        ]);
+        for (win, (isa, act)) in windows.iter().flat_map(|w| {
+            Target::ALL
+                .into_iter()
+                .filter_map(Isa::new)
+                .flat_map(|i| activations.clone().map(move |a| (i, a)))
+                .map(move |ia| (w, ia))
+        }) {
+            let x = values(win.input_pixels() * c, 5);
+            let weights = values(win.taps() * c, 6);
+            let bias = values(c, 7);
+            let residual = values(win.output_pixels() * c, 8);
+            for with in [false, true] {
                 let d = Depthwise {
                     isa,
-                    window: &win,
+                    window: win,
                     batch: 1,
                     channels: c,
                     x: &x,
                     weights: &weights,
-                    bias: None,
+                    bias: with.then_some(&bias[..]),
                     activation: act,
-                    residual: None,
+                    residual: with.then_some(&residual[..]),
                 };
                 let mut y = vec![f32::NAN; win.output_pixels() * c];
                 depthwise(&d, &mut y, &Serial);
                 for (a, b) in y.iter().zip(&reference(&d)) {
                     assert!((a - b).abs() <= 2e-5 * (1.0 + b.abs()), "{act:?}: {a} vs {b}");
                 }
+            }
+        }
+    }
+
+    /// Tasks of whole rows over 2 and 3 threads (rows not a multiple of
+    /// either, batch 2) give exactly the serial result.
+    #[test]
+    fn threads_match_serial() {
+        use crate::kernels::parallel::ScopedThreads;
+        let win = Window {
+            h: axis(13, 3, 1, 1, (1, 1)),
+            w: axis(20, 3, 1, 1, (1, 1)),
+        };
+        let (batch, c) = (2, 136);
+        let x = values(batch * win.input_pixels() * c, 1);
+        let weights = values(win.taps() * c, 2);
+        for isa in Target::ALL.into_iter().filter_map(Isa::new) {
+            let d = Depthwise {
+                isa,
+                window: &win,
+                batch,
+                channels: c,
+                x: &x,
+                weights: &weights,
+                bias: None,
+                activation: Activation::Relu,
+                residual: None,
+            };
+            let mut want = vec![f32::NAN; batch * win.output_pixels() * c];
+            depthwise(&d, &mut want, &Serial);
+            for threads in [2, 3] {
+                let mut y = vec![f32::NAN; want.len()];
+                depthwise(&d, &mut y, &ScopedThreads(threads));
+                assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
             }
         }
     }
