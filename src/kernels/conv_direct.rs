@@ -32,7 +32,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::conv::{is_pointwise, Conv};
-use super::gemm::{activate, Activation, PackedB};
+use super::gemm::{activate_isa, Activation, PackedB};
 use super::parallel::Parallel;
 use super::spatial::{Axis, Window};
 use super::Isa;
@@ -98,7 +98,7 @@ struct TileArgs<'a> {
 }
 
 /// Relu and Clip as the `[lo, hi]` clamp the kernels apply before they
-/// store (NaN stays NaN, as in [`activate`]); other activations run after.
+/// store (NaN stays NaN, as in `gemm::activate`); other activations run after.
 fn clamp_of(act: Activation) -> Option<(f32, f32)> {
     match act {
         Activation::Relu => Some((0.0, f32::INFINITY)),
@@ -290,9 +290,9 @@ fn row_block(
 
 /// The activation and residual of one tile row (`at`: its flat index in
 /// the output, which the residual shares), after its store.
-fn epilogue(c: &Conv<'_>, run: &mut [f32], at: usize) {
+fn epilogue(isa: Isa, c: &Conv<'_>, run: &mut [f32], at: usize) {
     if c.activation != Activation::None && clamp_of(c.activation).is_none() {
-        activate(c.activation, run);
+        activate_isa(isa, c.activation, run);
     }
     if let Some(res) = c.residual {
         let len = run.len();
@@ -421,7 +421,7 @@ fn border_tiles(
             #[allow(unsafe_code)]
             let run = unsafe { out.run(pos, nc) };
             run.copy_from_slice(&s.tile[i * nr..][..nc]);
-            epilogue(c, run, pos);
+            epilogue(isa, c, run, pos);
         }
         at += mr;
     }
@@ -491,7 +491,7 @@ fn tiles(
                 // SAFETY: this task's row and panel; the run is dropped at once.
                 #[allow(unsafe_code)]
                 let run = unsafe { out.run(at + i * co, nc) };
-                epilogue(c, run, at + i * co);
+                epilogue(isa, c, run, at + i * co);
             }
         }
         ow += mr;

@@ -42,7 +42,7 @@
 //! 1.2–1.6× at 56² and larger, little below (`ScopedThreads` starts a
 //! thread per call, which costs about as much as a 14² layer).
 
-use super::gemm::{activate, Activation};
+use super::gemm::{activate_isa, Activation};
 use super::parallel::Parallel;
 use super::spatial::Window;
 use super::Isa;
@@ -212,7 +212,7 @@ fn row_impl<const FMA: bool>(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [
 /// The activation, then the residual, over a whole output row.
 fn epilogue(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
     if d.activation != Activation::None {
-        activate(d.activation, row);
+        activate_isa(d.isa, d.activation, row);
     }
     if let Some(res) = d.residual {
         let win = d.window;
@@ -826,7 +826,7 @@ mod tests {
                             s as f32
                         })
                         .collect();
-                    activate(d.activation, &mut acc);
+                    activate_isa(d.isa, d.activation, &mut acc);
                     if let Some(r) = d.residual {
                         let base = ((n * win.h.output + oh) * win.w.output + ow) * c;
                         for (a, &v) in acc.iter_mut().zip(&r[base..]) {

@@ -168,6 +168,40 @@ pub(crate) fn activate(act: Activation, row: &mut [f32]) {
     activate_with::<Plain>(act, row)
 }
 
+/// [`activate`] compiled for `isa`'s target (SIMD as wide as it has, fused
+/// multiply-adds where it has them): for kernels that apply the activation
+/// after their own store. The baseline build of [`activate`] runs SiLU at a
+/// third of a convolution's speed (Zen 4, 1×1 64→256 at 56², 71 against 218
+/// GFLOP/s with ReLU).
+#[allow(unsafe_code)] // calls the target_feature builds, see SAFETY below
+pub(crate) fn activate_isa(isa: crate::kernels::Isa, act: Activation, row: &mut [f32]) {
+    use crate::target::Target;
+    match isa.target() {
+        // SAFETY: the Isa token proves the CPU has the build's features.
+        #[cfg(target_arch = "x86_64")]
+        Target::Avx512 => unsafe { isa_builds::avx512(act, row) },
+        // SAFETY: likewise.
+        #[cfg(target_arch = "x86_64")]
+        Target::Avx2 => unsafe { isa_builds::avx2(act, row) },
+        _ => activate(act, row),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod isa_builds {
+    use super::{activate_with, Activation, Fused};
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    pub(super) fn avx512(act: Activation, row: &mut [f32]) {
+        activate_with::<Fused>(act, row)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn avx2(act: Activation, row: &mut [f32]) {
+        activate_with::<Fused>(act, row)
+    }
+}
+
 /// [`activate`] with the polynomials evaluated by `F`.
 #[inline(always)]
 pub(super) fn activate_with<F: MulAdd>(act: Activation, row: &mut [f32]) {

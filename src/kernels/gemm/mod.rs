@@ -33,7 +33,7 @@
 
 mod driver;
 mod epilogue;
-pub(crate) use epilogue::activate;
+pub(crate) use epilogue::{activate, activate_isa};
 mod kernels;
 mod pack;
 #[cfg(test)]
