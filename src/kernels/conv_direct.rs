@@ -95,6 +95,15 @@ struct TileArgs<'a> {
     bias: Option<&'a [f32]>,
     /// The activation, when it is a clamp the kernel applies in registers.
     clamp: Option<(f32, f32)>,
+    /// The residual's rows for the tile (row stride as C's), when the
+    /// kernel adds it: after the clamp, or with no activation.
+    residual: Option<&'a [f32]>,
+}
+
+/// Whether the kernel's store can finish the epilogue: no activation but
+/// a clamp, so the residual may be added in registers too.
+fn kernel_finishes(act: Activation) -> bool {
+    act == Activation::None || clamp_of(act).is_some()
 }
 
 /// Relu and Clip as the `[lo, hi]` clamp the kernels apply before they
@@ -413,6 +422,7 @@ fn border_tiles(
             panel,
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
             clamp: clamp_of(c.activation),
+            residual: None,
         };
         tile(isa, mr, nc, &t, &Out::new(&mut s.tile), 0, nr);
         for (i, &(r, ow)) in s.border[at..at + mr].iter().enumerate() {
@@ -476,6 +486,7 @@ fn tiles(
             let p = j0 / nr;
             let nc = nr.min(cog - j0);
             let col0 = g * cog + j0;
+            let at = row_at + ow * co + col0;
             let t = TileArgs {
                 segs,
                 image,
@@ -484,14 +495,19 @@ fn tiles(
                 panel: &data[p * k * nr..][..k * nr],
                 bias: c.bias.map(|b| &b[col0..col0 + nc]),
                 clamp: clamp_of(c.activation),
+                residual: match c.residual {
+                    Some(r) if kernel_finishes(c.activation) => Some(&r[at..at + (mr - 1) * co + nc]),
+                    _ => None,
+                },
             };
-            let at = row_at + ow * co + col0;
             tile(isa, mr, nc, &t, out, at, co);
-            for i in 0..mr {
-                // SAFETY: this task's row and panel; the run is dropped at once.
-                #[allow(unsafe_code)]
-                let run = unsafe { out.run(at + i * co, nc) };
-                epilogue(isa, c, run, at + i * co);
+            if !kernel_finishes(c.activation) {
+                for i in 0..mr {
+                    // SAFETY: this task's row and panel; the run is dropped at once.
+                    #[allow(unsafe_code)]
+                    let run = unsafe { out.run(at + i * co, nc) };
+                    epilogue(isa, c, run, at + i * co);
+                }
             }
         }
         ow += mr;
@@ -514,7 +530,8 @@ fn tile(isa: Isa, mr: usize, nc: usize, t: &TileArgs<'_>, out: &Out<'_>, at: usi
             && a_end <= t.image.len()
             && b_end <= t.panel.len()
             && at + (mr - 1) * ldc + nc <= out.len
-            && t.bias.is_none_or(|b| b.len() == nc),
+            && t.bias.is_none_or(|b| b.len() == nc)
+            && t.residual.is_none_or(|r| r.len() == (mr - 1) * ldc + nc),
         "direct convolution tile out of bounds: {mr} x {nc}"
     );
     #[cfg(target_arch = "x86_64")]
@@ -599,11 +616,19 @@ mod x86 {
             let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
             // max(lo, v), min(hi, v): the second operand (v) when either is NaN.
             let fix = |v: __m512| _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+            // The residual's tile rows, as C's (`tile` checked their length).
+            let res = t.residual.map(|r| r.as_ptr());
+            let plus = |v: __m512, at: usize, m: __mmask16| match res {
+                Some(r) => _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, r.add(at))),
+                None => v,
+            };
             for (i, acc) in acc.iter().enumerate() {
                 let row = c.add(i * ldc);
-                _mm512_mask_storeu_ps(row, m0, fix(_mm512_add_ps(acc[0], bias0)));
+                let v0 = plus(fix(_mm512_add_ps(acc[0], bias0)), i * ldc, m0);
+                _mm512_mask_storeu_ps(row, m0, v0);
                 if m1 != 0 {
-                    _mm512_mask_storeu_ps(row.add(16), m1, fix(_mm512_add_ps(acc[1], bias1)));
+                    let v1 = plus(fix(_mm512_add_ps(acc[1], bias1)), i * ldc + 16, m1);
+                    _mm512_mask_storeu_ps(row.add(16), m1, v1);
                 }
             }
         }
@@ -655,11 +680,18 @@ mod x86 {
             let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
             // max(lo, v), min(hi, v): the second operand (v) when either is NaN.
             let fix = |v: __m256| _mm256_min_ps(hi, _mm256_max_ps(lo, v));
+            // The residual's tile rows, as C's (`tile` checked their length).
+            let res = t.residual.map(|r| r.as_ptr());
+            let plus = |v: __m256, at: usize, m: __m256i| match res {
+                Some(r) => _mm256_add_ps(v, _mm256_maskload_ps(r.add(at), m)),
+                None => v,
+            };
             for (i, acc) in acc.iter().enumerate() {
                 let row = c.add(i * ldc);
-                _mm256_maskstore_ps(row, m0, fix(_mm256_add_ps(acc[0], bias0)));
+                _mm256_maskstore_ps(row, m0, plus(fix(_mm256_add_ps(acc[0], bias0)), i * ldc, m0));
                 if nc > 8 {
-                    _mm256_maskstore_ps(row.add(8), m1, fix(_mm256_add_ps(acc[1], bias1)));
+                    let v1 = plus(fix(_mm256_add_ps(acc[1], bias1)), i * ldc + 8, m1);
+                    _mm256_maskstore_ps(row.add(8), m1, v1);
                 }
             }
         }
