@@ -526,11 +526,12 @@ mod tests {
             case(2, 3, 8, 1, axis(64, 3, 1, 1, (1, 1)), axis(64, 3, 1, 1, (1, 1))),
             // A deep K (several K blocks) and a block of fewer rows.
             case(1, 96, 16, 1, axis(7, 3, 1, 1, (1, 1)), axis(6, 3, 1, 1, (1, 1))),
-            // Direct kernels: pointwise as rows of 112 pixels and a rest
-            // (234 = 2 x 112 + 10), output channels in a full, a partial
+            // Direct kernels: pointwise as 2 rows of 117 pixels, output channels in a full, a partial
             // and a half panel; grouped pointwise.
             case(2, 20, 40, 1, axis(9, 1, 1, 1, (0, 0)), axis(13, 1, 1, 1, (0, 0))),
             case(1, 24, 72, 2, axis(15, 1, 1, 1, (0, 0)), axis(16, 1, 1, 1, (0, 0))),
+            // No divisor of 229 pixels in 28..=224: rows of 112 and a rest.
+            case(1, 8, 12, 1, unit, axis(229, 1, 1, 1, (0, 0))),
             // Interior tiles of 14, 14 and a rest between border columns;
             // dilation and stride; a 7×7 stem-like window on 3 channels.
             case(1, 24, 48, 1, axis(5, 3, 1, 1, (1, 1)), axis(33, 3, 1, 1, (1, 1))),
