@@ -20,10 +20,14 @@
 //!    as the shapes tell, at least 16 rows (a leading batch dim of unknown
 //!    size counts as 1, a symbolic sequence dim as many) or a weight of at
 //!    least 2^20 elements (memory-bound even for one row), or `LSTM`/`GRU`.
-//! 4. `Conv` and `ConvTranspose` stay with ORT: kiln's im2col + GEMM
-//!    convolution is correct everywhere but slower than ORT's NCHWc kernels
-//!    on most layers measured (`bench/conv.py`), so the convolutions and
-//!    what rules 2 and 3 then leave around them are ORT's.
+//! 4. `Conv` and `ConvTranspose` stay with ORT: kiln's direct convolution
+//!    runs most layers at MLAS's speed (`bench/conv.py`) and detectors and
+//!    OCR models whole at 0.79–0.96× the CPU EP (`bench/cnn.py` with
+//!    `force_ops=Conv,ConvTranspose`), but ReLU classifiers (ResNet-50,
+//!    SqueezeNet), batch-8 MobileNet and small deep layers are still up to
+//!    1.3× slower, and which is which cannot be told at claim time; so the
+//!    convolutions and what rules 2 and 3 then leave around them are ORT's
+//!    unless the user opts in.
 //!
 //! Op types in the `force_ops` option are exempt from all four.
 
@@ -152,8 +156,8 @@ impl<'a> CostRule<'a> {
 
     /// Rule 4: claimed convolutions, unless forced.
     fn convolutions(&self, parts: &[Vec<usize>]) -> Vec<(usize, String)> {
-        let why = "left to ORT by the cost rule: kiln's convolutions are not yet faster than ORT's \
-                   (force_ops=Conv or claim=all runs them in kiln)";
+        let why = "left to ORT by the cost rule: kiln's convolutions are not faster than ORT's on every \
+                   network (force_ops=Conv,ConvTranspose or claim=all runs them in kiln)";
         parts
             .iter()
             .flatten()
