@@ -28,6 +28,7 @@
 //! The activation and the residual are applied to each output row while
 //! it is in cache, as [`super::depthwise`] does.
 
+use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
 
@@ -215,11 +216,18 @@ fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Pa
         let (r, p) = (t / panel_tasks, t % panel_tasks);
         let task_rows = r * per_rows..((r + 1) * per_rows).min(rows);
         let task_panels = p * per_panels..((p + 1) * per_panels).min(panels);
-        let mut scratch = Scratch::default();
-        for start in task_rows.clone().step_by(block) {
-            let block_rows = start..(start + block).min(task_rows.end);
-            row_block(isa, c, packed, block_rows, task_panels.clone(), &out, &mut scratch);
-        }
+        let run = |scratch: &mut Scratch| {
+            for start in task_rows.clone().step_by(block) {
+                let block_rows = start..(start + block).min(task_rows.end);
+                row_block(isa, c, packed, block_rows, task_panels.clone(), &out, scratch);
+            }
+        };
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => run(&mut scratch),
+            // Re-entered on this thread (a pool running another task while
+            // it waits): buffers of its own.
+            Err(_) => run(&mut Scratch::default()),
+        });
     });
     Ok(())
 }
@@ -262,6 +270,13 @@ impl<'a> Out<'a> {
         // SAFETY: in bounds (checked), exclusive (the caller's contract).
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
     }
+}
+
+thread_local! {
+    /// The buffers of the convolutions this thread runs, kept between runs
+    /// (a deep layer's border patches are a few hundred KiB: allocated per
+    /// task, they were mapped and faulted in at every run).
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// Per-task buffers, reused from block to block.
