@@ -204,18 +204,18 @@ fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Pa
     // About 4 tasks per thread; rows first, and panels too when there are
     // few rows (7×7 maps, pointwise rests), so that both threads work.
     let want = if par.threads() > 1 { 4 * par.threads() } else { 1 };
-    let per_rows = rows.div_ceil(rows.min(want));
-    let row_tasks = rows.div_ceil(per_rows);
-    let per_panels = panels.div_ceil(want.div_ceil(row_tasks).min(panels));
-    let panel_tasks = panels.div_ceil(per_panels);
+    // Balanced: 14 rows in 8 tasks as 2 2 2 2 2 2 1 1, not 7 tasks of 2
+    // (which two threads share 4 : 3).
+    let row_tasks = rows.min(want);
+    let panel_tasks = want.div_ceil(row_tasks).min(panels);
     // Input rows one output row reads, in bytes.
     let row_bytes = (w.h.stride.max(w.h.extent()) * w.w.input * c.in_channels * 4).max(1);
-    let block = (BLOCK_INPUT_BYTES / row_bytes).clamp(1, per_rows);
+    let block = (BLOCK_INPUT_BYTES / row_bytes).clamp(1, rows.div_ceil(row_tasks));
     let out = Out::new(y);
     par.for_each(row_tasks * panel_tasks, &|t| {
         let (r, p) = (t / panel_tasks, t % panel_tasks);
-        let task_rows = r * per_rows..((r + 1) * per_rows).min(rows);
-        let task_panels = p * per_panels..((p + 1) * per_panels).min(panels);
+        let task_rows = share(rows, row_tasks, r);
+        let task_panels = share(panels, panel_tasks, p);
         let run = |scratch: &mut Scratch| {
             for start in task_rows.clone().step_by(block) {
                 let block_rows = start..(start + block).min(task_rows.end);
@@ -230,6 +230,11 @@ fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Pa
         });
     });
     Ok(())
+}
+
+/// Part `i` of `n` near-equal parts of `0..len`.
+fn share(len: usize, n: usize, i: usize) -> Range<usize> {
+    i * len / n..(i + 1) * len / n
 }
 
 /// The output, shared by the tasks that each write their own block of rows
