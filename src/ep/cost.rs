@@ -22,10 +22,10 @@
 //!    least 2^20 elements (memory-bound even for one row), or `LSTM`/`GRU`.
 //! 4. `Conv` and `ConvTranspose` stay with ORT: kiln's direct convolution
 //!    runs most layers at MLAS's speed (`bench/conv.py`) and detectors and
-//!    OCR models whole at 0.79–0.96× the CPU EP (`bench/cnn.py` with
-//!    `force_ops=Conv,ConvTranspose`), but ReLU classifiers (ResNet-50,
-//!    SqueezeNet), batch-8 MobileNet and small deep layers are still up to
-//!    1.3× slower, and which is which cannot be told at claim time; so the
+//!    OCR models whole at 0.78–0.98× the CPU EP (`bench/cnn.py` with
+//!    `force_ops=Conv,ConvTranspose`), but ResNet-50, SqueezeNet and
+//!    batch-8 MobileNet are still up to 1.23× slower, and which is which
+//!    cannot be told at claim time; so the
 //!    convolutions and what rules 2 and 3 then leave around them are ORT's
 //!    unless the user opts in.
 //!
