@@ -372,13 +372,7 @@ fn epilogue(isa: Isa, c: &Conv<'_>, run: &mut [f32], at: usize) {
 
 /// The columns `lo..hi` whose taps all read inside the input row.
 fn interior_columns(win: &Window) -> (usize, usize) {
-    let a = &win.w;
-    let lo = a.pad_begin.div_ceil(a.stride);
-    let hi = match (a.input + a.pad_begin).checked_sub(a.extent()) {
-        Some(span) => (span / a.stride + 1).min(a.output),
-        None => 0,
-    };
-    (lo.min(hi), hi)
+    win.w.interior_outputs()
 }
 
 /// Group `g`'s segments for interior column `ow0` of output row `oh`: every

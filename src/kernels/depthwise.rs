@@ -173,17 +173,9 @@ fn madd<const FMA: bool>(a: f32, x: f32, w: f32) -> f32 {
     }
 }
 
-/// The first and one-past-last output columns whose taps all read inside
-/// the input (an empty range when there are none).
+/// The columns `lo..hi` whose taps all read inside the input row.
 fn interior_columns(win: &Window) -> (usize, usize) {
-    let a = &win.w;
-    let lo = a.pad_begin.div_ceil(a.stride);
-    // Largest o with o·stride + extent − pad_begin <= input.
-    let hi = match (a.input + a.pad_begin).checked_sub(a.extent()) {
-        Some(span) => (span / a.stride + 1).min(a.output),
-        None => 0,
-    };
-    (lo.min(hi), hi)
+    win.w.interior_outputs()
 }
 
 /// The portable build of one output row (the SIMD builds: [`simd::row`]).

@@ -32,6 +32,18 @@ impl Axis {
         (i < self.input).then_some(i)
     }
 
+    /// The first and one-past-last outputs whose taps all read inside the
+    /// input (an empty range, `lo == hi`, when there are none).
+    pub fn interior_outputs(&self) -> (usize, usize) {
+        let lo = self.pad_begin.div_ceil(self.stride);
+        // Largest o with o·stride + extent − pad_begin <= input.
+        let hi = match (self.input + self.pad_begin).checked_sub(self.extent()) {
+            Some(span) => (span / self.stride + 1).min(self.output),
+            None => 0,
+        };
+        (lo.min(hi), hi)
+    }
+
     /// Whether every tap of output `o` reads inside the input.
     pub fn interior(&self, o: usize) -> bool {
         let start = o * self.stride;
@@ -99,6 +111,32 @@ mod tests {
         assert_eq!(output_len(5, 2, 2, 1, (0, 0), true), Some(3));
         // The last window would start in the end padding: dropped.
         assert_eq!(output_len(4, 2, 2, 1, (0, 1), true), Some(2));
+    }
+
+    #[test]
+    fn interior_outputs_read_no_padding() {
+        let axis = |input, kernel, stride, pad: (usize, usize)| Axis {
+            input,
+            output: output_len(input, kernel, stride, 1, pad, false).unwrap(),
+            kernel,
+            stride,
+            dilation: 1,
+            pad_begin: pad.0,
+            pad_end: pad.1,
+        };
+        for a in [
+            axis(7, 3, 1, (1, 1)),
+            axis(14, 3, 2, (1, 1)),
+            axis(2, 5, 1, (2, 2)),
+            axis(9, 1, 1, (0, 0)),
+        ] {
+            let (lo, hi) = a.interior_outputs();
+            for o in 0..a.output {
+                assert_eq!((lo..hi).contains(&o), a.interior(o), "{a:?} output {o}");
+            }
+        }
+        assert_eq!(axis(7, 3, 1, (1, 1)).interior_outputs(), (1, 6));
+        assert_eq!(axis(2, 5, 1, (2, 2)).interior_outputs(), (0, 0));
     }
 
     #[test]
