@@ -352,6 +352,76 @@ def test_cnn_claimed_entirely_with_force_ops_conv(key, corpus, kiln_dev):
     assert_kiln_ran(spec, run, "on kiln alone with force_ops=Conv")
 
 
+#: the onnx wheel's light CNNs ship their weights as ConstantOfShape fills (one value per tensor), whose
+#: activations grow to 1e16 and whose softmax comes out uniform: a weak check of the numbers
+LIGHT_CNNS = ["light_resnet50", "light_squeezenet", "light_densenet121", "light_shufflenet", "light_inception_v1",
+              "light_inception_v2", "light_vgg19", "light_bvlc_alexnet", "light_zfnet512"]
+
+
+def with_random_weights(path: str, out: str, seed: int = 0) -> str:
+    """A copy of a light model whose ConstantOfShape-filled float weights are random initializers:
+    He-scaled normals for weights of rank 2 and more, BatchNormalization's scale and variance in
+    [0.5, 1.5], small normals for biases and means, so that activations stay O(1) to the logits."""
+    m = onnx.load(path)
+    rng = np.random.default_rng(seed)
+    inits = {i.name: i for i in m.graph.initializer}
+    role = {}
+    for n in m.graph.node:
+        for k, v in enumerate(n.input):
+            role.setdefault(v, (n.op_type, k))
+    keep, added = [], []
+    for n in m.graph.node:
+        value = next((a.t for a in n.attribute if a.name == "value"), None)
+        shape_in = inits.get(n.input[0]) if n.op_type == "ConstantOfShape" and n.input else None
+        if shape_in is None or (value is not None and value.data_type != onnx.TensorProto.FLOAT):
+            keep.append(n)
+            continue
+        shape = tuple(int(d) for d in onnx.numpy_helper.to_array(shape_in))
+        op, k = role.get(n.output[0], ("", -1))
+        if op == "BatchNormalization" and k in (1, 4):
+            w = rng.uniform(0.5, 1.5, shape)
+        elif len(shape) >= 2:
+            fan_in = int(np.prod(shape)) // shape[0] if op == "Conv" else min(shape)
+            w = rng.standard_normal(shape) * np.sqrt(2.0 / max(fan_in, 1))
+        else:
+            w = 0.1 * rng.standard_normal(shape)
+        added.append(onnx.numpy_helper.from_array(w.astype(np.float32), n.output[0]))
+    del m.graph.node[:]
+    m.graph.node.extend(keep)
+    used = {v for n in keep for v in n.input}
+    live = [i for i in m.graph.initializer if i.name in used]
+    dropped = {i.name for i in m.graph.initializer} - used
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(live + added)
+    # older models list their initializers among the graph's inputs too
+    inputs = [i for i in m.graph.input if i.name not in dropped]
+    del m.graph.input[:]
+    m.graph.input.extend(inputs)
+    onnx.save(m, out)
+    return out
+
+
+@pytest.mark.parametrize("key", LIGHT_CNNS)
+def test_light_cnn_with_random_weights_matches_cpu(key, corpus, kiln_dev, tmp_path):
+    """Issue #13: the light CNNs with real (random) weights, run whole in kiln with
+    force_ops=Conv at ORT_ENABLE_ALL, give the CPU EP's logits and probabilities."""
+    path = with_random_weights(corpus[key], str(tmp_path / f"{key}_random.onnx"))
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    graph = onnx.load(path).graph
+    fixed = {i.name for i in graph.initializer}
+    (inp,) = [i for i in sess.get_inputs() if i.name not in fixed]
+    feeds = {inp.name: np.random.default_rng(1).random([d if isinstance(d, int) else 1 for d in inp.shape],
+                                                        dtype=np.float32)}
+    names = [o.name for o in sess.get_outputs()]
+    want = sess.run(names, feeds)
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds=feeds, options=FORCE_CONV, opt_level=LEVELS["ORT_ENABLE_ALL"])
+    assert [op for _, op in run.nodes_on(kiln.EP_NAME)].count("Conv") > 0
+    for name, e, a in zip(names, want, run.outputs):
+        # the check can fail: with the shipped fills, every probability is 0.001
+        assert float(np.ptp(e)) > 0.1 * float(np.abs(e).max()), f"{key}: {name} is flat, the weights say nothing"
+        np.testing.assert_allclose(a, e, rtol=1e-3, atol=1e-5 * float(np.abs(e).max()), err_msg=f"{key} {name}")
+
+
 @pytest.mark.parametrize("key", ["light_resnet50", "yolov8n", "ppocr_det"])
 def test_cnn_convolutions_stay_with_ort_by_default(key, corpus, kiln_dev):
     """Rule 4 of the cost rule: kiln's convolutions are not faster than ORT's on every network."""
