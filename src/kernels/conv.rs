@@ -176,8 +176,14 @@ fn check(c: &Conv<'_>, y_len: usize) -> Result<()> {
             "bad window or groups ({g}, {ci} -> {co} channels)"
         )));
     }
-    let x_len = c.batch * w.input_pixels() * ci;
-    let y_want = c.batch * w.output_pixels() * co;
+    // Checked: a product that wrapped could match a short slice (sizes come
+    // from a context binary, each below 2^32 but not their product).
+    let size = |a: usize, b: usize, c: usize, d: usize| a.checked_mul(b)?.checked_mul(c)?.checked_mul(d);
+    let x_len = size(c.batch, w.h.input, w.w.input, ci);
+    let y_want = size(c.batch, w.h.output, w.w.output, co);
+    let (Some(x_len), Some(y_want)) = (x_len, y_want) else {
+        return Err(size_error("tensor sizes overflow"));
+    };
     if c.x.len() != x_len || y_len != y_want {
         return Err(size_error(format_args!(
             "input of {} values (want {x_len}) or output of {y_len} (want {y_want})",
@@ -188,9 +194,10 @@ fn check(c: &Conv<'_>, y_len: usize) -> Result<()> {
         return Err(size_error("bias or residual of the wrong size"));
     }
     let (cig, cog) = (ci / g, co / g);
+    let taps_times = |n: usize| w.h.kernel.checked_mul(w.w.kernel)?.checked_mul(n);
     let ok = match c.weights {
-        ConvWeights::Depthwise(wt) => g == ci && ci == co && wt.len() == w.taps() * ci,
-        ConvWeights::Packed(p) => p.len() == g && p.iter().all(|b| b.k() == w.taps() * cig && b.n() == cog),
+        ConvWeights::Depthwise(wt) => g == ci && ci == co && Some(wt.len()) == taps_times(ci),
+        ConvWeights::Packed(p) => p.len() == g && p.iter().all(|b| Some(b.k()) == taps_times(cig) && b.n() == cog),
     };
     if !ok {
         return Err(size_error("weights do not fit the window and channels"));
