@@ -463,7 +463,11 @@ mod tests {
         let bias = data(co, 3);
         let out_len = case.batch * w.output_pixels() * co;
         let res = data(out_len, 4);
-        for (epi, act) in [(false, Activation::None), (true, Activation::Relu)] {
+        for (epi, act) in [
+            (false, Activation::None),
+            (true, Activation::Relu),
+            (true, Activation::Silu),
+        ] {
             let base = Conv {
                 window: w,
                 batch: case.batch,
@@ -544,6 +548,9 @@ mod tests {
             case(1, 24, 48, 1, axis(5, 3, 1, 1, (1, 1)), axis(33, 3, 1, 1, (1, 1))),
             case(1, 16, 20, 1, axis(11, 3, 2, 2, (2, 1)), axis(37, 3, 2, 2, (2, 2))),
             case(1, 3, 64, 1, axis(12, 7, 2, 1, (3, 3)), axis(20, 7, 2, 1, (3, 3))),
+            // Narrow maps: rows of at most 7 interior pixels, strided too.
+            case(2, 24, 40, 1, axis(6, 3, 1, 1, (1, 1)), axis(7, 3, 1, 1, (1, 1))),
+            case(1, 16, 24, 1, axis(13, 3, 2, 1, (1, 1)), axis(9, 3, 2, 1, (1, 1))),
             // Fewer rows than tasks: tasks split the weight panels too.
             case(1, 16, 100, 1, axis(3, 3, 1, 1, (1, 1)), axis(7, 3, 1, 1, (1, 1))),
             // Several row blocks per task (each block runs every panel).
