@@ -25,9 +25,8 @@
 //!    OCR models whole at 0.78–0.98× the CPU EP (`bench/cnn.py` with
 //!    `force_ops=Conv,ConvTranspose`), but ResNet-50, SqueezeNet and
 //!    batch-8 MobileNet are still up to 1.23× slower, and which is which
-//!    cannot be told at claim time; so the
-//!    convolutions and what rules 2 and 3 then leave around them are ORT's
-//!    unless the user opts in.
+//!    cannot be told at claim time; so the convolutions and what rules 2
+//!    and 3 then leave around them are ORT's unless the user opts in.
 //!
 //! Op types in the `force_ops` option are exempt from all four.
 

@@ -20,48 +20,25 @@
 //! the kernel's speed. Rows are processed in blocks whose input stays in
 //! L2, one weight panel after the other.
 //!
+//! The bias, a Relu/Clip clamp and the residual are applied in registers
+//! at the store; other activations run over each tile right after it.
+//!
 //! Measured on an AMD EPYC (Zen 4, AVX-512), one thread, `cargo bench
 //! --bench conv_kernels`: 3×3 convolutions at ResNet-50 shapes (56² to 7²)
-//! and 1×1 at 97–105% of the GEMM microkernel's in-cache rate (im2col +
-//! GEMM: 53–86%); the 7×7/2 stem on 3 channels 85%.
-//!
-//! The activation and the residual are applied to each output row while
-//! it is in cache, as [`super::depthwise`] does.
+//! at 94–101% of the GEMM microkernel's in-cache rate and 1×1 at 79–97%
+//! (im2col + GEMM: 44–87%).
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::conv::{is_pointwise, Conv};
-use super::gemm::{activate_isa, Activation, PackedB};
+use super::gemm::{activate_isa, by_rows, Activation, Blocking, PackedB};
 use super::parallel::Parallel;
 use super::spatial::{Axis, Window};
 use super::Isa;
 use crate::error::Result;
 use crate::target::Target;
-
-/// Calls `$f::<MR>($args)` for the runtime `$mr` in `1..=14`.
-macro_rules! by_rows {
-    ($mr:expr, $($f:ident)::+, ($($arg:expr),*)) => {
-        match $mr {
-            1 => $($f)::+::<1>($($arg),*),
-            2 => $($f)::+::<2>($($arg),*),
-            3 => $($f)::+::<3>($($arg),*),
-            4 => $($f)::+::<4>($($arg),*),
-            5 => $($f)::+::<5>($($arg),*),
-            6 => $($f)::+::<6>($($arg),*),
-            7 => $($f)::+::<7>($($arg),*),
-            8 => $($f)::+::<8>($($arg),*),
-            9 => $($f)::+::<9>($($arg),*),
-            10 => $($f)::+::<10>($($arg),*),
-            11 => $($f)::+::<11>($($arg),*),
-            12 => $($f)::+::<12>($($arg),*),
-            13 => $($f)::+::<13>($($arg),*),
-            14 => $($f)::+::<14>($($arg),*),
-            _ => unreachable!("tile of {} rows", $mr),
-        }
-    };
-}
 
 /// One run of `len` consecutive K rows: A at `a` (from the tile's first
 /// pixel, in the image), B at `b` (from the panel's start).
@@ -310,25 +287,25 @@ fn row_block(
     let w = c.window;
     let ci = c.in_channels;
     let row_len = w.w.output * c.out_channels;
-    let (lo, hi) = interior_columns(w);
+    let (lo, hi) = w.w.interior_outputs();
     let cog = c.out_channels / c.groups;
     let nr = packed.first().map_or(1, |p| p.nr());
     let per_group = cog.div_ceil(nr);
     border_patches(c, rows.clone(), (lo, hi), s);
-    let panel_data = |panel: usize| {
-        let (g, j0) = (panel / per_group, panel % per_group * nr);
-        let pb = packed[g];
-        &pb.data().as_slice()[j0 / nr * pb.k() * nr..][..pb.k() * nr]
+    // Panel `panel` (flat over groups) as (group, first column, its weights).
+    let locate = |panel: usize| {
+        let (g, p) = (panel / per_group, panel % per_group);
+        (g, p * nr, packed[g].panel(p))
     };
     for panel in panels.clone() {
-        let (g, j0) = (panel / per_group, panel % per_group * nr);
+        let (g, j0, _) = locate(panel);
         let pb = packed[g];
         // The next panel, fetched into L2 a share per row while this one
         // is computed: a deep layer's weights (9 MiB for 3×3 512→512)
         // stream from memory once per run, and the first row of each
         // panel waited for them (147 GFLOP/s at 7×7, against 250 warm).
         let next = if panel + 1 < panels.end {
-            panel_data(panel + 1)
+            locate(panel + 1).2
         } else {
             &[][..]
         };
@@ -338,7 +315,7 @@ fn row_block(
             let image = &c.x[n * w.input_pixels() * ci..][..w.input_pixels() * ci];
             let prefetch = &next[(r * share).min(next.len())..((r + 1) * share).min(next.len())];
             if lo < hi {
-                row_taps(c, g, oh, lo, &mut s.segs);
+                row_taps(c, g, nr, oh, lo, &mut s.segs);
                 tiles(
                     isa,
                     c,
@@ -370,16 +347,10 @@ fn epilogue(isa: Isa, c: &Conv<'_>, run: &mut [f32], at: usize) {
     }
 }
 
-/// The columns `lo..hi` whose taps all read inside the input row.
-fn interior_columns(win: &Window) -> (usize, usize) {
-    win.w.interior_outputs()
-}
-
 /// Group `g`'s segments for interior column `ow0` of output row `oh`: every
 /// kernel row inside the image, every kernel column.
-fn row_taps(c: &Conv<'_>, g: usize, oh: usize, ow0: usize, segs: &mut Vec<Seg>) {
+fn row_taps(c: &Conv<'_>, g: usize, nr: usize, oh: usize, ow0: usize, segs: &mut Vec<Seg>) {
     let (w, ci, cig) = (c.window, c.in_channels, c.in_channels / c.groups);
-    let nr = nr_of(c);
     segs.clear();
     // Interior: the first tap's column is inside the row.
     let iw0 = ow0 * w.w.stride - w.w.pad_begin;
@@ -450,7 +421,7 @@ fn border_tiles(
         c.out_channels / c.groups,
         c.out_channels,
     );
-    let (nr, k) = (pb.nr(), pb.k());
+    let nr = pb.nr();
     let patch = w.taps() * ci;
     s.segs.clear();
     for t in 0..w.taps() {
@@ -462,7 +433,7 @@ fn border_tiles(
         push_seg(&mut s.segs, seg, nr);
     }
     let (nc, col0) = (nr.min(cog - j0), g * cog + j0);
-    let panel = &pb.data().as_slice()[j0 / nr * k * nr..][..k * nr];
+    let panel = pb.panel(j0 / nr);
     s.tile.resize(mr_max(isa) * nr, 0.0);
     let row_len = w.w.output * co;
     let mut at = 0;
@@ -498,23 +469,15 @@ fn balanced(len: usize, max: usize) -> impl Iterator<Item = usize> {
     (0..tiles).map(move |i| len / tiles + usize::from(i < len % tiles))
 }
 
+/// Pixels per tile: the target's GEMM tile height (14 on AVX-512, 6 on AVX2).
 fn mr_max(isa: Isa) -> usize {
-    match isa.target() {
-        Target::Avx512 => 14,
-        _ => 6,
-    }
-}
-
-fn nr_of(c: &Conv<'_>) -> usize {
-    match c.weights {
-        super::conv::ConvWeights::Packed(p) => p.first().map_or(1, |p| p.nr()),
-        super::conv::ConvWeights::Depthwise(_) => 1,
-    }
+    Blocking::of(isa.target()).mr
 }
 
 /// Columns `cols` of one output row (`out`), group `g`, the panel of
-/// output channels from `j0`: tiles of at most `MR` pixels × `NR` channels. `segs` are the taps of
-/// the first column; the others are `pixel_step` further each.
+/// output channels from `j0`: tiles of at most `MR` pixels × `NR` channels.
+/// `segs` are the taps of the first column; the others are `pixel_step`
+/// further each.
 #[allow(clippy::too_many_arguments)]
 fn tiles(
     isa: Isa,
@@ -529,39 +492,31 @@ fn tiles(
 ) {
     let (co, cog) = (c.out_channels, c.out_channels / c.groups);
     let nr = pb.nr();
-    let k = pb.k();
-    let data = pb.data().as_slice();
+    let (nc, col0) = (nr.min(cog - j0), g * cog + j0);
+    let panel = pb.panel(j0 / nr);
     let pixel_step = c.window.w.stride * c.in_channels;
+    let finishes = kernel_finishes(c.activation);
     let mut ow = cols.start;
     for (i, mr) in balanced(cols.len(), mr_max(isa)).enumerate() {
-        let a0 = (ow - cols.start) * pixel_step;
-        {
-            let p = j0 / nr;
-            let nc = nr.min(cog - j0);
-            let col0 = g * cog + j0;
-            let at = row_at + ow * co + col0;
-            let t = TileArgs {
-                segs,
-                image,
-                a0,
-                pixel_step,
-                panel: &data[p * k * nr..][..k * nr],
-                bias: c.bias.map(|b| &b[col0..col0 + nc]),
-                clamp: clamp_of(c.activation),
-                residual: match c.residual {
-                    Some(r) if kernel_finishes(c.activation) => Some(&r[at..at + (mr - 1) * co + nc]),
-                    _ => None,
-                },
-                prefetch: if i == 0 { prefetch } else { &[] },
-            };
-            tile(isa, mr, nc, &t, out, at, co);
-            if !kernel_finishes(c.activation) {
-                for i in 0..mr {
-                    // SAFETY: this task's row and panel; the run is dropped at once.
-                    #[allow(unsafe_code)]
-                    let run = unsafe { out.run(at + i * co, nc) };
-                    epilogue(isa, c, run, at + i * co);
-                }
+        let at = row_at + ow * co + col0;
+        let t = TileArgs {
+            segs,
+            image,
+            a0: (ow - cols.start) * pixel_step,
+            pixel_step,
+            panel,
+            bias: c.bias.map(|b| &b[col0..col0 + nc]),
+            clamp: clamp_of(c.activation),
+            residual: c.residual.filter(|_| finishes).map(|r| &r[at..at + (mr - 1) * co + nc]),
+            prefetch: if i == 0 { prefetch } else { &[] },
+        };
+        tile(isa, mr, nc, &t, out, at, co);
+        if !finishes {
+            for i in 0..mr {
+                // SAFETY: this task's row and panel; the run is dropped at once.
+                #[allow(unsafe_code)]
+                let run = unsafe { out.run(at + i * co, nc) };
+                epilogue(isa, c, run, at + i * co);
             }
         }
         ow += mr;
@@ -572,14 +527,11 @@ fn tiles(
 /// `at + i·ldc`, `i < mr`, `nc` values each, of `out` (the calling task's).
 #[allow(unsafe_code)] // calls the target_feature microkernels, see SAFETY below
 fn tile(isa: Isa, mr: usize, nc: usize, t: &TileArgs<'_>, out: &Out<'_>, at: usize, ldc: usize) {
-    let nr = match isa.target() {
-        Target::Avx512 => 32,
-        _ => 16,
-    };
+    let nr = Blocking::of(isa.target()).nr;
     let a_end = t.segs.iter().map(|s| s.a + s.len).max().unwrap_or(0) + t.a0 + (mr - 1) * t.pixel_step;
     let b_end = t.segs.iter().map(|s| s.b + s.len * nr).max().unwrap_or(0);
     assert!(
-        (1..=14).contains(&mr)
+        (1..=mr_max(isa)).contains(&mr)
             && (1..=nr).contains(&nc)
             && a_end <= t.image.len()
             && b_end <= t.panel.len()

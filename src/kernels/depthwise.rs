@@ -173,17 +173,12 @@ fn madd<const FMA: bool>(a: f32, x: f32, w: f32) -> f32 {
     }
 }
 
-/// The columns `lo..hi` whose taps all read inside the input row.
-fn interior_columns(win: &Window) -> (usize, usize) {
-    win.w.interior_outputs()
-}
-
 /// The portable build of one output row (the SIMD builds: [`simd::row`]).
 fn row_impl<const FMA: bool>(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
     let (win, c) = (d.window, d.channels);
     let image = &d.x[n * win.input_pixels() * c..][..win.input_pixels() * c];
     let (lo, hi) = if win.h.interior(oh) {
-        interior_columns(win)
+        win.w.interior_outputs()
     } else {
         (0, 0)
     };

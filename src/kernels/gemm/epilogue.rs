@@ -172,7 +172,9 @@ pub(crate) fn activate(act: Activation, row: &mut [f32]) {
 /// multiply-adds where it has them): for kernels that apply the activation
 /// after their own store. The baseline build of [`activate`] runs SiLU at a
 /// third of a convolution's speed (Zen 4, 1×1 64→256 at 56², 71 against 218
-/// GFLOP/s with ReLU).
+/// GFLOP/s with ReLU). Not an `isa_kernels!` entry: its builds share one
+/// implementation, and here the FMA builds use fused polynomials (as the
+/// GEMM epilogue does) while the baseline one must not.
 #[allow(unsafe_code)] // calls the target_feature builds, see SAFETY below
 pub(crate) fn activate_isa(isa: crate::kernels::Isa, act: Activation, row: &mut [f32]) {
     use crate::target::Target;

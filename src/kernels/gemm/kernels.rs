@@ -12,28 +12,30 @@ use super::Blocking;
 use crate::kernels::Isa;
 use crate::target::Target;
 
-/// Calls `$f::<MR>($args)` for the runtime `$mr` in `1..=$max` (14 at most).
+/// Calls `$f::<MR>($args)` for the runtime `$mr` in `1..=14` (`$f` may be
+/// a path); the microkernels here and the direct convolution's use it.
 macro_rules! by_rows {
-    ($mr:expr, $f:ident, ($($arg:expr),*)) => {
+    ($mr:expr, $($f:ident)::+, ($($arg:expr),*)) => {
         match $mr {
-            1 => $f::<1>($($arg),*),
-            2 => $f::<2>($($arg),*),
-            3 => $f::<3>($($arg),*),
-            4 => $f::<4>($($arg),*),
-            5 => $f::<5>($($arg),*),
-            6 => $f::<6>($($arg),*),
-            7 => $f::<7>($($arg),*),
-            8 => $f::<8>($($arg),*),
-            9 => $f::<9>($($arg),*),
-            10 => $f::<10>($($arg),*),
-            11 => $f::<11>($($arg),*),
-            12 => $f::<12>($($arg),*),
-            13 => $f::<13>($($arg),*),
-            14 => $f::<14>($($arg),*),
+            1 => $($f)::+::<1>($($arg),*),
+            2 => $($f)::+::<2>($($arg),*),
+            3 => $($f)::+::<3>($($arg),*),
+            4 => $($f)::+::<4>($($arg),*),
+            5 => $($f)::+::<5>($($arg),*),
+            6 => $($f)::+::<6>($($arg),*),
+            7 => $($f)::+::<7>($($arg),*),
+            8 => $($f)::+::<8>($($arg),*),
+            9 => $($f)::+::<9>($($arg),*),
+            10 => $($f)::+::<10>($($arg),*),
+            11 => $($f)::+::<11>($($arg),*),
+            12 => $($f)::+::<12>($($arg),*),
+            13 => $($f)::+::<13>($($arg),*),
+            14 => $($f)::+::<14>($($arg),*),
             _ => unreachable!("tile of {} rows", $mr),
         }
     };
 }
+pub(crate) use by_rows;
 
 /// Checks what every microkernel relies on; panics are bugs in the driver.
 #[inline(always)]

@@ -35,6 +35,7 @@ mod driver;
 mod epilogue;
 pub(crate) use epilogue::{activate, activate_isa};
 mod kernels;
+pub(crate) use kernels::by_rows;
 mod pack;
 #[cfg(test)]
 mod tests;
@@ -195,6 +196,11 @@ impl PackedB {
     /// Panel width: the data is `n / nr` (rounded up) panels of `k` rows of `nr`.
     pub fn nr(&self) -> usize {
         self.nr
+    }
+
+    /// Panel `p` (columns `p·nr ..`): `k` rows of `nr` values.
+    pub fn panel(&self, p: usize) -> &[f32] {
+        &self.data.as_slice()[p * self.k * self.nr..][..self.k * self.nr]
     }
 
     pub fn n(&self) -> usize {
