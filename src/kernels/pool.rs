@@ -76,9 +76,12 @@ pub(super) fn pool_rows(kind: PoolKind, s: &PoolShape, x: &[f32], first: usize, 
     for (r, row) in (first..).zip(y.chunks_mut(win.w.output * c)) {
         let image = &x[(r / win.h.output) * image_len..][..image_len];
         let oh = r % win.h.output;
-        match kind {
-            PoolKind::Average { count_include_pad } => average_row(win, c, count_include_pad, image, oh, row),
-            _ => max_row(win, c, image, oh, row),
+        match c {
+            64.. => pool_row::<64>(kind, win, c, image, oh, row),
+            32.. => pool_row::<32>(kind, win, c, image, oh, row),
+            16.. => pool_row::<16>(kind, win, c, image, oh, row),
+            8.. => pool_row::<8>(kind, win, c, image, oh, row),
+            _ => pool_row::<1>(kind, win, c, image, oh, row),
         }
     }
 }
@@ -151,57 +154,92 @@ fn taps(win: &Window, oh: usize, ow: usize) -> impl Iterator<Item = (usize, usiz
         })
 }
 
+/// One output pixel's window: `rows × cols` taps, `row_step` and
+/// `col_step` floats apart, the first at `first`.
+struct Taps {
+    first: usize,
+    rows: usize,
+    cols: usize,
+    row_step: usize,
+    col_step: usize,
+}
+
+/// One output row of a max or average pool, `W` channels at a time: a
+/// fixed width keeps the accumulator in registers (accumulating in memory
+/// stalls each tap on the previous tap's store). The last group of
+/// channels overlaps the one before when `W` does not divide `c`.
 #[inline(always)]
-fn max_row(win: &Window, c: usize, image: &[f32], oh: usize, row: &mut [f32]) {
+fn pool_row<const W: usize>(kind: PoolKind, win: &Window, c: usize, image: &[f32], oh: usize, row: &mut [f32]) {
     let (hs, iw) = (tap_range(&win.h, oh), win.w.input);
-    for (ow, acc) in row.chunks_mut(c).enumerate() {
-        let ws = tap_range(&win.w, ow);
-        // A window of padding only (none with pads smaller than the kernel) gives the lowest value.
-        acc.fill(f32::MIN);
-        let mut first = true;
-        for kh in hs.clone() {
-            let line = &image[tap(&win.h, oh, kh) * iw * c..][..iw * c];
-            for kw in ws.clone() {
-                let xs = &line[tap(&win.w, ow, kw) * c..][..c];
-                if first {
-                    // The first tap starts the maximum, NaN or not, as ORT's indices path does.
-                    acc.copy_from_slice(xs);
-                    first = false;
-                    continue;
-                }
-                for (a, &v) in acc.iter_mut().zip(xs) {
-                    *a = if v > *a { v } else { *a };
-                }
-            }
+    let (lo, hi) = win.w.interior_outputs();
+    for (ow, out) in row.chunks_mut(c).enumerate() {
+        // Only border windows pay for the divisions of tap_range.
+        let ws = if (lo..hi).contains(&ow) {
+            0..win.w.kernel
+        } else {
+            tap_range(&win.w, ow)
+        };
+        if hs.is_empty() || ws.is_empty() {
+            // A window of padding only (none with pads smaller than the kernel)
+            // gives the lowest value or a zero sum.
+            out.fill(if kind == PoolKind::Max { f32::MIN } else { 0.0 });
+            continue;
+        }
+        let taps = Taps {
+            first: (tap(&win.h, oh, hs.start) * iw + tap(&win.w, ow, ws.start)) * c,
+            rows: hs.len(),
+            cols: ws.len(),
+            row_step: win.h.dilation * iw * c,
+            col_step: win.w.dilation * c,
+        };
+        let divisor = match kind {
+            PoolKind::Average {
+                count_include_pad: true,
+            } => padded_taps(&win.h, oh) * padded_taps(&win.w, ow),
+            _ => hs.len() * ws.len(),
+        } as f32;
+        for c0 in (0..c).step_by(W) {
+            let c0 = c0.min(c - W);
+            let group: &mut [f32; W] = (&mut out[c0..c0 + W]).try_into().expect("W channels");
+            *group = match kind {
+                PoolKind::Average { .. } => sum_window(image, &taps, c0).map(|a| a / divisor),
+                _ => max_window(image, &taps, c0),
+            };
         }
     }
 }
 
+/// The maximum over a window of channels `c0..c0 + W`. The first tap
+/// starts the maximum, NaN or not, as ORT's indices path does.
 #[inline(always)]
-fn average_row(win: &Window, c: usize, include_pad: bool, image: &[f32], oh: usize, row: &mut [f32]) {
-    let (hs, iw) = (tap_range(&win.h, oh), win.w.input);
-    for (ow, acc) in row.chunks_mut(c).enumerate() {
-        let ws = tap_range(&win.w, ow);
-        acc.fill(0.0);
-        for kh in hs.clone() {
-            let line = &image[tap(&win.h, oh, kh) * iw * c..][..iw * c];
-            for kw in ws.clone() {
-                let xs = &line[tap(&win.w, ow, kw) * c..][..c];
-                for (a, &v) in acc.iter_mut().zip(xs) {
-                    *a += v;
-                }
+fn max_window<const W: usize>(image: &[f32], t: &Taps, c0: usize) -> [f32; W] {
+    let mut acc: [f32; W] = image[t.first + c0..][..W].try_into().expect("W channels");
+    for i in 0..t.rows {
+        let line = t.first + c0 + i * t.row_step;
+        for j in 0..t.cols {
+            let xs = &image[line + j * t.col_step..][..W];
+            for (a, &v) in acc.iter_mut().zip(xs) {
+                *a = if v > *a { v } else { *a };
             }
         }
-        let divisor = if include_pad {
-            padded_taps(&win.h, oh) * padded_taps(&win.w, ow)
-        } else {
-            hs.len() * ws.len()
-        };
-        if divisor > 0 {
-            let d = divisor as f32;
-            acc.iter_mut().for_each(|a| *a /= d);
+    }
+    acc
+}
+
+/// The sum over a window of channels `c0..c0 + W`, taps in row-major order.
+#[inline(always)]
+fn sum_window<const W: usize>(image: &[f32], t: &Taps, c0: usize) -> [f32; W] {
+    let mut acc = [0f32; W];
+    for i in 0..t.rows {
+        let line = t.first + c0 + i * t.row_step;
+        for j in 0..t.cols {
+            let xs = &image[line + j * t.col_step..][..W];
+            for (a, &v) in acc.iter_mut().zip(xs) {
+                *a += v;
+            }
         }
     }
+    acc
 }
 
 /// Taps of output `o` inside the explicitly padded input (a `ceil_mode`
@@ -306,5 +344,77 @@ mod tests {
             &Serial,
         );
         assert_eq!(y, [2.0, 6.0, 9.0]);
+    }
+
+    /// A pool straight from the definition, one output value at a time.
+    fn reference(kind: PoolKind, s: &PoolShape, x: &[f32]) -> Vec<f32> {
+        let (win, c) = (&s.window, s.channels);
+        let mut y = Vec::new();
+        for oh in 0..win.h.output {
+            for ow in 0..win.w.output {
+                for ch in 0..c {
+                    let vals: Vec<f32> = taps(win, oh, ow)
+                        .map(|(h, w)| x[(h * win.w.input + w) * c + ch])
+                        .collect();
+                    y.push(match kind {
+                        PoolKind::Average { count_include_pad } => {
+                            let n = if count_include_pad {
+                                padded_taps(&win.h, oh) * padded_taps(&win.w, ow)
+                            } else {
+                                vals.len()
+                            };
+                            vals.iter().sum::<f32>() / n.max(1) as f32
+                        }
+                        _ => vals
+                            .into_iter()
+                            .reduce(|a, v| if v > a { v } else { a })
+                            .unwrap_or(f32::MIN),
+                    });
+                }
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn every_target_matches_the_definition() {
+        let isas: Vec<Isa> = Target::ALL.into_iter().filter_map(Isa::new).collect();
+        let kinds = [
+            PoolKind::Max,
+            PoolKind::Average {
+                count_include_pad: false,
+            },
+            PoolKind::Average {
+                count_include_pad: true,
+            },
+        ];
+        // (size, kernel, stride, dilation, pads, ceil): padded, strided, dilated and ceil_mode windows.
+        let windows = [
+            (9, 3, 2, 1, (0, 0), false),
+            (8, 3, 2, 1, (1, 1), false),
+            (7, 3, 1, 2, (2, 1), false),
+            (6, 2, 2, 1, (0, 1), true),
+            (5, 5, 1, 1, (2, 2), false),
+        ];
+        // Channel counts for every vector width, with and without an overlapping last group.
+        for channels in [1, 5, 8, 19, 32, 64, 70, 130] {
+            for &(n, k, st, d, pads, ceil) in &windows {
+                let mut a = axis(n, k, st, pads, ceil);
+                a.dilation = d;
+                a.output = output_len(n, k, st, d, pads, ceil).unwrap();
+                let s = shape(a, a, channels);
+                let x: Vec<f32> = (0..s.src_len().unwrap())
+                    .map(|i| ((i * 7919) % 211) as f32 - 100.0)
+                    .collect();
+                for kind in kinds {
+                    let want = reference(kind, &s, &x);
+                    for &isa in &isas {
+                        let mut y = vec![f32::NAN; s.dst_len().unwrap()];
+                        pool(isa, kind, &s, &x, &mut y, &Serial);
+                        assert_eq!(y, want, "{isa:?} {kind:?} c{channels} {n}/{k}/{st}/{d} {pads:?} {ceil}");
+                    }
+                }
+            }
+        }
     }
 }
