@@ -13,17 +13,12 @@ const LANES: usize = 16;
 #[inline(always)]
 fn sum(x: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for c in &mut chunks {
+    for c in padded_chunks(x, 0.0) {
         for i in 0..LANES {
             acc[i] += c[i];
         }
     }
-    let mut tail = 0.0;
-    for &v in chunks.remainder() {
-        tail += v;
-    }
-    combine(acc, |a, b| a + b) + tail
+    combine(acc, |a, b| a + b)
 }
 
 /// Maximum of `x` ignoring NaN (`maxps`-style); only for softmax, where a
@@ -31,17 +26,42 @@ fn sum(x: &[f32]) -> f32 {
 #[inline(always)]
 fn max(x: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for c in &mut chunks {
+    for c in padded_chunks(x, f32::NEG_INFINITY) {
         for i in 0..LANES {
-            acc[i] = acc[i].max(c[i]);
+            acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
         }
     }
-    let mut m = combine(acc, f32::max);
-    for &v in chunks.remainder() {
-        m = m.max(v);
+    combine(acc, |a, b| if b > a { b } else { a })
+}
+
+/// `x` in chunks of [`LANES`], the last one filled up with `pad`: a short
+/// row (attention's softmax over 77 keys) then costs one more vector step
+/// instead of a scalar loop.
+#[inline(always)]
+fn padded_chunks(x: &[f32], pad: f32) -> impl Iterator<Item = [f32; LANES]> + '_ {
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    let tail = (!rest.is_empty()).then(|| {
+        let mut t = [pad; LANES];
+        t[..rest.len()].copy_from_slice(rest);
+        t
+    });
+    chunks.map(|c| <[f32; LANES]>::try_from(c).expect("LANES")).chain(tail)
+}
+
+/// `d` = `exp(s - m)`, returning the sum of `d`.
+#[inline(always)]
+fn exp_sum(s: &[f32], m: f32, d: &mut [f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    for (c, o) in padded_chunks(s, f32::NEG_INFINITY).zip(d.chunks_mut(LANES)) {
+        let mut e = [0f32; LANES];
+        for i in 0..LANES {
+            e[i] = math::exp(c[i] - m);
+            acc[i] += e[i];
+        }
+        o.copy_from_slice(&e[..o.len()]);
     }
-    m
+    combine(acc, |a, b| a + b)
 }
 
 /// `max(a, b)` that returns NaN if either is NaN (IEEE `maximum`, numpy's
@@ -141,10 +161,7 @@ pub(super) fn softmax(len: usize, inner: usize, shift: bool, src: &[f32], dst: &
     for (s, d) in src.chunks_exact(block).zip(dst.chunks_exact_mut(block)) {
         if inner == 1 {
             let m = if shift { max(s) } else { 0.0 };
-            for (o, &x) in d.iter_mut().zip(s) {
-                *o = math::exp(x - m);
-            }
-            let r = 1.0 / sum(d);
+            let r = 1.0 / exp_sum(s, m, d);
             for o in d.iter_mut() {
                 *o *= r;
             }
