@@ -1,6 +1,7 @@
 //! 2-D transposes: the inner loop of the strided copies that swap two dims,
 //! above all the layout changes NCHW <-> NHWC at the edges of kiln's
-//! channels-last partitions (`[N, C, HW] -> [N, HW, C]` once merged).
+//! channels-last partitions (`[N, C, HW] -> [N, HW, C]` once merged), and
+//! the GEMM's packing of row-major A and transposed B into micro-panels.
 //!
 //! The matrix is walked in `B`×`B` blocks transposed in registers: 8×8 for
 //! 4-byte elements with AVX2 (AVX-512 machines run it too), 8×8 for 2-byte

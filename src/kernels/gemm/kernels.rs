@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use super::driver::{self, BPanels, CView, Epi, Kernel, Store, Tile};
-use super::pack::{row_tiles, ASrc, BSrc};
+use super::pack::{ASrc, BSrc};
 use super::Blocking;
 use crate::kernels::Isa;
 use crate::target::Target;
@@ -136,7 +136,8 @@ mod x86 {
 
     use std::ops::Range;
 
-    use super::{check_tile, driver, row_tiles, ASrc, BSrc, Blocking, Kernel, Store, Target, Tile};
+    use super::super::pack;
+    use super::{check_tile, ASrc, BSrc, Blocking, Kernel, Store, Target, Tile};
 
     /// AVX-512: 14 x 32 tiles, 28 zmm accumulators, B rows from two loads,
     /// A values as embedded broadcasts.
@@ -167,43 +168,12 @@ mod x86 {
 
         #[inline(always)]
         unsafe fn pack_a(a: ASrc<'_>, rows: Range<usize>, ks: Range<usize>, dst: &mut [f32]) {
-            const MR: usize = Blocking::of(Target::Avx512).mr;
-            if a.trans || !gather_fits(a.data.len(), a.ld, &rows, &ks, 32) || dst.len() < rows.len() * ks.len() {
-                return driver::pack_a::<MR>(a, rows, ks, dst);
-            }
-            let mut at = 0;
-            for panel in row_tiles(rows, MR) {
-                let len = panel.len() * ks.len();
-                // SAFETY: the caller guarantees the CPU's features; gather_fits
-                // holds for all rows, so for this panel's; stride = its height.
-                unsafe {
-                    gather_t_avx512(
-                        a.data,
-                        a.ld,
-                        panel.clone(),
-                        ks.clone(),
-                        &mut dst[at..at + len],
-                        panel.len(),
-                    )
-                };
-                at += len;
-            }
+            pack::pack_a_rows::<{ Self::MR }>(Target::Avx512, a, rows, ks, dst)
         }
 
         #[inline(always)]
         unsafe fn pack_b(b: BSrc<'_>, ks: Range<usize>, cols: Range<usize>, dst: &mut [f32]) {
-            const NR: usize = Blocking::of(Target::Avx512).nr;
-            if !b.trans || !gather_fits(b.data.len(), b.ld, &cols, &ks, 32) {
-                return driver::pack_b(b, ks, cols, NR, dst);
-            }
-            assert_eq!(dst.len(), cols.len().div_ceil(NR) * NR * ks.len(), "pack_b destination");
-            for (j0, panel) in cols.clone().step_by(NR).zip(dst.chunks_exact_mut(NR * ks.len())) {
-                let w = j0..(j0 + NR).min(cols.end);
-                // SAFETY: the caller guarantees the CPU's features; gather_fits
-                // holds for all columns (rows of the stored transpose), so for
-                // this panel's; stride NR >= their count.
-                unsafe { gather_t_avx512(b.data, b.ld, w, ks.clone(), panel, NR) };
-            }
+            pack::pack_b_columns(Target::Avx512, b, ks, cols, Self::NR, dst)
         }
     }
 
@@ -358,130 +328,6 @@ mod x86 {
         }
     }
 
-    /// Whether rows `rows` (at most `lanes`), columns `ks` of a row-major
-    /// matrix with row stride `ld` are all inside `len` values, with every row
-    /// offset within one gather (`(lanes - 1) * ld` fits an i32).
-    #[inline(always)]
-    fn gather_fits(len: usize, ld: usize, rows: &Range<usize>, ks: &Range<usize>, lanes: usize) -> bool {
-        let end = (rows.end.max(1) - 1)
-            .checked_mul(ld)
-            .and_then(|x| x.checked_add(ks.end));
-        let step = ld.checked_mul(lanes - 1).and_then(|x| i32::try_from(x).ok());
-        !rows.is_empty() && !ks.is_empty() && end.is_some_and(|e| e <= len) && step.is_some()
-    }
-
-    /// Transposes rows `rows` (at most 32), columns `ks` of a row-major matrix
-    /// (row stride `ld`) into `dst`: for each k, `stride` values, the rows'
-    /// values then zeros. Two gathers per k.
-    ///
-    /// # Safety
-    /// AVX-512F available; `gather_fits(data.len(), ld, &rows, &ks, 32)`;
-    /// `rows.len() <= stride <= 32`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    unsafe fn gather_t_avx512(
-        data: &[f32],
-        ld: usize,
-        rows: Range<usize>,
-        ks: Range<usize>,
-        dst: &mut [f32],
-        stride: usize,
-    ) {
-        assert!(dst.len() >= ks.len() * stride && rows.len() <= stride && stride <= 32);
-        let lanes = |n: usize| -> __mmask16 {
-            if n >= 16 {
-                0xffff
-            } else {
-                (1 << n) - 1
-            }
-        };
-        let (h0, h1) = (lanes(rows.len()), lanes(rows.len().saturating_sub(16)));
-        let (s0, s1) = (lanes(stride), lanes(stride.saturating_sub(16)));
-        let ld32 = ld as i32; // fits: gather_fits checked 31 * ld
-        let idx0 = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(ld32),
-        );
-        let idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32(16 * ld32));
-        let mut src = data.as_ptr().wrapping_add(rows.start * ld + ks.start);
-        let mut out = dst.as_mut_ptr();
-        if stride <= 16 {
-            // One gather per k (a gather with an empty mask still costs a full one).
-            for _ in 0..ks.len() {
-                // SAFETY: lanes l < rows.len() read data[(rows.start + l) * ld + k],
-                // in bounds by gather_fits; the store covers stride values of this
-                // k's group, inside dst (asserted); masked-off lanes are not accessed.
-                unsafe {
-                    let v0 = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), h0, idx0, src.cast());
-                    _mm512_mask_storeu_ps(out, s0, v0);
-                    out = out.add(stride);
-                }
-                src = src.wrapping_add(1);
-            }
-            return;
-        }
-        for _ in 0..ks.len() {
-            // SAFETY: as above, for up to 32 lanes in two gathers and stores.
-            unsafe {
-                let v0 = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), h0, idx0, src.cast());
-                let v1 = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), h1, idx1, src.cast());
-                _mm512_mask_storeu_ps(out, s0, v0);
-                _mm512_mask_storeu_ps(out.wrapping_add(16), s1, v1);
-                out = out.add(stride);
-            }
-            src = src.wrapping_add(1);
-        }
-    }
-
-    /// [`gather_t_avx512`] with 8-lane gathers, for at most 16 rows.
-    ///
-    /// # Safety
-    /// AVX2 available; `gather_fits(data.len(), ld, &rows, &ks, 16)`;
-    /// `rows.len() <= stride <= 16`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn gather_t_avx2(
-        data: &[f32],
-        ld: usize,
-        rows: Range<usize>,
-        ks: Range<usize>,
-        dst: &mut [f32],
-        stride: usize,
-    ) {
-        assert!(dst.len() >= ks.len() * stride && rows.len() <= stride && stride <= 16);
-        let (h0, h1) = (lanes(rows.len()), lanes(rows.len().saturating_sub(8)));
-        let (s0, s1) = (lanes(stride), lanes(stride.saturating_sub(8)));
-        let ld32 = ld as i32; // fits: gather_fits checked 15 * ld
-        let idx0 = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(ld32));
-        let idx1 = _mm256_add_epi32(idx0, _mm256_set1_epi32(8 * ld32));
-        let mut src = data.as_ptr().wrapping_add(rows.start * ld + ks.start);
-        let mut out = dst.as_mut_ptr();
-        if stride <= 8 {
-            for _ in 0..ks.len() {
-                // SAFETY: as in gather_t_avx512, one gather for up to 8 lanes.
-                unsafe {
-                    let v0 = _mm256_mask_i32gather_ps::<4>(_mm256_setzero_ps(), src, idx0, _mm256_castsi256_ps(h0));
-                    _mm256_maskstore_ps(out, s0, v0);
-                    out = out.add(stride);
-                }
-                src = src.wrapping_add(1);
-            }
-            return;
-        }
-        for _ in 0..ks.len() {
-            // SAFETY: as in gather_t_avx512.
-            unsafe {
-                let z = _mm256_setzero_ps();
-                let v0 = _mm256_mask_i32gather_ps::<4>(z, src, idx0, _mm256_castsi256_ps(h0));
-                let v1 = _mm256_mask_i32gather_ps::<4>(z, src, idx1, _mm256_castsi256_ps(h1));
-                _mm256_maskstore_ps(out, s0, v0);
-                _mm256_maskstore_ps(out.wrapping_add(8), s1, v1);
-                out = out.add(stride);
-            }
-            src = src.wrapping_add(1);
-        }
-    }
-
     /// AVX2: 6 x 16 tiles, 12 ymm accumulators.
     pub(in super::super) struct Avx2;
 
@@ -510,43 +356,12 @@ mod x86 {
 
         #[inline(always)]
         unsafe fn pack_a(a: ASrc<'_>, rows: Range<usize>, ks: Range<usize>, dst: &mut [f32]) {
-            const MR: usize = Blocking::of(Target::Avx2).mr;
-            if a.trans || !gather_fits(a.data.len(), a.ld, &rows, &ks, 16) || dst.len() < rows.len() * ks.len() {
-                return driver::pack_a::<MR>(a, rows, ks, dst);
-            }
-            let mut at = 0;
-            for panel in row_tiles(rows, MR) {
-                let len = panel.len() * ks.len();
-                // SAFETY: the caller guarantees the CPU's features; gather_fits
-                // holds for all rows, so for this panel's; stride = its height.
-                unsafe {
-                    gather_t_avx2(
-                        a.data,
-                        a.ld,
-                        panel.clone(),
-                        ks.clone(),
-                        &mut dst[at..at + len],
-                        panel.len(),
-                    )
-                };
-                at += len;
-            }
+            pack::pack_a_rows::<{ Self::MR }>(Target::Avx2, a, rows, ks, dst)
         }
 
         #[inline(always)]
         unsafe fn pack_b(b: BSrc<'_>, ks: Range<usize>, cols: Range<usize>, dst: &mut [f32]) {
-            const NR: usize = Blocking::of(Target::Avx2).nr;
-            if !b.trans || !gather_fits(b.data.len(), b.ld, &cols, &ks, 16) {
-                return driver::pack_b(b, ks, cols, NR, dst);
-            }
-            assert_eq!(dst.len(), cols.len().div_ceil(NR) * NR * ks.len(), "pack_b destination");
-            for (j0, panel) in cols.clone().step_by(NR).zip(dst.chunks_exact_mut(NR * ks.len())) {
-                let w = j0..(j0 + NR).min(cols.end);
-                // SAFETY: the caller guarantees the CPU's features; gather_fits
-                // holds for all columns (rows of the stored transpose), so for
-                // this panel's; stride NR >= their count.
-                unsafe { gather_t_avx2(b.data, b.ld, w, ks.clone(), panel, NR) };
-            }
+            pack::pack_b_columns(Target::Avx2, b, ks, cols, Self::NR, dst)
         }
     }
 

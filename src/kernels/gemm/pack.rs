@@ -5,6 +5,10 @@
 
 use std::ops::Range;
 
+use crate::kernels::transpose::{transpose, Transpose2};
+use crate::kernels::Isa;
+use crate::target::Target;
+
 /// Where A's elements are: `A[i][k] = data[i * ld + k]`, or `data[k * ld + i]` if `trans`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct ASrc<'a> {
@@ -128,5 +132,69 @@ pub(super) fn pack_b(b: BSrc<'_>, ks: Range<usize>, cols: Range<usize>, nr: usiz
                 d[w..].fill(0.0);
             }
         }
+    }
+}
+
+/// [`pack_a`] for row-major A on `target`: each micro-panel is the
+/// transpose of `h` rows × `ks`, done in registers by
+/// [`crate::kernels::transpose`] (8×8 blocks). The x86 kernels gathered
+/// instead, one gather per k, which is slow on AMD CPUs: packing then took
+/// an eighth of a 300×384×384 product on a Zen 5.
+#[inline(always)]
+pub(super) fn pack_a_rows<const MR: usize>(
+    target: Target,
+    a: ASrc<'_>,
+    rows: Range<usize>,
+    ks: Range<usize>,
+    dst: &mut [f32],
+) {
+    let Some(isa) = Isa::new(target).filter(|_| !a.trans) else {
+        return pack_a::<MR>(a, rows, ks, dst);
+    };
+    let mut at = 0;
+    for tile in row_tiles(rows, MR) {
+        let t = Transpose2 {
+            rows: ks.len(),
+            cols: tile.len(),
+            s: tile.start * a.ld + ks.start,
+            sld: a.ld,
+            d: at,
+            dld: tile.len(),
+        };
+        transpose(isa, &t, a.data, dst);
+        at += tile.len() * ks.len();
+    }
+}
+
+/// [`pack_b`] for transposed B (`Kᵀ` in attention's `Q·Kᵀ`) on `target`,
+/// each panel a transpose in registers as in [`pack_a_rows`].
+#[inline(always)]
+pub(super) fn pack_b_columns(
+    target: Target,
+    b: BSrc<'_>,
+    ks: Range<usize>,
+    cols: Range<usize>,
+    nr: usize,
+    dst: &mut [f32],
+) {
+    let Some(isa) = Isa::new(target).filter(|_| b.trans) else {
+        return pack_b(b, ks, cols, nr, dst);
+    };
+    let kc = ks.len();
+    assert_eq!(dst.len(), cols.len().div_ceil(nr) * nr * kc, "pack_b destination");
+    for (j0, panel) in cols.clone().step_by(nr).zip(dst.chunks_exact_mut(nr * kc)) {
+        let w = nr.min(cols.end - j0);
+        if w < nr {
+            panel.fill(0.0);
+        }
+        let t = Transpose2 {
+            rows: kc,
+            cols: w,
+            s: j0 * b.ld + ks.start,
+            sld: b.ld,
+            d: 0,
+            dld: nr,
+        };
+        transpose(isa, &t, b.data, panel);
     }
 }
