@@ -32,8 +32,9 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
 
+use super::activate_isa;
 use super::conv::{is_pointwise, Conv};
-use super::gemm::{activate_isa, by_rows, Activation, Blocking, PackedB};
+use super::gemm::{by_rows, Activation, Blocking, PackedB};
 use super::parallel::Parallel;
 use super::spatial::{Axis, Window};
 use super::Isa;

@@ -42,7 +42,8 @@
 //! 1.2–1.6× at 56² and larger, little below (`ScopedThreads` starts a
 //! thread per call, which costs about as much as a 14² layer).
 
-use super::gemm::{activate_isa, Activation};
+use super::activate_isa;
+use super::gemm::Activation;
 use super::parallel::Parallel;
 use super::spatial::Window;
 use super::Isa;

@@ -387,13 +387,19 @@ impl Isa {
 }
 
 /// For each `fn name(args) => implementation;` defines `name(isa, args)`,
-/// which runs the implementation compiled for `isa`'s target.
+/// which runs the implementation compiled for `isa`'s target. In each
+/// build, `Madd` names how it multiply-adds ([`math::MulAdd`]): an
+/// implementation written `f::<Madd>` gets fused multiply-adds where the
+/// target has them.
 macro_rules! isa_kernels {
     ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $imp:path;)*) => {
         /// Baseline build of the loops (SSE2 on x86_64).
         mod generic_isa {
             #[allow(unused_imports)]
             use super::*;
+            /// How this build's polynomials multiply-add: no FMA here.
+            #[allow(dead_code)]
+            type Madd = super::math::Plain;
             $(
                 #[inline(never)]
                 pub(super) fn $name($($arg: $ty),*) {
@@ -428,6 +434,9 @@ macro_rules! isa_kernels {
         mod $module {
             #[allow(unused_imports)]
             use super::*;
+            /// How this build's polynomials multiply-add: both builds have FMA.
+            #[allow(dead_code)]
+            type Madd = super::math::Fused;
             $(
                 /// # Safety
                 /// The CPU must support the module's target features.
@@ -450,7 +459,10 @@ isa_kernels! {
     fn compare_i64_isa(op: BinaryOp, layout: &Layout, a: &[i64], b: &[i64], dst: &mut [u8]) => elementwise::compare_i64;
     fn compare_i32_isa(op: BinaryOp, layout: &Layout, a: &[i32], b: &[i32], dst: &mut [u8]) => elementwise::compare_i32;
     fn binary_bool_isa(op: BinaryOp, layout: &Layout, a: &[u8], b: &[u8], dst: &mut [u8]) => elementwise::binary_bool;
-    fn softmax_isa(len: usize, inner: usize, shift: bool, src: &[f32], dst: &mut [f32]) => norm::softmax;
+    // Activations after a kernel's own store (convolutions): the baseline
+    // build ran SiLU at a third of a convolution's speed.
+    fn activate_isa(act: gemm::Activation, row: &mut [f32]) => gemm::activate_with::<Madd>;
+    fn softmax_isa(len: usize, inner: usize, shift: bool, src: &[f32], dst: &mut [f32]) => norm::softmax::<Madd>;
     fn layer_norm_isa(len: usize, epsilon: f32, decomposed: bool, src: &[f32], scale: &[f32], bias: Option<&[f32]>, dst: &mut [f32]) => norm::layer_norm;
     fn reduce_isa(kind: ReduceKind, len: usize, inner: usize, src: &[f32], dst: &mut [f32]) => norm::reduce;
     fn rnn_gate_isa(f: recurrent::RnnActivation, clip: Option<f32>, x: &mut [f32]) => recurrent::gate;

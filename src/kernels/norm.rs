@@ -6,17 +6,27 @@
 //! changes the summation order against a sequential loop (as every SIMD
 //! library does), not the accuracy class.
 
-use super::{math, ReduceKind};
+use super::math::{self, MulAdd};
+use super::ReduceKind;
 
 const LANES: usize = 16;
 
 #[inline(always)]
 fn sum(x: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
-    for c in padded_chunks(x, 0.0) {
+    let last = for_chunks(x, |c| {
         for i in 0..LANES {
             acc[i] += c[i];
         }
+    });
+    match last {
+        Last::Overlapping(c, fresh) => {
+            for i in fresh..LANES {
+                acc[i] += c[i];
+            }
+        }
+        Last::Short(rest) => acc[..rest.len()].iter_mut().zip(rest).for_each(|(a, &v)| *a += v),
+        Last::None => {}
     }
     combine(acc, |a, b| a + b)
 }
@@ -26,40 +36,82 @@ fn sum(x: &[f32]) -> f32 {
 #[inline(always)]
 fn max(x: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
-    for c in padded_chunks(x, f32::NEG_INFINITY) {
+    let step = |acc: &mut [f32; LANES], c: &[f32; LANES]| {
         for i in 0..LANES {
             acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
         }
+    };
+    match for_chunks(x, |c| step(&mut acc, c)) {
+        // Lanes seen twice do not change a maximum.
+        Last::Overlapping(c, _) => step(&mut acc, c),
+        Last::Short(rest) => {
+            for (a, &v) in acc.iter_mut().zip(rest) {
+                *a = if v > *a { v } else { *a };
+            }
+        }
+        Last::None => {}
     }
     combine(acc, |a, b| if b > a { b } else { a })
 }
 
-/// `x` in chunks of [`LANES`], the last one filled up with `pad`: a short
-/// row (attention's softmax over 77 keys) then costs one more vector step
-/// instead of a scalar loop.
+/// What is left of a row after its whole [`LANES`] chunks.
+enum Last<'a> {
+    /// Nothing.
+    None,
+    /// The row's last `LANES` values, of which lanes `fresh..` are new: a
+    /// row like attention's 77 keys ends in one more vector step instead of
+    /// a scalar loop.
+    Overlapping(&'a [f32; LANES], usize),
+    /// A row shorter than `LANES`.
+    Short(&'a [f32]),
+}
+
+/// Runs `f` on each whole chunk of `x` and returns the rest.
 #[inline(always)]
-fn padded_chunks(x: &[f32], pad: f32) -> impl Iterator<Item = [f32; LANES]> + '_ {
+fn for_chunks<'a>(x: &'a [f32], mut f: impl FnMut(&[f32; LANES])) -> Last<'a> {
     let chunks = x.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    let tail = (!rest.is_empty()).then(|| {
-        let mut t = [pad; LANES];
-        t[..rest.len()].copy_from_slice(rest);
-        t
-    });
-    chunks.map(|c| <[f32; LANES]>::try_from(c).expect("LANES")).chain(tail)
+    let rest = chunks.remainder().len();
+    for c in chunks {
+        f(c.try_into().expect("LANES"));
+    }
+    match (rest, x.len()) {
+        (0, _) => Last::None,
+        (_, n) if n < LANES => Last::Short(x),
+        (_, n) => Last::Overlapping(x[n - LANES..].try_into().expect("LANES"), LANES - rest),
+    }
 }
 
 /// `d` = `exp(s - m)`, returning the sum of `d`.
 #[inline(always)]
-fn exp_sum(s: &[f32], m: f32, d: &mut [f32]) -> f32 {
+fn exp_sum<F: MulAdd>(s: &[f32], m: f32, d: &mut [f32]) -> f32 {
     let mut acc = [0f32; LANES];
-    for (c, o) in padded_chunks(s, f32::NEG_INFINITY).zip(d.chunks_mut(LANES)) {
-        let mut e = [0f32; LANES];
+    let exps = |c: &[f32; LANES]| -> [f32; LANES] { std::array::from_fn(|i| math::exp_with::<F>(c[i] - m)) };
+    let n = s.len();
+    let mut at = 0;
+    let last = for_chunks(s, |c| {
+        let e = exps(c);
         for i in 0..LANES {
-            e[i] = math::exp(c[i] - m);
             acc[i] += e[i];
         }
-        o.copy_from_slice(&e[..o.len()]);
+        d[at..at + LANES].copy_from_slice(&e);
+        at += LANES;
+    });
+    match last {
+        Last::Overlapping(c, fresh) => {
+            // The overlapped lanes are written again with the same values.
+            let e = exps(c);
+            for i in fresh..LANES {
+                acc[i] += e[i];
+            }
+            d[n - LANES..n].copy_from_slice(&e);
+        }
+        Last::Short(rest) => {
+            for ((o, &x), a) in d.iter_mut().zip(rest).zip(acc.iter_mut()) {
+                *o = math::exp_with::<F>(x - m);
+                *a += *o;
+            }
+        }
+        Last::None => {}
     }
     combine(acc, |a, b| a + b)
 }
@@ -153,7 +205,7 @@ fn combine(mut acc: [f32; LANES], f: impl Fn(f32, f32) -> f32) -> f32 {
 /// too). Without it this is `exp(x) / Σ exp(x)` exactly as the decomposed
 /// `Exp → ReduceSum → Div` computes it, overflow (`inf / inf` = NaN) included.
 #[inline(always)]
-pub(super) fn softmax(len: usize, inner: usize, shift: bool, src: &[f32], dst: &mut [f32]) {
+pub(super) fn softmax<F: MulAdd>(len: usize, inner: usize, shift: bool, src: &[f32], dst: &mut [f32]) {
     let block = len * inner;
     if block == 0 {
         return;
@@ -161,7 +213,7 @@ pub(super) fn softmax(len: usize, inner: usize, shift: bool, src: &[f32], dst: &
     for (s, d) in src.chunks_exact(block).zip(dst.chunks_exact_mut(block)) {
         if inner == 1 {
             let m = if shift { max(s) } else { 0.0 };
-            let r = 1.0 / exp_sum(s, m, d);
+            let r = 1.0 / exp_sum::<F>(s, m, d);
             for o in d.iter_mut() {
                 *o *= r;
             }
@@ -177,7 +229,7 @@ pub(super) fn softmax(len: usize, inner: usize, shift: bool, src: &[f32], dst: &
             let mut total = vec![0f32; inner];
             for (drow, srow) in d.chunks_exact_mut(inner).zip(s.chunks_exact(inner)) {
                 for (((o, &x), &mm), t) in drow.iter_mut().zip(srow).zip(&m).zip(total.iter_mut()) {
-                    *o = math::exp(x - mm);
+                    *o = math::exp_with::<F>(x - mm);
                     *t += *o;
                 }
             }

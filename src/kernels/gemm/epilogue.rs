@@ -7,34 +7,7 @@
 
 use super::Activation;
 use crate::kernels::math::{hard_sigmoid, hard_swish, overflow_doubled};
-
-/// How the polynomials below evaluate `a * b + c`: [`Plain`] (a multiply and
-/// an add, for targets without FMA) or [`Fused`] (one FMA; only inside code
-/// compiled with FMA enabled, where `mul_add` is an instruction, not a libm
-/// call). Fused halves the instructions and the latency of each Horner step.
-pub(crate) trait MulAdd {
-    fn madd(a: f32, b: f32, c: f32) -> f32;
-}
-
-/// `a * b + c` rounded twice.
-pub(crate) struct Plain;
-
-impl MulAdd for Plain {
-    #[inline(always)]
-    fn madd(a: f32, b: f32, c: f32) -> f32 {
-        a * b + c
-    }
-}
-
-/// `a * b + c` rounded once (FMA).
-pub(crate) struct Fused;
-
-impl MulAdd for Fused {
-    #[inline(always)]
-    fn madd(a: f32, b: f32, c: f32) -> f32 {
-        a.mul_add(b, c)
-    }
-}
+pub(crate) use crate::kernels::math::{Fused, MulAdd, Plain};
 
 /// `e^x` for `f32`, Cephes' `expf` polynomial with Cody-Waite range reduction.
 /// Returns +inf above 88.376 (true value up to 3.4e38) and 0 below -87.336
@@ -168,45 +141,10 @@ pub(crate) fn activate(act: Activation, row: &mut [f32]) {
     activate_with::<Plain>(act, row)
 }
 
-/// [`activate`] compiled for `isa`'s target (SIMD as wide as it has, fused
-/// multiply-adds where it has them): for kernels that apply the activation
-/// after their own store. The baseline build of [`activate`] runs SiLU at a
-/// third of a convolution's speed (Zen 4, 1×1 64→256 at 56², 71 against 218
-/// GFLOP/s with ReLU). Not an `isa_kernels!` entry: its builds share one
-/// implementation, and here the FMA builds use fused polynomials (as the
-/// GEMM epilogue does) while the baseline one must not.
-#[allow(unsafe_code)] // calls the target_feature builds, see SAFETY below
-pub(crate) fn activate_isa(isa: crate::kernels::Isa, act: Activation, row: &mut [f32]) {
-    use crate::target::Target;
-    match isa.target() {
-        // SAFETY: the Isa token proves the CPU has the build's features.
-        #[cfg(target_arch = "x86_64")]
-        Target::Avx512 => unsafe { isa_builds::avx512(act, row) },
-        // SAFETY: likewise.
-        #[cfg(target_arch = "x86_64")]
-        Target::Avx2 => unsafe { isa_builds::avx2(act, row) },
-        _ => activate(act, row),
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod isa_builds {
-    use super::{activate_with, Activation, Fused};
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    pub(super) fn avx512(act: Activation, row: &mut [f32]) {
-        activate_with::<Fused>(act, row)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn avx2(act: Activation, row: &mut [f32]) {
-        activate_with::<Fused>(act, row)
-    }
-}
-
-/// [`activate`] with the polynomials evaluated by `F`.
+/// [`activate`] with the polynomials evaluated by `F` (kernels outside the
+/// GEMM run its FMA builds as `kernels::activate_isa`).
 #[inline(always)]
-pub(super) fn activate_with<F: MulAdd>(act: Activation, row: &mut [f32]) {
+pub(crate) fn activate_with<F: MulAdd>(act: Activation, row: &mut [f32]) {
     match act {
         Activation::None => {}
         // `x < 0 ? 0 : x` keeps NaN, like ONNX's max(x, 0).

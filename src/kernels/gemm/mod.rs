@@ -33,7 +33,7 @@
 
 mod driver;
 mod epilogue;
-pub(crate) use epilogue::{activate, activate_isa};
+pub(crate) use epilogue::{activate, activate_with};
 mod kernels;
 pub(crate) use kernels::by_rows;
 mod pack;
