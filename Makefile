@@ -52,6 +52,7 @@ WHEEL_DIR := target/wheels
 wheel: build venv
 	rm -rf python/build $(WHEEL_DIR)/onnxruntime_ep_kiln-*.whl
 	CARGO_TARGET_DIR=$(CURDIR)/target $(VPY) -m pip wheel -q --no-build-isolation --no-deps -w $(WHEEL_DIR) ./python
+	rm -rf python/build python/*.egg-info
 	@ls $(WHEEL_DIR)/onnxruntime_ep_kiln-*.whl
 
 # The demo uses the installed package (its bundled libkiln_ep.so) and the `kiln` command.

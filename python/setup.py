@@ -6,7 +6,9 @@ imported by Python, so it keeps its plain name (no ``.cpython-311-x86_64-linux-g
 suffix) and the wheel is tagged ``py3-none-<platform>``: one wheel serves every Python 3.
 
 ``CARGO_TARGET_DIR`` is honoured; by default cargo uses the repository's ``target/``, so
-after ``cargo build --release`` the wheel build compiles nothing.
+after ``cargo build --release`` the wheel build compiles nothing. ``KILN_CARGO_MANIFEST``
+names the crate's ``Cargo.toml`` when ``python/`` is built from a copy elsewhere (the tests
+build the wheel from a copy, leaving the checkout untouched).
 """
 from __future__ import annotations
 
@@ -22,11 +24,11 @@ from setuptools_rust import Binding, RustExtension
 from setuptools_rust.build import build_rust
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MANIFEST = os.path.join(HERE, "..", "Cargo.toml")
+MANIFEST = os.environ.get("KILN_CARGO_MANIFEST") or os.path.join(HERE, "..", "Cargo.toml")
 
 if not os.path.isfile(MANIFEST):
     sys.exit(
-        "onnxruntime-ep-kiln builds from a kiln checkout: ../Cargo.toml is missing. "
+        f"onnxruntime-ep-kiln builds from a kiln checkout: {MANIFEST} is missing. "
         "Build the wheel from the repository (pip wheel ./python, or python -m build --wheel python); "
         "an sdist cannot carry the crate, which lives outside python/."
     )

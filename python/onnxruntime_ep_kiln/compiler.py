@@ -166,6 +166,7 @@ def compile(model: Union[PathLike, Sequence[PathLike]], output: Optional[PathLik
     an output exists, kiln compiles nothing from a model, or ONNX Runtime fails;
     nothing is left behind then.
     """
+    _ort()  # first: without ONNX Runtime nothing else matters
     models = [os.fspath(m) for m in ([model] if isinstance(model, (str, os.PathLike)) else model)]
     if not models:
         raise kiln.KilnError("no models given")
