@@ -126,7 +126,7 @@ def _folders_to_create(args) -> List[str]:
     wanted = []
     if args.virtual:
         wanted = [args.output or "."] + [os.path.join(args.output or ".", t) for t in kiln.TARGETS]
-    elif args.output is not None and (len(args.models) > 1 or args.share) and not args.output.endswith(".onnx"):
+    elif args.output is not None and not args.output.lower().endswith(".onnx"):
         wanted = [args.output]
     created = []
     for folder in wanted:

@@ -147,8 +147,8 @@ def compile(model: Union[PathLike, Sequence[PathLike]], output: Optional[PathLik
             progress: Optional[Callable[[str, int, int], None]] = None) -> CompileResult:
     """Compile ``model`` with kiln into an EPContext model (``ort.ModelCompiler``).
 
-    ``model``: an ONNX file, or a list of them. ``output``: for one model, the
-    ``_ctx.onnx`` path or an existing folder; for several, a folder; default:
+    ``model``: an ONNX file, or a list of them. ``output``: an existing folder, or
+    for one model the compiled model's path (ending in ``.onnx``); default:
     ``<stem>_ctx.onnx`` beside each model. ``embed``: put the compiled graphs
     inside the model instead of a ``<stem>_kiln.bin`` beside it. ``target``:
     compile for that kiln target (any target on any x86-64 host; see
@@ -211,7 +211,7 @@ def _output_paths(models: List[str], output: Optional[PathLike]) -> List[str]:
     if output is None:
         return [os.path.join(os.path.dirname(os.path.abspath(m)), n) for m, n in zip(models, names)]
     output = os.fspath(output)
-    if os.path.isdir(output) or len(models) > 1:
+    if os.path.isdir(output) or len(models) > 1 or not output.lower().endswith(".onnx"):
         if not os.path.isdir(output):
             raise kiln.KilnError(f"output folder '{output}' does not exist")
         return [os.path.join(output, n) for n in names]
