@@ -9,6 +9,10 @@ suffix) and the wheel is tagged ``py3-none-<platform>``: one wheel serves every 
 after ``cargo build --release`` the wheel build compiles nothing. ``KILN_CARGO_MANIFEST``
 names the crate's ``Cargo.toml`` when ``python/`` is built from a copy elsewhere (the tests
 build the wheel from a copy, leaving the checkout untouched).
+
+The crate lives outside ``python/``, so an sdist copies what cargo needs into ``crate/``
+(``python -m build`` makes an sdist, then the wheel from it; that build compiles kiln in
+``crate/target``).
 """
 from __future__ import annotations
 
@@ -20,18 +24,39 @@ import sysconfig
 
 from setuptools import setup
 from setuptools.command.bdist_wheel import bdist_wheel
+from setuptools.command.sdist import sdist
 from setuptools_rust import Binding, RustExtension
 from setuptools_rust.build import build_rust
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MANIFEST = os.environ.get("KILN_CARGO_MANIFEST") or os.path.join(HERE, "..", "Cargo.toml")
+# The crate: KILN_CARGO_MANIFEST, the checkout around python/, or the copy inside an sdist.
+CANDIDATES = [os.environ.get("KILN_CARGO_MANIFEST"), os.path.join(HERE, "..", "Cargo.toml"),
+              os.path.join(HERE, "crate", "Cargo.toml")]
+MANIFEST = next((m for m in CANDIDATES if m and os.path.isfile(m)), None)
+if MANIFEST is None:
+    sys.exit("onnxruntime-ep-kiln builds kiln's crate, and found no Cargo.toml: build from a kiln "
+             "checkout (pip wheel ./python, python -m build python) or set KILN_CARGO_MANIFEST")
+CRATE_DIR = os.path.dirname(os.path.abspath(MANIFEST))
 
-if not os.path.isfile(MANIFEST):
-    sys.exit(
-        f"onnxruntime-ep-kiln builds from a kiln checkout: {MANIFEST} is missing. "
-        "Build the wheel from the repository (pip wheel ./python, or python -m build --wheel python); "
-        "an sdist cannot carry the crate, which lives outside python/."
-    )
+# What cargo needs to build the library from an sdist: the crate's sources and every
+# target Cargo.toml names (cargo checks that their files exist).
+CRATE_FILES = ["Cargo.toml", "Cargo.lock", "build.rs", "src", "include", "ffi-tests", "fuzz/replay.rs",
+               "c-harness/driver.rs", "bench/gemm.rs", "bench/conv_kernels.rs", "LICENSE", "README.md"]
+
+
+class sdist_with_crate(sdist):
+    """An sdist that carries the crate in ``crate/``, so it builds without the checkout."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        for rel in CRATE_FILES:
+            src = os.path.join(CRATE_DIR, rel)
+            dest = os.path.join(base_dir, "crate", rel)
+            if os.path.isdir(src):
+                shutil.copytree(src, dest, ignore=shutil.ignore_patterns("target", "__pycache__"))
+            elif os.path.isfile(src):
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                shutil.copy2(src, dest)
 
 
 class build_rust_plain_name(build_rust):
@@ -78,6 +103,7 @@ setup(
             py_limited_api=False,
         )
     ],
-    cmdclass={"build_rust": build_rust_plain_name, "bdist_wheel": bdist_wheel_py3_none},
+    cmdclass={"build_rust": build_rust_plain_name, "bdist_wheel": bdist_wheel_py3_none,
+              "sdist": sdist_with_crate},
     zip_safe=False,
 )
