@@ -39,7 +39,7 @@ $(VPY):
 	$(VPY) -m pip install -q $(PY_REQS)
 
 venv: $(VPY)
-	@$(VPY) -c "import onnxruntime, onnx, numpy, pytest, setuptools_rust; assert onnxruntime.__version__ == '1.31.1', onnxruntime.__version__; assert onnx.__version__ == '1.23.2', onnx.__version__" \
+	@$(VPY) -c "import onnxruntime, onnx, numpy, pytest, setuptools, setuptools_rust; assert onnxruntime.__version__ == '1.31.1', onnxruntime.__version__; assert onnx.__version__ == '1.23.2', onnx.__version__; assert int(setuptools.__version__.split('.')[0]) >= 70, setuptools.__version__" \
 		|| $(VPY) -m pip install -q $(PY_REQS)
 
 build: deps
