@@ -30,7 +30,7 @@ import ctypes
 import gc
 import os
 import threading
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
 
 from . import _native
 from ._ort import INSTALL_HINT, TESTED_ORT_VERSION, OrtMissingError, ort as _ort

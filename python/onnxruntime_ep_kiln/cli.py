@@ -342,6 +342,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _error(exc, EXIT_USAGE)
     except KeyboardInterrupt:
         return _error("interrupted", 130)
+    except BrokenPipeError:  # `kiln devices | head`: the reader left, nothing to report
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the interpreter's final flush must not fail
+        return 141
     except Exception as exc:  # noqa: BLE001 - one line for the user; KILN_DEBUG=1 shows the traceback
         return _error(exc, EXIT_ERROR)
 
