@@ -548,9 +548,10 @@ fn check_options_export_gives_create_eps_verdict() {
         msg.contains("unknown kiln option 'no_such'") && msg.contains("shape_cache"),
         "{msg}"
     );
-    // SAFETY: NULL arrays with a non-zero count: refused, not dereferenced.
+    // SAFETY: the export's signature (include/kiln_ep.h).
     let f: libloading::Symbol<CheckFn> = unsafe { kiln_lib().get(b"kiln_ep_check_options") }.unwrap();
     assert_eq!(
+        // SAFETY: NULL arrays with a non-zero count are refused, never dereferenced.
         unsafe { f(std::ptr::null(), std::ptr::null(), 2, std::ptr::null_mut(), 0) },
         -1
     );

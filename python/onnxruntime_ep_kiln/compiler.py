@@ -141,7 +141,7 @@ def _move_into_place(tmp: str, out_dir: str) -> Dict[str, str]:
 
 
 def compile(model: Union[PathLike, Sequence[PathLike]], output: Optional[PathLike] = None, *,
-            embed: bool = False, target: Optional[str] = None, share_group: bool = False,
+            embed: bool = False, target: Optional[str] = None, share_group: Optional[bool] = None,
             prefix: Optional[str] = None, options: Optional[Mapping[str, str]] = None,
             config: Optional[Mapping[str, str]] = None, device=None, force: bool = False,
             progress: Optional[Callable[[str, int, int], None]] = None) -> CompileResult:
@@ -152,7 +152,7 @@ def compile(model: Union[PathLike, Sequence[PathLike]], output: Optional[PathLik
     ``<stem>_ctx.onnx`` beside each model. ``embed``: put the compiled graphs
     inside the model instead of a ``<stem>_kiln.bin`` beside it. ``target``:
     compile for that kiln target (any target on any x86-64 host; see
-    :func:`device_for`). ``share_group``: compile the models as one
+    :func:`device_for`). ``share_group``: true compiles the models as one
     weight-sharing group (one ``<first stem>_kiln.bin`` holding every model's
     graphs, each distinct weight once; the flow of ``kiln-share-ctx-gen``,
     :func:`onnxruntime_ep_kiln.share.compile_group`); not with ``embed``.

@@ -189,8 +189,10 @@ pub unsafe extern "C" fn kiln_ep_check_options(
     message_size: usize,
 ) -> i32 {
     let checked = run_guarded("kiln_ep_check_options", None, || {
-        // SAFETY: `count` valid pointers each, or NULL with count 0 (contract).
+        // SAFETY: `count` valid pointers, or NULL with count 0 (contract); NULL with a
+        // non-zero count is refused by `slice` before any dereference.
         let keys = unsafe { super::slice(keys, count, "keys")? };
+        // SAFETY: as for `keys`.
         let values = unsafe { super::slice(values, count, "values")? };
         let entries = keys.iter().zip(values).map(|(&k, &v)| {
             // SAFETY: NUL-terminated strings (contract).
