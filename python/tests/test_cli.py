@@ -220,12 +220,35 @@ def test_inspect_damaged_binary_exits_3(installed, work):
     assert "MISMATCH" in p.stdout and "cannot run here:" in p.stdout and "checksum mismatch" in p.stdout
 
 
-def test_inspect_works_without_onnxruntime(installed, work):
-    """inspect reads the model with onnx and the binary with kiln's library: no ORT needed
-    (the venv without ORT has no onnx either, so this runs with onnx alone on the path)."""
+def onnx_only_path(tmp_path) -> str:
+    """A folder holding the onnx package and its dependencies, not onnxruntime."""
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    folder = tmp_path / "onnx_only"
+    folder.mkdir()
+    for name in ("onnx", "numpy", "numpy.libs", "google", "ml_dtypes", "typing_extensions.py"):
+        if os.path.exists(os.path.join(site, name)):
+            os.symlink(os.path.join(site, name), folder / name)
+    return str(folder)
+
+
+def test_inspect_works_without_onnxruntime(installed, work, tmp_path):
+    """inspect reads the model with onnx and the binary with kiln's library: without ONNX
+    Runtime it still reports and checks everything, and says ORT's answer is missing."""
     ok(kiln(installed, "compile", work / "demo.onnx"))
-    p = kiln(installed, "inspect", work / "demo_ctx.onnx", no_ort=True)
-    one_line_error(p, 1, "onnx", "pip install")
+    p = ok(kiln(installed, "inspect", work / "demo_ctx.onnx", no_ort=True,
+                env={"PYTHONPATH": onnx_only_path(tmp_path)}))
+    for needle in ("OK; matches the node's stamp", "kiln says: optimal", "runs here: yes",
+                   "ONNX Runtime's compatibility check: None (onnxruntime_ep_kiln needs ONNX Runtime"):
+        assert needle in p.stdout, (needle, p.stdout)
+
+
+def test_without_onnx_and_onnxruntime(installed, work):
+    """--help needs neither; inspect says how to get onnx, devices how to get ONNX Runtime."""
+    ok(kiln(installed, "compile", work / "demo.onnx"))
+    assert ok(kiln(installed, "--help", no_ort=True)).stdout.startswith("usage: kiln")
+    one_line_error(kiln(installed, "inspect", work / "demo_ctx.onnx", no_ort=True), 1, "onnx", "pip install")
 
 
 @pytest.mark.parametrize("case", ["missing", "not-onnx"])
