@@ -70,6 +70,7 @@ __all__ = [
     "get_ep_names",
     "session_options",
     "check_options",
+    "device_for",
     "compile",
     "inspect",
     "register",

@@ -135,6 +135,16 @@ print(json.dumps(out))
     assert "unknown target 'arm64'" in out["bad_target"]
 
 
+def test_the_0_1_0_signatures_still_work(installed):
+    """register(name, library_path) and devices(name_suffix) as 0.1.0 had them."""
+    code = """
+import json, onnxruntime_ep_kiln as k
+name = k.register("kiln_old", k.get_library_path())
+print(json.dumps([name, len(k.devices("")), len(k.devices("_nope")), len(k.kiln_devices())]))
+"""
+    assert py(installed, code) == ["kiln_old", 1, 0, 1]
+
+
 # --------------------------------------------------------------------------
 # session_options / check_options
 # --------------------------------------------------------------------------
