@@ -1,5 +1,6 @@
 # kiln — build, test and demo from a fresh clone.
-#   make demo   register kiln in ONNX Runtime and run the bundled model
+#   make demo   build the wheel, install it into .venv, run the bundled model and the `kiln` command
+#   make wheel  the Python wheel (onnxruntime-ep-kiln, libkiln_ep.so inside) in target/wheels
 #   make test   every test: Rust unit + FFI + C harness + Python, plus fmt/clippy
 #               (also replays every fuzz corpus and regression input)
 #   make fuzz   libFuzzer over kiln's readers, FUZZ_SECONDS per target (default 60)
@@ -12,7 +13,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-PY_REQS := onnxruntime==1.31.1 onnx==1.23.2 numpy pytest
+PY_REQS := onnxruntime==1.31.1 onnx==1.23.2 numpy pytest setuptools==80.9.0 setuptools-rust==1.13.0
 CARGO ?= cargo
 LIB := target/release/libkiln_ep.so
 
@@ -20,7 +21,7 @@ LIB := target/release/libkiln_ep.so
 KILN_ORT_LIBRARY ?= $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1))
 export KILN_ORT_LIBRARY
 
-.PHONY: all build deps venv demo test test-rust test-python lint header models bench bench-real bench-outside bench-conv bench-cnn corpus clean fuzz fuzz-corpus test-asan
+.PHONY: all build deps venv wheel demo test test-rust test-python lint header models bench bench-real bench-outside bench-conv bench-cnn corpus clean fuzz fuzz-corpus test-asan
 
 all: build
 
@@ -38,14 +39,31 @@ $(VPY):
 	$(VPY) -m pip install -q $(PY_REQS)
 
 venv: $(VPY)
-	@$(VPY) -c "import onnxruntime, onnx, numpy, pytest; assert onnxruntime.__version__ == '1.31.1', onnxruntime.__version__; assert onnx.__version__ == '1.23.2', onnx.__version__" \
+	@$(VPY) -c "import onnxruntime, onnx, numpy, pytest, setuptools, setuptools_rust; assert onnxruntime.__version__ == '1.31.1', onnxruntime.__version__; assert onnx.__version__ == '1.23.2', onnx.__version__; assert int(setuptools.__version__.split('.')[0]) >= 70, setuptools.__version__" \
 		|| $(VPY) -m pip install -q $(PY_REQS)
 
 build: deps
 	$(CARGO) build --release
 
-demo: build venv
-	PYTHONPATH=python KILN_EP_LIBRARY=$(LIB) $(VPY) -m onnxruntime_ep_kiln.demo --model models/demo.onnx
+# The wheel: setuptools-rust runs cargo on this crate with the repository's target/,
+# so after `make build` it compiles nothing (python/setup.py). No build isolation:
+# the build requirements come from .venv (PY_REQS).
+WHEEL_DIR := target/wheels
+wheel: build venv
+	rm -rf python/build $(WHEEL_DIR)/onnxruntime_ep_kiln-*.whl
+	CARGO_TARGET_DIR=$(CURDIR)/target $(VPY) -m pip wheel -q --no-build-isolation --no-deps -w $(WHEEL_DIR) ./python
+	rm -rf python/build python/*.egg-info
+	@ls $(WHEEL_DIR)/onnxruntime_ep_kiln-*.whl
+
+# The demo uses the installed package (its bundled libkiln_ep.so) and the `kiln` command.
+demo: wheel
+	$(VPY) -m pip install -q --no-deps --force-reinstall $(WHEEL_DIR)/onnxruntime_ep_kiln-*.whl
+	cd /tmp && env -u PYTHONPATH -u KILN_EP_LIBRARY $(CURDIR)/$(VPY) -m onnxruntime_ep_kiln.demo --model $(CURDIR)/models/demo.onnx
+	@out=$$(mktemp -d /tmp/kiln-demo-cli-XXXXXX); trap 'rm -rf "$$out"' EXIT; \
+	echo; echo "\$$ kiln compile models/demo.onnx -o $$out"; \
+	env -u PYTHONPATH -u KILN_EP_LIBRARY $(VENV)/bin/kiln compile models/demo.onnx -o $$out && \
+	echo && echo "\$$ kiln inspect $$out/demo_ctx.onnx" && \
+	env -u PYTHONPATH -u KILN_EP_LIBRARY $(VENV)/bin/kiln inspect $$out/demo_ctx.onnx
 
 test: lint test-rust test-python
 

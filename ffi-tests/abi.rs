@@ -318,10 +318,16 @@ fn cdylib_exports_only_kiln_symbols() {
             (parts.len() == 3 && matches!(parts[1], "T" | "D" | "B" | "R")).then(|| parts[2].to_string())
         })
         .collect();
-    let expected: BTreeSet<String> = ["CreateEpFactories", "ReleaseEpFactory", "kiln_ep_stats"]
-        .into_iter()
-        .map(String::from)
-        .collect();
+    let expected: BTreeSet<String> = [
+        "CreateEpFactories",
+        "ReleaseEpFactory",
+        "kiln_ep_check_options",
+        "kiln_ep_inspect_context",
+        "kiln_ep_stats",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
     assert_eq!(exported, expected);
 }
 

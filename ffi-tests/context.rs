@@ -415,3 +415,144 @@ fn model_from_bytes_loads_its_binary_relative_to_context_file_path() {
         .unwrap();
     assert_close(&run_amr(&session), &reference_amr());
 }
+
+// --------------------------------------------------------------------------
+// kiln_ep_inspect_context and kiln_ep_check_options (the tools' exports)
+// --------------------------------------------------------------------------
+
+type InspectFn = unsafe extern "C" fn(*const std::ffi::c_char, *const u8, usize, *mut std::ffi::c_char, usize) -> usize;
+type CheckFn = unsafe extern "C" fn(
+    *const *const std::ffi::c_char,
+    *const *const std::ffi::c_char,
+    usize,
+    *mut std::ffi::c_char,
+    usize,
+) -> i32;
+
+fn kiln_lib() -> &'static libloading::Library {
+    static LIB: std::sync::OnceLock<libloading::Library> = std::sync::OnceLock::new();
+    // SAFETY: kiln's own cdylib; loading it runs no initialisers with preconditions.
+    LIB.get_or_init(|| unsafe { libloading::Library::new(kiln_library_path()) }.expect("load kiln"))
+}
+
+/// The JSON kiln_ep_inspect_context writes for a path or for bytes, read
+/// with a buffer too small first (the snprintf contract) and then one that fits.
+fn inspect(path: Option<&Path>, data: Option<&[u8]>) -> String {
+    // SAFETY: the export's signature (include/kiln_ep.h).
+    let f: libloading::Symbol<InspectFn> = unsafe { kiln_lib().get(b"kiln_ep_inspect_context") }.unwrap();
+    let c_path = path.map(|p| cstring(p.to_str().unwrap()));
+    let p = c_path.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    let (d, n) = data.map_or((std::ptr::null(), 0), |d| (d.as_ptr(), d.len()));
+    let mut small = [0x7f as std::ffi::c_char; 8];
+    // SAFETY: valid pointers and sizes.
+    let len = unsafe { f(p, d, n, small.as_mut_ptr(), small.len()) };
+    assert!(len > small.len(), "a JSON object is longer than 8 bytes");
+    assert_eq!(small[7], 0, "truncated output is NUL-terminated");
+    let mut buf = vec![0 as std::ffi::c_char; len + 1];
+    // SAFETY: as above.
+    assert_eq!(unsafe { f(p, d, n, buf.as_mut_ptr(), buf.len()) }, len);
+    // SAFETY: NUL-terminated by the export.
+    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn inspect_export_describes_valid_damaged_and_missing_binaries() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    compiled_amr(dir.path());
+    let bin = dir.path().join("add_mul_relu_kiln.bin");
+    let good = std::fs::read(&bin).unwrap();
+    let host = Target::detect_host().unwrap().name();
+    for json in [inspect(Some(&bin), None), inspect(None, Some(&good))] {
+        for needle in [
+            "\"valid\":true".to_string(),
+            "\"error\":null".to_string(),
+            "\"checksum_ok\":true".to_string(),
+            format!("\"file_bytes\":{}", good.len()),
+            "\"format_version\":3".to_string(),
+            format!("\"target\":\"{}\"", Target::cpu_best().name()),
+            "\"kind\":\"program\"".to_string(),
+            "\"context_models\":[\"add_mul_relu_ctx.onnx\"]".to_string(),
+            format!("\"host_target\":\"{host}\""),
+            "\"host_verdict\":\"optimal\"".to_string(),
+        ] {
+            assert!(json.contains(&needle), "{needle} missing: {json}");
+        }
+    }
+    let mut flipped = good.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 0x5a;
+    let json = inspect(None, Some(&flipped));
+    for needle in [
+        "\"valid\":false",
+        "\"checksum_ok\":false",
+        "checksum mismatch",
+        "\"host_verdict\":\"unsupported\"",
+    ] {
+        assert!(json.contains(needle), "{needle} missing: {json}");
+    }
+    let json = inspect(None, Some(&good[..good.len() / 2]));
+    assert!(
+        json.contains("\"checksum_ok\":null") && json.contains("truncated"),
+        "{json}"
+    );
+    let json = inspect(Some(&dir.path().join("missing.bin")), None);
+    assert!(
+        json.contains("\"valid\":false") && json.contains("missing.bin"),
+        "{json}"
+    );
+    let json = inspect(None, None);
+    assert!(json.contains("both path and data are NULL"), "{json}");
+}
+
+/// (return code, message) of kiln_ep_check_options for these pairs.
+fn check_options(pairs: &[(&str, &str)]) -> (i32, String) {
+    // SAFETY: the export's signature (include/kiln_ep.h).
+    let f: libloading::Symbol<CheckFn> = unsafe { kiln_lib().get(b"kiln_ep_check_options") }.unwrap();
+    let keys: Vec<_> = pairs.iter().map(|(k, _)| cstring(k)).collect();
+    let values: Vec<_> = pairs.iter().map(|(_, v)| cstring(v)).collect();
+    let kp: Vec<_> = keys.iter().map(|c| c.as_ptr()).collect();
+    let vp: Vec<_> = values.iter().map(|c| c.as_ptr()).collect();
+    let mut msg = vec![0 as std::ffi::c_char; 4096];
+    // SAFETY: `pairs.len()` strings each, a writable message buffer.
+    let code = unsafe { f(kp.as_ptr(), vp.as_ptr(), pairs.len(), msg.as_mut_ptr(), msg.len()) };
+    // SAFETY: NUL-terminated by the export.
+    let text = unsafe { std::ffi::CStr::from_ptr(msg.as_ptr()) }
+        .to_str()
+        .unwrap()
+        .to_string();
+    (code, text)
+}
+
+#[test]
+fn check_options_export_gives_create_eps_verdict() {
+    assert_eq!(check_options(&[]), (0, String::new()));
+    assert_eq!(
+        check_options(&[
+            ("target", "x86_64-generic"),
+            ("disabled_ops", "Tanh,relu"),
+            ("shape_cache", "4")
+        ]),
+        (0, String::new())
+    );
+    assert_eq!(check_options(&[("ep.kilnexecutionprovider.claim", "all")]).0, 0);
+    let (code, msg) = check_options(&[("target", "arm64")]);
+    assert_eq!(code, 1);
+    assert!(msg.contains("invalid value 'arm64' for kiln option 'target'"), "{msg}");
+    let (code, msg) = check_options(&[("no_such", "1")]);
+    assert_eq!(code, 1);
+    assert!(
+        msg.contains("unknown kiln option 'no_such'") && msg.contains("shape_cache"),
+        "{msg}"
+    );
+    // SAFETY: the export's signature (include/kiln_ep.h).
+    let f: libloading::Symbol<CheckFn> = unsafe { kiln_lib().get(b"kiln_ep_check_options") }.unwrap();
+    assert_eq!(
+        // SAFETY: NULL arrays with a non-zero count are refused, never dereferenced.
+        unsafe { f(std::ptr::null(), std::ptr::null(), 2, std::ptr::null_mut(), 0) },
+        -1
+    );
+}

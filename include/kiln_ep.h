@@ -81,4 +81,39 @@ OrtStatus *ReleaseEpFactory(OrtEpFactory *factory);
 // `out` must be NULL or point to `out_size` writable bytes.
 size_t kiln_ep_stats(struct KilnStats *out, size_t out_size);
 
+// Describes a kiln context binary (`<model>_kiln.bin`, or the bytes of an
+// embedded EPContext node) as one JSON object, read by kiln's own context
+// reader: format version, kiln version, target, graphs, weights, whether the
+// checksum matches and the whole binary is valid, and what this machine's
+// kiln says of its compatibility (see `docs/context-format.md`, "Inspecting
+// a binary"). Reads the file at `path` (UTF-8) when `data` is NULL, else the
+// `data_len` bytes at `data`. Writes the JSON into `out` as `snprintf`
+// does and returns its full length (0 only if kiln panicked).
+//
+// # Safety
+// `path` must be NULL or a NUL-terminated string; `data` NULL or
+// `data_len` readable bytes; `out` NULL or `out_size` writable bytes.
+size_t kiln_ep_inspect_context(const char *path,
+                               const uint8_t *data,
+                               size_t data_len,
+                               char *out,
+                               size_t out_size);
+
+// Checks kiln EP options before a session sees them, with the parser
+// `CreateEp` uses: `count` (key, value) pairs, keys as passed to
+// `SessionOptionsAppendExecutionProvider_V2` (`target`, `disabled_ops`, ...;
+// the session-entry form `ep.kilnexecutionprovider.<key>` is accepted too).
+// Returns 0 when all are valid, 1 when one is not (its message, the one
+// `CreateEp` would give, is written into `message` as `snprintf` does), and
+// -1 for NULL arrays with a non-zero count or a panic (message written too).
+//
+// # Safety
+// `keys` and `values` must be NULL (only with `count` 0) or hold `count`
+// NUL-terminated strings; `message` NULL or `message_size` writable bytes.
+int32_t kiln_ep_check_options(const char *const *keys,
+                              const char *const *values,
+                              size_t count,
+                              char *message,
+                              size_t message_size);
+
 #endif  /* KILN_EP_H */

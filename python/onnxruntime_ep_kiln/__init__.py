@@ -5,15 +5,16 @@ Typical use::
     import onnxruntime as ort
     import onnxruntime_ep_kiln as kiln
 
-    name = kiln.register()                 # loads libkiln_ep.so into ONNX Runtime
-    dev = kiln.devices()[0]                # kiln's OrtEpDevice for this CPU
-    so = ort.SessionOptions()
-    so.add_provider_for_devices([dev], {})  # options, e.g. {"disabled_ops": "Tanh"}
+    kiln.register()                              # loads libkiln_ep.so into ONNX Runtime
+    so = kiln.session_options({"disabled_ops": "Tanh"})   # options checked by kiln first
     sess = ort.InferenceSession("model.onnx", so, enable_fallback=0)
-    # (or simply: sess = kiln.create_session("model.onnx", dev, {...}))
-    ...
-    del sess                               # every kiln session must be gone ...
-    kiln.unregister(name)                  # ... before unregistering
+    result = kiln.compile("model.onnx")          # -> model_ctx.onnx + model_kiln.bin
+    print(kiln.inspect(result.outputs[0]).summary())
+
+The package does not depend on ``onnxruntime`` (pick ``onnxruntime``, a nightly,
+...; ``pip install 'onnxruntime-ep-kiln[ort]'`` pins the tested 1.31.1): it is
+imported when a helper needs it. :func:`get_library_path` and :func:`get_ep_names`
+work without it, as ONNX Runtime's plugin-EP packages do.
 
 Without ``enable_fallback=0`` ONNX Runtime's Python wrapper reacts to a kiln
 error at session creation (e.g. a bad option) by printing "EP Error" and
@@ -29,9 +30,13 @@ import ctypes
 import gc
 import os
 import threading
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
 
-import onnxruntime as ort
+from . import _native
+from ._ort import INSTALL_HINT, TESTED_ORT_VERSION, OrtMissingError, ort as _ort
+
+if TYPE_CHECKING:  # only for annotations: importing this package must not need ONNX Runtime
+    import onnxruntime as ort
 
 __version__ = "0.1.0"
 
@@ -57,7 +62,17 @@ __all__ = [
     "EP_VENDOR",
     "TARGETS",
     "VIRTUAL_SUFFIX",
+    "OPTION_KEYS",
+    "KilnError",
+    "KilnOptionError",
+    "OrtMissingError",
     "get_library_path",
+    "get_ep_names",
+    "session_options",
+    "check_options",
+    "device_for",
+    "compile",
+    "inspect",
     "register",
     "unregister",
     "registered_names",
@@ -70,11 +85,23 @@ __all__ = [
     "stats",
 ]
 
+#: The EP options kiln reads (``src/ep/options.rs``); see docs/options.md.
+OPTION_KEYS = ("target", "disabled_ops", "claim", "force_ops", "context_storage", "shape_cache")
+#: Session config entries kiln reads, each ``0`` or ``1``.
+SESSION_FLAGS = ("ep.context_enable", "ep.context_embed_mode", "ep.share_ep_contexts",
+                 "ep.stop_share_ep_contexts", "session.compile_only")
+
 _lock = threading.Lock()
 # registration name -> library path, for registrations made through register()
 _registered: Dict[str, str] = {}
-# path -> ctypes handle (kept open so the counters survive unregistering)
-_cdlls: Dict[str, ctypes.CDLL] = {}
+
+
+class KilnError(Exception):
+    """A kiln helper failed; the message is one line saying what and why."""
+
+
+class KilnOptionError(KilnError, ValueError):
+    """kiln refuses an EP option or a session entry (the message names it and what it accepts)."""
 
 
 # --------------------------------------------------------------------------
@@ -132,17 +159,34 @@ def get_library_path() -> str:
     )
 
 
+def get_ep_names() -> List[str]:
+    """The execution provider names the library offers: ``["KilnExecutionProvider"]``."""
+    return [EP_NAME]
+
+
 # --------------------------------------------------------------------------
 # registration
 # --------------------------------------------------------------------------
-def register(name: str = DEFAULT_NAME, library_path: Optional[str] = None) -> str:
-    """Register kiln with ONNX Runtime under ``name`` and return ``name``.
+def register(name: Optional[str] = None, virtual: bool = False, library_path: Optional[str] = None) -> str:
+    """Register kiln with ONNX Runtime and return the registration name.
 
-    Safe to call repeatedly: if ``name`` is already registered (through this
-    helper or directly), nothing happens. A name ending in ``.virtual`` (e.g.
-    ``"kiln.virtual"``) makes kiln also offer one virtual device per other
-    target. ``KILN_MAX_TARGET`` is read by kiln at registration time.
+    ``name`` defaults to ``"kiln"``, or ``"kiln.virtual"`` with ``virtual=True``:
+    a name ending in ``.virtual`` makes kiln also offer one virtual device per
+    other target (to compile for CPUs other than this one); ``virtual=True``
+    adds that suffix to a ``name`` that lacks it. ``library_path`` defaults to
+    :func:`get_library_path`. Safe to call repeatedly: if the name is already
+    registered (through this helper or directly), nothing happens.
+    ``KILN_MAX_TARGET`` is read by kiln at registration time. Raises
+    :class:`OrtMissingError` if ONNX Runtime is not installed.
     """
+    if isinstance(virtual, str) and library_path is None:
+        # the 0.1.0 signature was register(name, library_path)
+        virtual, library_path = False, virtual
+    if name is None:
+        name = DEFAULT_NAME + (VIRTUAL_SUFFIX if virtual else "")
+    elif virtual and not name.endswith(VIRTUAL_SUFFIX):
+        name += VIRTUAL_SUFFIX
+    ort = _ort()
     path = os.path.abspath(library_path) if library_path else get_library_path()
     with _lock:
         if name in _registered:
@@ -167,6 +211,7 @@ def unregister(name: str = DEFAULT_NAME) -> None:
     still reference.
     """
     gc.collect()
+    ort = _ort()
     with _lock:
         ort.unregister_execution_provider_library(name)
         _registered.pop(name, None)
@@ -191,18 +236,23 @@ def device_target(dev) -> str:
     return dev.ep_metadata.get("kiln.target", "")
 
 
-def devices(name_suffix: Optional[str] = None, *, target: Optional[str] = None,
-            virtual: Optional[bool] = None) -> list:
+def devices(virtual: Optional[bool] = False, target: Optional[str] = None, *,
+            name_suffix: Optional[str] = None) -> list:
     """kiln's ``OrtEpDevice`` objects from ``onnxruntime.get_ep_devices()``.
 
-    ``name_suffix``: match EP name ``KilnExecutionProvider + name_suffix``
-    instead of exactly ``KilnExecutionProvider`` (for builds that register the
-    EP under a suffixed name). ``target``: keep only devices whose
-    ``kiln.target`` equals it. ``virtual``: True / False keeps only virtual /
-    host devices. The host device comes first.
+    ``virtual``: ``False`` (default) keeps kiln's device on this machine's CPU,
+    ``True`` only the virtual devices (offered when kiln is registered with
+    ``virtual=True``), ``None`` both, host first. ``target``: keep only devices
+    whose ``kiln.target`` equals it. ``name_suffix``: match the EP name
+    ``KilnExecutionProvider + name_suffix`` (for builds that register the EP
+    under a suffixed name). Empty when kiln is not registered (see :func:`register`).
     """
+    if isinstance(virtual, str):  # the 0.1.0 signature was devices(name_suffix, ...)
+        virtual, name_suffix = None, virtual
+    if target is not None and target not in TARGETS:
+        raise KilnOptionError(f"unknown target '{target}'; kiln's targets are {', '.join(TARGETS)}")
     wanted = EP_NAME + (name_suffix or "")
-    out = [d for d in ort.get_ep_devices() if d.ep_name == wanted]
+    out = [d for d in _ort().get_ep_devices() if d.ep_name == wanted]
     if target is not None:
         out = [d for d in out if device_target(d) == target]
     if virtual is not None:
@@ -213,7 +263,7 @@ def devices(name_suffix: Optional[str] = None, *, target: Optional[str] = None,
 
 def kiln_devices() -> list:
     """All of kiln's devices (host device first, then any virtual ones)."""
-    return devices()
+    return devices(virtual=None)
 
 
 def host_device():
@@ -229,17 +279,91 @@ def host_device():
 # --------------------------------------------------------------------------
 # sessions
 # --------------------------------------------------------------------------
+def device_for(target: Optional[str] = None, library_path: Optional[str] = None):
+    """kiln's device compiling for ``target`` (default: this machine's best),
+    registering kiln if needed: ``"kiln"`` for the host's target, ``"kiln.virtual"``
+    (after unregistering a plain ``"kiln"`` this package registered) for another one."""
+    if target is not None and target not in TARGETS:
+        raise KilnOptionError(f"unknown target '{target}'; kiln's targets are {', '.join(TARGETS)}")
+    if not devices(virtual=None):
+        register(library_path=library_path)
+    host = devices(virtual=False)
+    if not host:
+        raise KilnError(f"no {EP_NAME} device found after registering kiln")
+    if target is None or device_target(host[0]) == target:
+        return host[0]
+    found = devices(virtual=None, target=target)
+    if found:
+        return found[0]
+    if DEFAULT_NAME in registered_names():
+        unregister(DEFAULT_NAME)
+    register(virtual=True, library_path=library_path)
+    found = devices(virtual=None, target=target)
+    if not found:
+        raise KilnError(f"kiln offers no device for target {target}")
+    return found[0]
+
+
+def check_options(options: Optional[Mapping[str, str]] = None, config: Optional[Mapping[str, str]] = None,
+                  library_path: Optional[str] = None) -> None:
+    """Raise :class:`KilnOptionError` if kiln would refuse ``options`` (its EP options)
+    or ``config`` (session entries kiln reads, e.g. ``ep.context_enable``).
+
+    EP options go through the parser kiln's ``CreateEp`` uses (the library's
+    ``kiln_ep_check_options``), so the message is the one a session would give;
+    without this check ONNX Runtime's Python wrapper turns a bad option into a
+    silent fallback to its CPU EP.
+    """
+    for key, value in (config or {}).items():
+        if key in SESSION_FLAGS and str(value).strip() not in ("", "0", "1"):
+            raise KilnOptionError(f"invalid value '{value}' for session option '{key}'; accepted values: 0, 1")
+    if not options:
+        return
+    for key, value in options.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise KilnOptionError(f"kiln option {key!r}={value!r}: keys and values must be strings")
+    code, message = _native.check_options(library_path or _library_in_use(), options)
+    if code != 0:
+        raise KilnOptionError(message or "kiln refused the options")
+
+
+def session_options(options: Optional[Mapping[str, str]] = None, *, device=None, target: Optional[str] = None,
+                    config: Optional[Mapping[str, str]] = None,
+                    sess_options: Optional["ort.SessionOptions"] = None) -> "ort.SessionOptions":
+    """A ``SessionOptions`` with kiln appended (``add_provider_for_devices``).
+
+    ``options``: kiln's EP options (``target``, ``disabled_ops``, ``claim``,
+    ``force_ops``, ``context_storage``, ``shape_cache``; docs/options.md), checked
+    by kiln's own parser first (:func:`check_options`): a bad key or value raises
+    :class:`KilnOptionError` here. ``device``: a kiln ``OrtEpDevice``; default
+    :func:`device_for` ``(target)``, which registers kiln if needed. ``config``:
+    session config entries to add. ``sess_options``: add to these instead of new ones.
+    Create the session with ``enable_fallback=0`` so a kiln error is raised, not
+    turned into a CPU-only session.
+    """
+    options = dict(options or {})
+    config = dict(config or {})
+    check_options(options, config)
+    dev = device if device is not None else device_for(target)
+    so = sess_options if sess_options is not None else _ort().SessionOptions()
+    for key, value in config.items():
+        so.add_session_config_entry(key, str(value))
+    so.add_provider_for_devices([dev], options)
+    return so
+
+
 def create_session(model, device=None, options: Optional[Dict[str, str]] = None,
-                   sess_options: Optional[ort.SessionOptions] = None, **kwargs) -> ort.InferenceSession:
+                   sess_options: Optional["ort.SessionOptions"] = None, **kwargs) -> "ort.InferenceSession":
     """An InferenceSession on a kiln device (default: :func:`host_device`).
 
     ``options`` are kiln's EP options (``target``, ``disabled_ops``, ``context_storage``,
-    ``shape_cache``; see the README). Unlike a
+    ``shape_cache``; see docs/options.md). Unlike a
     plain ``ort.InferenceSession``, errors from kiln are raised: ORT's Python
     wrapper otherwise catches a failed EP creation (e.g. a bad option), prints
     "EP Error ... Falling back" and silently runs everything on the CPU EP.
     Pass ``enable_fallback=1`` to get that behaviour back.
     """
+    ort = _ort()
     so = sess_options if sess_options is not None else ort.SessionOptions()
     so.add_provider_for_devices([device if device is not None else host_device()], dict(options or {}))
     kwargs.setdefault("enable_fallback", 0)
@@ -280,14 +404,16 @@ class KilnStats(ctypes.Structure):
 STAT_FIELDS = tuple(f for f, _ in KilnStats._fields_)
 
 
-def _stats_function(path: str):
+def _library_in_use() -> str:
+    """The library registered most recently through :func:`register`, else :func:`get_library_path`."""
     with _lock:
-        lib = _cdlls.get(path)
-        if lib is None:
-            lib = ctypes.CDLL(path)
-            _cdlls[path] = lib
+        paths = list(_registered.values())
+    return paths[-1] if paths else get_library_path()
+
+
+def _stats_function(path: str):
     try:
-        fn = lib.kiln_ep_stats
+        fn = _native.cdll(path).kiln_ep_stats
     except AttributeError as exc:
         raise RuntimeError(f"{path} does not export kiln_ep_stats()") from exc
     fn.argtypes = [ctypes.POINTER(KilnStats), ctypes.c_size_t]
@@ -312,11 +438,15 @@ def stats(library_path: Optional[str] = None) -> Dict[str, int]:
     done by ONNX Runtime sessions.
     """
     if library_path is None:
-        with _lock:
-            paths = list(_registered.values())
-        library_path = paths[-1] if paths else get_library_path()
+        library_path = _library_in_use()
     s = KilnStats()
     size = _stats_function(os.path.abspath(library_path))(ctypes.byref(s), ctypes.sizeof(s))
     # An older library fills fewer fields; report only what it has.
     known = [f for f, t in KilnStats._fields_ if getattr(KilnStats, f).offset + ctypes.sizeof(t) <= size]
     return {f: int(getattr(s, f)) for f in known}
+
+
+# The compile API and the context inspector live in their own modules; imported
+# last because they use the helpers above.
+from .compiler import CompileResult, compile  # noqa: E402
+from .inspection import ContextReport, inspect  # noqa: E402

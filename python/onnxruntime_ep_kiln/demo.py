@@ -153,9 +153,9 @@ def _run(args) -> int:
     print(f"model        : {model}")
     print()
 
-    kiln.register(REGISTRATION_NAME, lib)
+    kiln.register(REGISTRATION_NAME, library_path=lib)
     args._registered = True
-    devs = kiln.devices()
+    devs = kiln.devices(virtual=None)
     _print_devices(devs)
     dev = _pick_device(devs, args.target)
     print(f"using        : {'virtual' if kiln.is_virtual(dev) else 'host'} device, "

@@ -8,6 +8,7 @@ kiln's counterpart of ONNX Runtime's ``ep_weight_sharing_ctx_gen``::
         [--library PATH] [--verbose]
 
     python -m onnxruntime_ep_kiln.share ...        (the same, without installing)
+    kiln compile model1.onnx model2.onnx ... --share -o DIR   (the same flow, in ``kiln``)
 
 The models are compiled in the order given, as one *sharing group*, through
 ONNX Runtime's compile API (``ort.ModelCompiler``) with the session entries
@@ -77,11 +78,10 @@ import gc
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
-
-import onnxruntime as ort
+from typing import Callable, Dict, List, Optional, Sequence
 
 import onnxruntime_ep_kiln as kiln
+from onnxruntime_ep_kiln._ort import ort as _ort
 
 PROG = "kiln-share-ctx-gen"
 
@@ -117,6 +117,8 @@ class ModelResult:
     output_bytes: int
     partitions: int
     initializer_bytes: Optional[int]
+    #: ONNX nodes kiln compiled from this model.
+    nodes: int = 0
 
 
 @dataclass
@@ -199,9 +201,14 @@ def compile_group(models: Sequence[str], output_dir: str, device, *,
                   config: Optional[Dict[str, str]] = None,
                   prefix_per_model: bool = False,
                   library_path: Optional[str] = None,
-                  log=None) -> Report:
+                  log=None,
+                  prefix: str = "",
+                  progress: Optional[Callable[[str, int, int], None]] = None) -> Report:
     """Compile ``models`` (in order) with kiln on ``device`` into ``output_dir`` as one
-    sharing group; return what was written. Raises :class:`ShareError`; on error the
+    sharing group; return what was written. ``prefix`` starts every graph name
+    (``ep.context_node_name_prefix``), followed by ``<stem>_`` with
+    ``prefix_per_model``. ``progress(model, index, count)`` is called before each
+    model. Raises :class:`ShareError`; on error the
     ``_ctx.onnx`` files this call wrote are removed and no binary is written -- but the
     process-wide group stays open until a session with ``ep.stop_share_ep_contexts=1``
     compiles, so after an error only a fresh process is safe for a new group."""
@@ -228,6 +235,7 @@ def compile_group(models: Sequence[str], output_dir: str, device, *,
         if os.path.abspath(out) == os.path.abspath(m):
             raise ShareError(f"output '{out}' would overwrite its input model")
 
+    ort = _ort()
     report = Report(output_dir=output_dir, target=kiln.device_target(device))
     written: List[str] = []
     start = stats(library_path)
@@ -237,14 +245,17 @@ def compile_group(models: Sequence[str], output_dir: str, device, *,
         for i, m in enumerate(models):
             last = i == len(models) - 1
             out = os.path.join(output_dir, f"{_stem(m)}_ctx.onnx")
+            if progress:
+                progress(m, i, len(models))
             so = ort.SessionOptions()
             for k, v in config.items():
                 so.add_session_config_entry(k, v)
             so.add_session_config_entry("ep.share_ep_contexts", "1")
             if last:
                 so.add_session_config_entry("ep.stop_share_ep_contexts", "1")
-            if prefix_per_model:
-                so.add_session_config_entry("ep.context_node_name_prefix", f"{_stem(m)}_")
+            if prefix or prefix_per_model:
+                name_prefix = prefix + (f"{_stem(m)}_" if prefix_per_model else "")
+                so.add_session_config_entry("ep.context_node_name_prefix", name_prefix)
             so.add_provider_for_devices([device], ep_options)
             before = stats(library_path)
             try:
@@ -255,10 +266,12 @@ def compile_group(models: Sequence[str], output_dir: str, device, *,
                 err = f"compiling '{m}' (model {i + 1} of {len(models)}) failed: {_ort_message(exc)}"
                 break
             written.append(out)
-            parts = stats(library_path)["partitions_compiled"] - before["partitions_compiled"]
+            after = stats(library_path)
+            parts = after["partitions_compiled"] - before["partitions_compiled"]
             if parts and first_compiled is None:
                 first_compiled = m
-            report.models.append(ModelResult(m, out, os.path.getsize(out), parts, initializer_bytes(m)))
+            report.models.append(ModelResult(m, out, os.path.getsize(out), parts, initializer_bytes(m),
+                                             after["nodes_compiled"] - before["nodes_compiled"]))
             if log:
                 log(f"compiled {m} -> {out} ({parts} kiln partition(s))")
             # A last model kiln claims nothing of still ends the group: kiln
@@ -342,17 +355,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _device_for(target: Optional[str], library: Optional[str]):
-    """Register kiln and return (registration name, device)."""
-    name = kiln.register(kiln.DEFAULT_NAME, library)
-    host = kiln.host_device()
-    if target is None or kiln.device_target(host) == target:
-        return name, host
-    kiln.unregister(name)
-    name = kiln.register(kiln.DEFAULT_NAME + kiln.VIRTUAL_SUFFIX, library)
-    devs = kiln.devices(target=target)
-    if not devs:
-        raise ShareError(f"kiln offers no device for target {target}")
-    return name, devs[0]
+    """Register kiln and return (registration name, device): kiln.device_for, which
+    registers ``kiln.virtual`` for a target other than the host's."""
+    try:
+        device = kiln.device_for(target, library)
+    except kiln.KilnError as exc:
+        raise ShareError(str(exc)) from None
+    names = kiln.registered_names()
+    return (names[-1] if names else None), device
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -361,10 +371,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{PROG}: error: --embed-mode 1 cannot share weights: kiln's sharing needs "
               "ep.context_embed_mode=0 (one binary file beside the models)", file=sys.stderr)
         return 2
-    ort.set_default_logger_severity(0 if args.verbose else 3)
     name = None
     code = 0
     try:
+        ort = _ort()
+        ort.set_default_logger_severity(0 if args.verbose else 3)
         library = os.path.abspath(args.library) if args.library else kiln.get_library_path()
         if args.library and not os.path.isfile(library):
             raise ShareError(f"library '{args.library}' does not exist")
@@ -381,7 +392,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             log=(lambda s: print(s, file=sys.stderr)) if args.verbose else None)
         device = None
         print(format_report(report))
-    except (ShareError, FileNotFoundError) as exc:
+    except (ShareError, FileNotFoundError, ImportError) as exc:
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         code = 1
     device = None

@@ -114,3 +114,13 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_sep("-", title)
             for line in lines:
                 terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory):
+    """The wheel built from this checkout and installed into a fresh virtualenv, once
+    per test session (``wheel_env.py``): commands run there see only the wheel's kiln."""
+    import wheel_env
+
+    root = str(tmp_path_factory.mktemp("wheel"))
+    return wheel_env.WheelEnv(root, wheel_env.build_wheel(root))

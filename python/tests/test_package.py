@@ -26,10 +26,16 @@ def test_pyproject_metadata():
     with open(os.path.join(tu.PYTHON_DIR, "pyproject.toml"), "rb") as f:
         meta = tomllib.load(f)
     proj = meta["project"]
-    assert proj["name"] == "onnxruntime_ep_kiln"
+    assert proj["name"] == "onnxruntime-ep-kiln"
     assert proj["version"] == "0.1.0"
-    assert "onnxruntime==1.31.1" in proj["dependencies"]
+    # ORT's plugin-EP packaging: no dependency on an ONNX Runtime distribution;
+    # the [ort] extra pins the tested one
+    assert not [d for d in proj["dependencies"] if d.lower().startswith("onnxruntime")]
+    assert proj["optional-dependencies"]["ort"] == ["onnxruntime==1.31.1"]
+    assert proj["scripts"]["kiln"] == "onnxruntime_ep_kiln.cli:main"
+    assert proj["scripts"]["kiln-share-ctx-gen"] == "onnxruntime_ep_kiln.share:main"
     assert meta["build-system"]["build-backend"] == "setuptools.build_meta"
+    assert any(r.startswith("setuptools-rust") for r in meta["build-system"]["requires"])
 
 
 def _fake_tree(tmp_path, monkeypatch, bundled: bool, in_repo: bool):

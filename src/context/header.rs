@@ -151,6 +151,13 @@ impl Header {
         Ok(h)
     }
 
+    /// Whether the contents hash to the header's checksum; `None` if `file`
+    /// does not have the length the header describes (nothing to hash).
+    pub fn checksum_matches(&self, file: &[u8]) -> Option<bool> {
+        self.check_length(file.len()).ok()?;
+        Some(checksum(&file[self.metadata_range()], [&file[self.data_range()]]) == self.checksum)
+    }
+
     fn check_offsets(&self, metadata_offset: u64) -> Result<()> {
         if metadata_offset != HEADER_LEN as u64 {
             crate::bail!(

@@ -23,6 +23,7 @@ mod convert_norm;
 mod convert_pool;
 mod generic;
 mod header;
+mod inspect;
 mod peek;
 pub mod proto;
 mod reader;
@@ -39,6 +40,7 @@ mod tests;
 
 pub use compat::{check_compatibility, compatibility_info, Compatibility};
 pub use generic::MAX_RANK;
+pub use inspect::{inspect, GraphSummary, Inspection};
 pub use peek::{peek, peek_checksum, Peek};
 pub use reader::{ContextBinary, StoredGraph};
 pub use writer::ContextBuilder;
