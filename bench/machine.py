@@ -6,17 +6,39 @@ import platform
 
 
 def _cpu() -> tuple[str, set]:
-    model, flags = "unknown CPU", set()
+    model, flags, family, number = "unknown CPU", set(), None, None
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name") and model == "unknown CPU":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "model name" and model == "unknown CPU":
+                    model = value
+                elif key == "cpu family" and family is None:
+                    family = int(value)
+                elif key == "model" and number is None:
+                    number = int(value)
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+    except (OSError, ValueError):
         pass
+    if family is not None and number is not None:
+        # A VM often reports just "AMD EPYC": the family tells Zen 3/4 from Zen 5.
+        core = _core(model, family, number)
+        model = f"{model} ({core + ', ' if core else ''}family {family} model {number})"
     return model, flags
+
+
+def _core(model: str, family: int, number: int) -> str:
+    """The microarchitecture for the CPUs kiln has met (empty when unsure)."""
+    if "AMD" in model:
+        if family == 26:
+            return "Zen 5"
+        if family == 25:
+            return "Zen 4" if 0x10 <= number <= 0x1F or 0x60 <= number <= 0xAF else "Zen 3"
+    if "Intel" in model and family == 6:
+        return {0x8F: "Sapphire Rapids", 0xCF: "Emerald Rapids", 0x6A: "Ice Lake", 0x55: "Skylake/Cascade Lake"}.get(number, "")
+    return ""
 
 
 def _memory() -> str:

@@ -37,7 +37,7 @@ use crate::ir::{ConstantSource, GraphDesc, NodeDesc};
 const MIN_ROWS: i64 = 16;
 /// Output columns (n) a product needs: kiln's register tiles are 16–32
 /// columns wide, and below 128 the packing and edge tiles cost more than
-/// they save (a 257×64 weight ran 1.5–2× slower than ORT on Zen 4).
+/// they save (a 257×64 weight ran 1.5–2× slower than ORT on an AVX-512 EPYC).
 const MIN_COLS: i64 = 128;
 /// The smallest constant weight (k × n) worth packing.
 const MIN_WEIGHT: i64 = 64 * 64;

@@ -23,7 +23,7 @@
 //! The bias, a Relu/Clip clamp and the residual are applied in registers
 //! at the store; other activations run over each tile right after it.
 //!
-//! Measured on an AMD EPYC (Zen 4, AVX-512), one thread, `cargo bench
+//! Measured on an AMD EPYC (Zen 4/5 class, AVX-512), one thread, `cargo bench
 //! --bench conv_kernels`: 3×3 convolutions at ResNet-50 shapes (56² to 7²)
 //! at 94–101% of the GEMM microkernel's in-cache rate and 1×1 at 79–97%
 //! (im2col + GEMM: 44–87%).
