@@ -313,8 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Compile a model with kiln, load the compiled model, and time runs of it "
                        "against ONNX Runtime's CPU EP on random inputs.")
     b.add_argument("model", metavar="MODEL", help="an ONNX model")
-    b.add_argument("--shapes", action="append", default=[], metavar="NAME=D1xD2...",
-                   help="input shape for symbolic dims, e.g. x=1x3x224x224 (repeatable; unknown dims default to 1)")
+    b.add_argument("--shapes", action="extend", nargs="+", default=[], metavar="NAME=D1xD2...",
+                   help="input shapes for symbolic dims, e.g. --shapes ids=1x128 mask=1x128 "
+                   "(repeatable; unknown dims default to 1)")
     b.add_argument("--runs", type=int, default=20, help="timed runs per EP (default 20)")
     b.add_argument("--target", choices=kiln.TARGETS, help="a target this CPU runs (default: its best)")
     b.add_argument("--option", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
