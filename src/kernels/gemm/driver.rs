@@ -8,7 +8,7 @@ use std::ops::Range;
 use super::epilogue::{activate_with, MulAdd, Plain};
 pub(super) use super::pack::{pack_a, pack_b};
 use super::pack::{row_tiles, ASrc, BSrc};
-use super::{size_error, Activation, Bias, Epilogue};
+use super::{put_scratch, size_error, take_scratch, Activation, Bias, Epilogue, Parts, A_SCRATCH};
 use crate::error::Result;
 
 /// A target's microkernel and blocking.
@@ -98,28 +98,36 @@ impl<'a> CView<'a> {
     }
 
     /// Disjoint views, one per (row part, column part), borrowing `self`.
-    /// Panics unless the parts are increasing, non-overlapping and inside `self`.
-    pub fn split(&mut self, rows: &[Range<usize>], cols: &[Range<usize>]) -> Vec<CView<'_>> {
-        let inside = |parts: &[Range<usize>], all: &Range<usize>| {
-            parts
-                .iter()
-                .all(|p| all.start <= p.start && p.start <= p.end && p.end <= all.end)
-                && parts.windows(2).all(|w| w[0].end <= w[1].start)
-        };
-        assert!(inside(rows, &self.rows) && inside(cols, &self.cols), "bad split of C");
-        let mut out = Vec::with_capacity(rows.len() * cols.len());
-        for r in rows {
-            for c in cols {
-                out.push(CView {
-                    ptr: self.ptr,
-                    ld: self.ld,
-                    rows: r.clone(),
-                    cols: c.clone(),
-                    _c: PhantomData,
-                });
+    /// Panics unless the parts are inside `self` (they are increasing and
+    /// disjoint by construction).
+    pub fn split(&mut self, rows: Parts, cols: Parts) -> Vec<CView<'_>> {
+        let mut out = Vec::with_capacity(rows.count() * cols.count());
+        for r in rows.iter() {
+            for c in cols.iter() {
+                out.push(self.sub(r.clone(), c));
             }
         }
         out
+    }
+
+    /// The one view `rows x cols`, inside `self`, borrowing it.
+    pub fn part(&mut self, rows: Range<usize>, cols: Range<usize>) -> CView<'_> {
+        self.sub(rows, cols)
+    }
+
+    /// A view of `rows x cols` inside `self` (the caller keeps views it
+    /// makes disjoint while they live: `split` and `part` do).
+    fn sub(&self, rows: Range<usize>, cols: Range<usize>) -> CView<'_> {
+        let inside =
+            |p: &Range<usize>, all: &Range<usize>| all.start <= p.start && p.start <= p.end && p.end <= all.end;
+        assert!(inside(&rows, &self.rows) && inside(&cols, &self.cols), "bad split of C");
+        CView {
+            ptr: self.ptr,
+            ld: self.ld,
+            rows,
+            cols,
+            _c: PhantomData,
+        }
     }
 
     /// The tile `rows x cols` (global indices, inside this view).
@@ -332,44 +340,49 @@ pub(super) unsafe fn blocked<K: Kernel>(
 ) {
     let (rows, cols) = (view.rows(), view.cols());
     let post = last && epi.has_post();
-    let mut apack = vec![0.0f32; rows.len().min(K::MC) * ks.len().min(kc)];
-    for ic in rows.clone().step_by(K::MC) {
-        let mrows = ic..(ic + K::MC).min(rows.end);
-        for pc in ks.clone().step_by(kc) {
-            let kb = pc..(pc + kc).min(ks.end);
-            let kc = kb.len();
-            // SAFETY: the caller guarantees the CPU supports K.
-            unsafe { K::pack_a(a, mrows.clone(), kb.clone(), &mut apack) };
-            let accumulate = !(first && pc == ks.start);
-            let finish = last && kb.end == ks.end;
-            let plain = Store {
-                accumulate,
-                scale: 1.0,
-                bias: None,
-            };
-            for jr in cols.clone().step_by(K::NR) {
-                let tcols = jr..(jr + K::NR).min(cols.end);
-                let panel = b.panel(jr, kb.clone());
-                let store = if finish {
-                    epi.store(tcols.clone(), accumulate)
-                } else {
-                    plain
+    let len = rows.len().min(K::MC) * ks.len().min(kc);
+    let mut buf = take_scratch(&A_SCRATCH, len);
+    let apack = &mut bytemuck::cast_slice_mut::<u8, f32>(buf.bytes_mut())[..len];
+    {
+        for ic in rows.clone().step_by(K::MC) {
+            let mrows = ic..(ic + K::MC).min(rows.end);
+            for pc in ks.clone().step_by(kc) {
+                let kb = pc..(pc + kc).min(ks.end);
+                let kc = kb.len();
+                // SAFETY: the caller guarantees the CPU supports K.
+                unsafe { K::pack_a(a, mrows.clone(), kb.clone(), apack) };
+                let accumulate = !(first && pc == ks.start);
+                let finish = last && kb.end == ks.end;
+                let plain = Store {
+                    accumulate,
+                    scale: 1.0,
+                    bias: None,
                 };
-                for trows in row_tiles(mrows.clone(), K::MR) {
-                    let at = (trows.start - mrows.start) * kc;
-                    let apanel = &apack[at..at + trows.len() * kc];
-                    let mut tile = view.tile(trows.clone(), tcols.clone());
-                    // SAFETY: the caller guarantees the CPU supports K.
-                    unsafe { K::tile(kc, apanel, panel, &mut tile, &store) };
-                    if finish && post {
-                        for (r, i) in trows.clone().enumerate() {
-                            epi.finish_row::<K::Madd>(i, tcols.start, tile.row(r));
+                for jr in cols.clone().step_by(K::NR) {
+                    let tcols = jr..(jr + K::NR).min(cols.end);
+                    let panel = b.panel(jr, kb.clone());
+                    let store = if finish {
+                        epi.store(tcols.clone(), accumulate)
+                    } else {
+                        plain
+                    };
+                    for trows in row_tiles(mrows.clone(), K::MR) {
+                        let at = (trows.start - mrows.start) * kc;
+                        let apanel = &apack[at..at + trows.len() * kc];
+                        let mut tile = view.tile(trows.clone(), tcols.clone());
+                        // SAFETY: the caller guarantees the CPU supports K.
+                        unsafe { K::tile(kc, apanel, panel, &mut tile, &store) };
+                        if finish && post {
+                            for (r, i) in trows.clone().enumerate() {
+                                epi.finish_row::<K::Madd>(i, tcols.start, tile.row(r));
+                            }
                         }
                     }
                 }
             }
         }
     }
+    put_scratch(&A_SCRATCH, buf);
 }
 
 /// One full `MR x NR` tile, `reps` times over the same panels of depth `kc`

@@ -40,6 +40,7 @@ mod pack;
 #[cfg(test)]
 mod tests;
 
+use std::cell::Cell;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -353,7 +354,7 @@ pub fn gemm_packed(
     let gemv = m == 1;
     let kc = k_block(blk, k);
     let (row_parts, col_parts) = split_work(m, n, k, blk, par.threads(), gemv);
-    run_tasks(&mut view, &row_parts, &col_parts, par, &|v: &mut CView<'_>| {
+    run_tasks(&mut view, row_parts, col_parts, par, &|v: &mut CView<'_>| {
         if gemv {
             kernels::gemv(isa, a.data, &panels, v, &epi)
         } else {
@@ -411,7 +412,7 @@ pub fn gemm(
     let blk = Blocking::of(isa.target());
     if m == 1 {
         let (rows, cols) = split_work(m, n, k, blk, par.threads(), true);
-        run_tasks(&mut view, &rows, &cols, par, &|v: &mut CView<'_>| {
+        run_tasks(&mut view, rows, cols, par, &|v: &mut CView<'_>| {
             kernels::vecmat(isa, k, a, b, v, &epi)
         });
         return Ok(());
@@ -421,33 +422,67 @@ pub fn gemm(
     let kc = k_block(blk, k);
     let chunk_k = k.min(2 * kc);
     let chunk_n = n.min((B_SCRATCH_MAX / chunk_k) / blk.nr * blk.nr);
-    // 64-byte aligned, so that no zmm load of a B row splits a cache line.
-    let mut scratch = AlignedBytes::zeroed(chunk_k * chunk_n.next_multiple_of(blk.nr) * size_of::<f32>());
-    let scratch: &mut [f32] = bytemuck::cast_slice_mut(scratch.bytes_mut());
-    for cols in ranges(0..n, chunk_n) {
-        for ks in ranges(0..k, chunk_k) {
-            let panels = cols.len().div_ceil(blk.nr);
-            let packed = &mut scratch[..panels * blk.nr * ks.len()];
-            kernels::pack_b(isa, b, ks.clone(), cols.clone(), packed);
-            let panels = BPanels {
-                data: packed,
-                nr: blk.nr,
-                col0: cols.start,
-                k0: ks.start,
-                height: ks.len(),
-            };
-            let (first, last) = (ks.start == 0, ks.end == k);
-            let (row_parts, col_parts) = split_work(m, cols.len(), ks.len(), blk, par.threads(), false);
-            let col_parts: Vec<Range<usize>> = col_parts
-                .into_iter()
-                .map(|r| r.start + cols.start..r.end + cols.start)
-                .collect();
-            run_tasks(&mut view, &row_parts, &col_parts, par, &|v: &mut CView<'_>| {
-                kernels::blocked(isa, a, &panels, v, ks.clone(), kc, first, last, &epi)
-            });
+    let len = chunk_k * chunk_n.next_multiple_of(blk.nr);
+    let mut buf = take_scratch(&B_SCRATCH, len);
+    let scratch = &mut bytemuck::cast_slice_mut::<u8, f32>(buf.bytes_mut())[..len];
+    {
+        for cols in ranges(0..n, chunk_n) {
+            for ks in ranges(0..k, chunk_k) {
+                let panels = cols.len().div_ceil(blk.nr);
+                let packed = &mut scratch[..panels * blk.nr * ks.len()];
+                kernels::pack_b(isa, b, ks.clone(), cols.clone(), packed);
+                let panels = BPanels {
+                    data: packed,
+                    nr: blk.nr,
+                    col0: cols.start,
+                    k0: ks.start,
+                    height: ks.len(),
+                };
+                let (first, last) = (ks.start == 0, ks.end == k);
+                let (row_parts, col_parts) = split_work(m, cols.len(), ks.len(), blk, par.threads(), false);
+                run_tasks(
+                    &mut view,
+                    row_parts,
+                    col_parts.shifted(cols.start),
+                    par,
+                    &|v: &mut CView<'_>| kernels::blocked(isa, a, &panels, v, ks.clone(), kc, first, last, &epi),
+                );
+            }
         }
     }
+    put_scratch(&B_SCRATCH, buf);
     Ok(())
+}
+
+thread_local! {
+    /// Each thread's packed-B buffer for [`gemm`], kept between calls:
+    /// attention runs one product per head and batch.
+    static B_SCRATCH: Cell<Option<AlignedBytes>> = const { Cell::new(None) };
+    /// Each thread's packed-A buffer for the blocked loops.
+    pub(super) static A_SCRATCH: Cell<Option<AlignedBytes>> = const { Cell::new(None) };
+}
+
+/// This thread's buffer `key` with room for `len` floats (64-byte aligned,
+/// so that no zmm load splits a cache line; contents unspecified): the one
+/// kept from the last call when it is big enough. [`put_scratch`] keeps it
+/// for the next call, so that products allocate nothing in steady state; a
+/// nested call on the same thread gets a buffer of its own. No closure:
+/// its code would be compiled outside the callers' target features.
+#[inline(always)]
+pub(super) fn take_scratch(
+    key: &'static std::thread::LocalKey<Cell<Option<AlignedBytes>>>,
+    len: usize,
+) -> AlignedBytes {
+    let bytes = len * size_of::<f32>();
+    key.with(Cell::take)
+        .filter(|b| b.len() >= bytes)
+        .unwrap_or_else(|| AlignedBytes::zeroed(bytes))
+}
+
+/// Keeps `buf` as this thread's buffer `key` (see [`take_scratch`]).
+#[inline(always)]
+pub(super) fn put_scratch(key: &'static std::thread::LocalKey<Cell<Option<AlignedBytes>>>, buf: AlignedBytes) {
+    key.with(|c| c.set(Some(buf)));
 }
 
 /// Rows of K per block for a product of depth `k`: `k` in equal blocks of at
@@ -481,18 +516,12 @@ const MIN_FLOPS_PER_TASK: usize = 1 << 20;
 const GEMV_TASKS_PER_THREAD: usize = 4;
 
 /// Runs `f` on one view per (row part, column part), as parallel tasks.
-fn run_tasks(
-    view: &mut CView<'_>,
-    rows: &[Range<usize>],
-    cols: &[Range<usize>],
-    par: &dyn Parallel,
-    f: &(dyn Fn(&mut CView<'_>) + Sync),
-) {
-    let mut views = view.split(rows, cols);
-    if views.len() == 1 {
-        return f(&mut views[0]);
+fn run_tasks(view: &mut CView<'_>, rows: Parts, cols: Parts, par: &dyn Parallel, f: &(dyn Fn(&mut CView<'_>) + Sync)) {
+    if rows.count() * cols.count() == 1 {
+        // One task (one thread, or little work): no views to allocate.
+        return f(&mut view.part(rows.get(0), cols.get(0)));
     }
-    let views: Vec<Mutex<CView<'_>>> = views.into_iter().map(Mutex::new).collect();
+    let views: Vec<Mutex<CView<'_>>> = view.split(rows, cols).into_iter().map(Mutex::new).collect();
     par.for_each(views.len(), &|t| f(&mut views[t].lock()));
 }
 
@@ -500,14 +529,7 @@ fn run_tasks(
 /// as many tasks as threads allow and the work justifies, shaped to minimise
 /// the slowest task (tile compute, plus A packing repeated per column part and
 /// B streaming repeated per row part). Parts are whole tiles (`mr`, `nr`).
-fn split_work(
-    m: usize,
-    n: usize,
-    k: usize,
-    blk: Blocking,
-    threads: usize,
-    gemv: bool,
-) -> (Vec<Range<usize>>, Vec<Range<usize>>) {
+fn split_work(m: usize, n: usize, k: usize, blk: Blocking, threads: usize, gemv: bool) -> (Parts, Parts) {
     let flops = 2.0 * m as f64 * n as f64 * k as f64;
     // GEMV streams B from memory: it pays off to split much earlier.
     let work = if gemv { flops * 8.0 } else { flops };
@@ -534,22 +556,51 @@ fn split_work(
         }
     }
     let (_, mt, nt) = best.unwrap_or((0.0, 1, 1));
-    (parts(m, blk.mr, mt), parts(n, blk.nr, nt))
+    (Parts::new(m, blk.mr, mt), Parts::new(n, blk.nr, nt))
 }
 
-/// `0..len` in `count` ranges of whole `unit`s, sizes differing by at most one unit.
-fn parts(len: usize, unit: usize, count: usize) -> Vec<Range<usize>> {
-    let units = len.div_ceil(unit);
-    let count = count.clamp(1, units.max(1));
-    let mut out = Vec::with_capacity(count);
-    let mut start = 0;
-    for i in 0..count {
-        let take = units / count + usize::from(i < units % count);
-        let end = (start + take * unit).min(len);
-        out.push(start..end);
-        start = end;
+/// `start..start + len` in `count` ranges of whole `unit`s, sizes differing
+/// by at most one unit: a value, so that splitting a product allocates
+/// nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Parts {
+    start: usize,
+    len: usize,
+    unit: usize,
+    count: usize,
+}
+
+impl Parts {
+    fn new(len: usize, unit: usize, count: usize) -> Parts {
+        let units = len.div_ceil(unit);
+        Parts {
+            start: 0,
+            len,
+            unit,
+            count: count.clamp(1, units.max(1)),
+        }
     }
-    out
+
+    /// The same parts moved to start at `start`.
+    fn shifted(self, start: usize) -> Parts {
+        Parts { start, ..self }
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Part `i` (`i < count`).
+    pub(crate) fn get(&self, i: usize) -> Range<usize> {
+        let (units, count) = (self.len.div_ceil(self.unit), self.count);
+        let before = |i: usize| (i * (units / count) + i.min(units % count)) * self.unit;
+        let (a, b) = (before(i).min(self.len), before(i + 1).min(self.len));
+        self.start + a..self.start + b
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        (0..self.count).map(|i| self.get(i))
+    }
 }
 
 /// `r` in consecutive pieces of at most `step`.
