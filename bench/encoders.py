@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Transformer encoders at issue #14's shapes: paraphrase-MiniLM-L3-v2 (the
+real-model corpus, symbolic batch and sequence) at batch 1 and 8, sequence
+16, 128 and 512, on kiln (defaults) and on ORT's CPU EP, 1 and 2 threads.
+
+One session per EP and thread count serves every shape (the model as
+shipped, `ORT_ENABLE_ALL`); outputs are compared first; latency is the median
+of interleaved blocks (`real.py`'s `latency`). The issue's goal is kiln/CPU EP
+≤ 0.85.
+
+Writes ``bench/results/encoders.md`` (or ``--out``) and prints it.
+
+Usage (repository root, after ``make build`` and ``make corpus``)::
+
+    KILN_EP_LIBRARY=target/release/libkiln_ep.so PYTHONPATH=python \\
+        .venv/bin/python bench/encoders.py [--reps 7] [--threads 1,2] [--shapes 1x16,8x512] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python", "tests"))
+
+import numpy as np  # noqa: E402
+
+import onnxruntime_ep_kiln as kiln  # noqa: E402
+import real  # noqa: E402  (sessions and interleaved latency, as bench/real.py)
+import real_corpus as rc  # noqa: E402
+from machine import describe, publish  # noqa: E402
+
+SHAPES = "1x16,1x128,1x512,8x16,8x128,8x512"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--shapes", default=SHAPES, help="BATCHxSEQ, comma-separated")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "encoders.md"))
+    args = ap.parse_args()
+    spec = next(s for s in rc.SPECS if s.key == "minilm_l3")
+    path = rc.all_models()["minilm_l3"]
+    kiln.register()
+    dev = kiln.host_device()
+    shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
+    rows = []
+    for threads in [int(t) for t in args.threads.split(",")]:
+        sessions = {"cpu": real.cpu_session(path, threads), "kiln": real.kiln_session(path, dev, threads)}
+        for batch, seq in shapes:
+            feeds = spec.feeds((batch, seq), np.random.default_rng(0))
+            want, got = (sessions[k].run(None, feeds) for k in ("cpu", "kiln"))
+            for w, g in zip(want, got):
+                np.testing.assert_allclose(g, w, rtol=spec.rtol, atol=spec.atol)
+            t = real.latency(sessions, feeds, args.reps, 0.05)
+            print(f"{batch}x{seq}, {threads} thread(s): CPU EP {t['cpu'] * 1e3:.2f} ms, kiln "
+                  f"{t['kiln'] * 1e3:.2f} ms", file=sys.stderr)
+            rows.append((batch, seq, threads, t["cpu"], t["kiln"]))
+        del sessions
+    lines = [
+        "# Transformer encoders: kiln vs ORT's CPU EP (issue #14)\n",
+        describe() + "\n",
+        f"Run: `python bench/encoders.py` on {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}.\n",
+        f"paraphrase-MiniLM-L3-v2 as shipped (`{os.path.basename(path)}`, symbolic batch and sequence, "
+        "token ids and padding masks as `real_corpus.py` makes them), `ORT_ENABLE_ALL`, kiln's defaults; "
+        f"one session per EP and thread count for every shape; median of {args.reps} interleaved blocks. "
+        "kiln/CPU EP < 1: kiln is faster; the goal is ≤ 0.85.\n",
+        "| batch × seq | threads | CPU EP ms | kiln ms | kiln / CPU EP |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for batch, seq, threads, cpu, kl in rows:
+        lines.append(f"| {batch} × {seq} | {threads} | {cpu * 1e3:.2f} | {kl * 1e3:.2f} | **{kl / cpu:.2f}** |")
+    publish(lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
