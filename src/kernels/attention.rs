@@ -1,0 +1,411 @@
+//! Fused multi-head attention: `softmax(scale · Q·Kᵀ + mask) · V` for every
+//! batch and head, read from and written to `[batch, seq, heads · head_dim]`
+//! activations (the projections' outputs and the output projection's input),
+//! so the head transposes of the unfused graph disappear.
+//!
+//! Work is split into tasks of (batch, block of query rows); a task runs
+//! every head of its rows, so it owns a contiguous block of the output. Per
+//! head, the block's scores against all keys (`rows x kv_len`, at most
+//! [`SCORE_FLOATS`] values, so they stay in L1/L2) come from the GEMM with
+//! the scale as its alpha; the mask is added, rows are normalised by the
+//! softmax row kernel, and the GEMM multiplies them by V straight into the
+//! output's columns of that head. No `[batch, heads, seq, seq]` buffer
+//! exists: at sequence 512 a block is 16 query rows.
+//!
+//! The numerics are those of the unfused steps (same GEMM, same softmax),
+//! so results match them to rounding.
+
+use std::sync::Mutex;
+
+use super::gemm::{self, Epilogue};
+use super::parallel::{Parallel, Serial};
+use super::Isa;
+use crate::error::{Error, Result};
+
+/// Most score values one task's block holds (`rows x kv_len`): 32 KiB of
+/// scores plus as much of probabilities.
+pub const SCORE_FLOATS: usize = 8192;
+
+/// Sizes of one attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub heads: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub head_dim: usize,
+    /// Multiplies Q·Kᵀ before the mask is added.
+    pub scale: f32,
+}
+
+impl AttentionShape {
+    /// Row length of Q, K, V and the output: `heads · head_dim`.
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Elements of Q and of the output.
+    pub fn q_elems(&self) -> usize {
+        self.batch * self.q_len * self.width()
+    }
+
+    /// Elements of K and of V.
+    pub fn kv_elems(&self) -> usize {
+        self.batch * self.kv_len * self.width()
+    }
+}
+
+/// An additive mask broadcast to `[batch, heads, q_len, kv_len]`: key
+/// `j` of query row `i` of head `h` in batch `b` reads
+/// `data[b·strides[0] + h·strides[1] + i·strides[2] + j]` (a stride is 0
+/// along a broadcast dim, e.g. `[batch, 1, 1, kv_len]` has `[kv_len, 0, 0]`).
+#[derive(Clone, Copy, Debug)]
+pub struct Mask<'a> {
+    pub data: &'a [f32],
+    pub strides: [usize; 3],
+}
+
+/// Elements a mask with these strides must have (0 if there is no element).
+pub fn mask_extent(shape: &AttentionShape, strides: [usize; 3]) -> usize {
+    if shape.batch == 0 || shape.heads == 0 || shape.q_len == 0 || shape.kv_len == 0 {
+        return 0;
+    }
+    let last = [shape.batch - 1, shape.heads - 1, shape.q_len - 1];
+    last.iter()
+        .zip(strides)
+        .map(|(&i, s)| i.saturating_mul(s))
+        .fold(shape.kv_len, usize::saturating_add)
+}
+
+/// Query rows per task: the score block stays under [`SCORE_FLOATS`], and
+/// with several threads there are at least four tasks per thread where the
+/// rows allow it.
+fn block_rows(shape: &AttentionShape, threads: usize) -> usize {
+    let cap = (SCORE_FLOATS / shape.kv_len.max(1)).max(1);
+    let mut blocks = shape.q_len.div_ceil(cap);
+    if threads > 1 {
+        blocks = blocks.max((4 * threads).div_ceil(shape.batch.max(1)));
+    }
+    shape.q_len.div_ceil(blocks.clamp(1, shape.q_len.max(1))).max(1)
+}
+
+/// `dst = softmax(scale · Q·Kᵀ + mask) · V` per batch and head (see the
+/// module doc). `q` and `dst` are `[batch, q_len, heads · head_dim]`, `k`
+/// and `v` `[batch, kv_len, heads · head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    isa: Isa,
+    shape: &AttentionShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: Option<Mask<'_>>,
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
+    check(shape, q, k, v, mask, dst)?;
+    let width = shape.width();
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let rows = block_rows(shape, par.threads());
+    let per_batch = shape.q_len.div_ceil(rows);
+    // Tasks own whole rows of the output: (batch, block) in order.
+    let mut chunks = Vec::with_capacity(shape.batch * per_batch);
+    for (b, batch_out) in dst.chunks_mut(shape.q_len * width).enumerate() {
+        for (blk, chunk) in batch_out.chunks_mut(rows * width).enumerate() {
+            chunks.push(Mutex::new((b, blk * rows, chunk)));
+        }
+    }
+    let failed = Mutex::new(None);
+    par.for_each(chunks.len(), &|t| {
+        // Each task locks its own chunk once: never contended.
+        let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+        let (b, row0, ref mut out) = *guard;
+        if let Err(e) = block(isa, shape, b, row0, q, k, v, mask, out) {
+            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn check(shape: &AttentionShape, q: &[f32], k: &[f32], v: &[f32], mask: Option<Mask<'_>>, dst: &[f32]) -> Result<()> {
+    let bad = |what: &str, got: usize, want: usize| {
+        Err(Error::runtime(format!(
+            "attention {shape:?}: {what} has {got} elements, expected {want}"
+        )))
+    };
+    if shape.head_dim == 0 || shape.heads == 0 {
+        return Err(Error::runtime(format!("attention {shape:?}: no heads")));
+    }
+    if q.len() != shape.q_elems() {
+        return bad("Q", q.len(), shape.q_elems());
+    }
+    if dst.len() != shape.q_elems() {
+        return bad("the output", dst.len(), shape.q_elems());
+    }
+    if k.len() != shape.kv_elems() {
+        return bad("K", k.len(), shape.kv_elems());
+    }
+    if v.len() != shape.kv_elems() {
+        return bad("V", v.len(), shape.kv_elems());
+    }
+    if let Some(m) = mask {
+        let need = mask_extent(shape, m.strides);
+        if m.data.len() < need {
+            return bad("the mask", m.data.len(), need);
+        }
+    }
+    Ok(())
+}
+
+/// One task: query rows `row0..` (as many as `out` holds) of batch `b`, all heads.
+#[allow(clippy::too_many_arguments)]
+fn block(
+    isa: Isa,
+    shape: &AttentionShape,
+    b: usize,
+    row0: usize,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: Option<Mask<'_>>,
+    out: &mut [f32],
+) -> Result<()> {
+    let (width, d, n) = (shape.width(), shape.head_dim, shape.kv_len);
+    let rows = out.len() / width;
+    let mut scores = vec![0f32; rows * n];
+    let mut probs = vec![0f32; rows * n];
+    let q0 = (b * shape.q_len + row0) * width;
+    let kv0 = b * shape.kv_len * width;
+    let scaled = Epilogue {
+        alpha: shape.scale,
+        ..Epilogue::PLAIN
+    };
+    for h in 0..shape.heads {
+        let col = h * d;
+        // scores = scale · Q_h · K_hᵀ: K's rows are the keys (B transposed).
+        let (qh, kh) = (&q[q0 + col..], &k[kv0 + col..]);
+        gemm::gemm(
+            isa,
+            rows,
+            n,
+            d,
+            qh,
+            width,
+            false,
+            kh,
+            width,
+            true,
+            &mut scores,
+            n,
+            &scaled,
+            &Serial,
+        )?;
+        if let Some(m) = mask {
+            add_mask(&mut scores, n, m, b, h, row0);
+        }
+        super::softmax_isa(isa, n, 1, true, &scores, &mut probs);
+        // out[:, h·d..] = P · V_h, written with the output's row stride.
+        let vh = &v[kv0 + col..];
+        gemm::gemm(
+            isa,
+            rows,
+            d,
+            n,
+            &probs,
+            n,
+            false,
+            vh,
+            width,
+            false,
+            &mut out[col..],
+            width,
+            &Epilogue::PLAIN,
+            &Serial,
+        )?;
+    }
+    Ok(())
+}
+
+fn add_mask(scores: &mut [f32], n: usize, m: Mask<'_>, b: usize, h: usize, row0: usize) {
+    let base = b * m.strides[0] + h * m.strides[1];
+    for (i, row) in scores.chunks_exact_mut(n).enumerate() {
+        let at = base + (row0 + i) * m.strides[2];
+        for (s, &x) in row.iter_mut().zip(&m.data[at..at + n]) {
+            *s += x;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::parallel::ScopedThreads;
+    use crate::target::Target;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(7);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((s >> 8) as f32 / (1u32 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// The definition, in f64, one (batch, head, query) at a time.
+    fn reference(shape: &AttentionShape, q: &[f32], k: &[f32], v: &[f32], mask: Option<Mask<'_>>) -> Vec<f32> {
+        let (w, d) = (shape.width(), shape.head_dim);
+        let mut out = vec![0f32; shape.q_elems()];
+        for b in 0..shape.batch {
+            for h in 0..shape.heads {
+                for i in 0..shape.q_len {
+                    let qi = &q[(b * shape.q_len + i) * w + h * d..][..d];
+                    let mut s: Vec<f64> = (0..shape.kv_len)
+                        .map(|j| {
+                            let kj = &k[(b * shape.kv_len + j) * w + h * d..][..d];
+                            let dot: f64 = qi.iter().zip(kj).map(|(&x, &y)| x as f64 * y as f64).sum();
+                            let add = mask.map_or(0.0, |m| {
+                                m.data[b * m.strides[0] + h * m.strides[1] + i * m.strides[2] + j] as f64
+                            });
+                            dot * shape.scale as f64 + add
+                        })
+                        .collect();
+                    let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    s.iter_mut().for_each(|x| *x = (*x - mx).exp());
+                    let total: f64 = s.iter().sum();
+                    for c in 0..d {
+                        let acc: f64 = (0..shape.kv_len)
+                            .map(|j| s[j] / total * v[(b * shape.kv_len + j) * w + h * d + c] as f64)
+                            .sum();
+                        out[(b * shape.q_len + i) * w + h * d + c] = acc as f32;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn run(shape: AttentionShape, mask_kind: u8) {
+        let q = data(shape.q_elems(), 1);
+        let k = data(shape.kv_elems(), 2);
+        let v = data(shape.kv_elems(), 3);
+        let (strides, len) = match mask_kind {
+            // [B, 1, 1, Sk] of 0 / -10000, as BERT's extended mask.
+            1 => ([shape.kv_len, 0, 0], shape.batch * shape.kv_len),
+            // [B, H, Sq, Sk] of arbitrary values.
+            2 => (
+                [
+                    shape.heads * shape.q_len * shape.kv_len,
+                    shape.q_len * shape.kv_len,
+                    shape.kv_len,
+                ],
+                shape.batch * shape.heads * shape.q_len * shape.kv_len,
+            ),
+            _ => ([0, 0, 0], 0),
+        };
+        let mdata: Vec<f32> = match mask_kind {
+            1 => (0..len).map(|i| if i % 5 == 3 { -10000.0 } else { 0.0 }).collect(),
+            _ => data(len, 4),
+        };
+        let mask = (mask_kind != 0).then_some(Mask { data: &mdata, strides });
+        let want = reference(&shape, &q, &k, &v, mask);
+        for isa in Target::ALL.into_iter().filter_map(Isa::new) {
+            for threads in [1, 2] {
+                let mut got = vec![f32::NAN; shape.q_elems()];
+                attention(isa, &shape, &q, &k, &v, mask, &mut got, &ScopedThreads(threads)).unwrap();
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 + 1e-4 * w.abs(),
+                        "{shape:?} mask {mask_kind} {isa:?} {threads} threads: [{i}] {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matches_the_definition() {
+        let shapes = [
+            (1, 1, 1, 1, 1),
+            (2, 3, 7, 7, 5),
+            (3, 2, 5, 9, 17),
+            (1, 4, 77, 77, 32),
+            (2, 2, 33, 33, 8),
+        ];
+        for (batch, heads, q_len, kv_len, head_dim) in shapes {
+            let shape = AttentionShape {
+                batch,
+                heads,
+                q_len,
+                kv_len,
+                head_dim,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            };
+            for mask in [0, 1, 2] {
+                run(shape, mask);
+            }
+        }
+    }
+
+    #[test]
+    fn long_sequences_run_in_blocks() {
+        // 600 keys: blocks of 13 query rows, never a full score matrix.
+        let shape = AttentionShape {
+            batch: 1,
+            heads: 2,
+            q_len: 600,
+            kv_len: 600,
+            head_dim: 16,
+            scale: 0.25,
+        };
+        assert_eq!(
+            block_rows(&shape, 1),
+            600usize.div_ceil(600usize.div_ceil(SCORE_FLOATS / 600))
+        );
+        assert!(block_rows(&shape, 1) * shape.kv_len <= SCORE_FLOATS);
+        run(shape, 1);
+    }
+
+    #[test]
+    fn threads_get_several_blocks() {
+        let shape = AttentionShape {
+            batch: 1,
+            heads: 1,
+            q_len: 128,
+            kv_len: 128,
+            head_dim: 8,
+            scale: 1.0,
+        };
+        assert_eq!(block_rows(&shape, 1), 64);
+        assert_eq!(block_rows(&shape, 2), 16);
+    }
+
+    #[test]
+    fn refuses_wrong_sizes() {
+        let shape = AttentionShape {
+            batch: 2,
+            heads: 2,
+            q_len: 3,
+            kv_len: 4,
+            head_dim: 2,
+            scale: 1.0,
+        };
+        let isa = Isa::new(Target::Generic).unwrap();
+        let (q, kv) = (vec![0f32; shape.q_elems()], vec![0f32; shape.kv_elems()]);
+        let mut out = vec![0f32; shape.q_elems()];
+        assert!(attention(isa, &shape, &q, &kv, &kv, None, &mut out, &Serial).is_ok());
+        assert!(attention(isa, &shape, &q[1..], &kv, &kv, None, &mut out, &Serial).is_err());
+        assert!(attention(isa, &shape, &q, &kv, &kv[1..], None, &mut out, &Serial).is_err());
+        let short = Mask {
+            data: &[0.0; 7],
+            strides: [4, 0, 0],
+        };
+        assert_eq!(mask_extent(&shape, short.strides), 8);
+        assert!(attention(isa, &shape, &q, &kv, &kv, Some(short), &mut out, &Serial).is_err());
+    }
+}
