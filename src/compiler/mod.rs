@@ -18,6 +18,8 @@
 //!    by [`memplan`]).
 
 mod alias;
+// Attention fusion (issue #14).
+mod attention;
 // Convolution (issue #13).
 mod conv_fusion;
 mod dce;
@@ -113,6 +115,10 @@ pub fn optimise(graph: &Graph, passes: Passes) -> Result<Graph> {
         epilogue::fuse(&mut g);
         conv_fusion::fuse(&mut g);
     }
+    // After the epilogues, which fold the scores' scale into the product's alpha.
+    if passes.patterns {
+        attention::fuse(&mut g);
+    }
     dce::remove_dead(&mut g);
     if cfg!(debug_assertions) {
         g.validate()
@@ -130,3 +136,7 @@ mod generic_tests;
 // Convolution (issue #13).
 #[cfg(test)]
 mod conv_tests;
+
+// Attention fusion (issue #14).
+#[cfg(test)]
+mod attention_tests;
