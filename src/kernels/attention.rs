@@ -3,28 +3,31 @@
 //! activations (the projections' outputs and the output projection's input),
 //! so the head transposes of the unfused graph disappear.
 //!
-//! Work is split into tasks of (batch, block of query rows); a task runs
+//! Work is split into tasks of (batch, block of query rows), as many as
+//! the threads need (see [`block_rows`]); a task runs
 //! every head of its rows, so it owns a contiguous block of the output. Per
 //! head, the block's scores against all keys (`rows x kv_len`, at most
 //! [`SCORE_FLOATS`] values, so they stay in L1/L2) come from the GEMM with
-//! the scale as its alpha; the mask is added, rows are normalised by the
+//! the scale as its alpha (and a key mask, the same for every query row, as
+//! its per-column bias); any other mask is added, rows are normalised by the
 //! softmax row kernel, and the GEMM multiplies them by V straight into the
 //! output's columns of that head. No `[batch, heads, seq, seq]` buffer
-//! exists: at sequence 512 a block is 16 query rows.
+//! exists: at sequence 512 a block is 32 query rows.
 //!
 //! The numerics are those of the unfused steps (same GEMM, same softmax),
 //! so results match them to rounding.
 
 use std::sync::Mutex;
 
-use super::gemm::{self, Epilogue};
+use super::gemm::{self, Bias, Epilogue};
 use super::parallel::{Parallel, Serial};
 use super::Isa;
 use crate::error::{Error, Result};
 
-/// Most score values one task's block holds (`rows x kv_len`): 32 KiB of
-/// scores plus as much of probabilities.
-pub const SCORE_FLOATS: usize = 8192;
+/// Most score values one task's block holds (`rows x kv_len`): 64 KiB of
+/// scores plus as much of probabilities, in L2 (sequence 128 runs in one
+/// block of 128 query rows; 8192 values, blocks of 64, measured slower).
+pub const SCORE_FLOATS: usize = 16384;
 
 /// Sizes of one attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -78,15 +81,24 @@ pub fn mask_extent(shape: &AttentionShape, strides: [usize; 3]) -> usize {
 }
 
 /// Query rows per task: the score block stays under [`SCORE_FLOATS`], and
-/// with several threads there are at least four tasks per thread where the
-/// rows allow it.
+/// the task count is a multiple of the thread count (balanced). No more
+/// than that: every further block packs each head's K and V again, and
+/// `threads` is only an upper bound (ORT's pool may run everything on the
+/// caller), so extra tasks would slow a one-thread run down.
 fn block_rows(shape: &AttentionShape, threads: usize) -> usize {
     let cap = (SCORE_FLOATS / shape.kv_len.max(1)).max(1);
-    let mut blocks = shape.q_len.div_ceil(cap);
-    if threads > 1 {
-        blocks = blocks.max((4 * threads).div_ceil(shape.batch.max(1)));
-    }
+    let threads = threads.max(1);
+    let even = threads / gcd(shape.batch.max(1), threads);
+    let blocks = shape.q_len.div_ceil(cap).next_multiple_of(even);
     shape.q_len.div_ceil(blocks.clamp(1, shape.q_len.max(1))).max(1)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// `dst = softmax(scale · Q·Kᵀ + mask) · V` per batch and head (see the
@@ -181,54 +193,70 @@ fn block(
     let mut probs = vec![0f32; rows * n];
     let q0 = (b * shape.q_len + row0) * width;
     let kv0 = b * shape.kv_len * width;
-    let scaled = Epilogue {
-        alpha: shape.scale,
-        ..Epilogue::PLAIN
-    };
     for h in 0..shape.heads {
         let col = h * d;
-        // scores = scale · Q_h · K_hᵀ: K's rows are the keys (B transposed).
+        // A mask that is the same for every query row (a key mask, [B,1,1,S])
+        // is the GEMM's per-column bias, added in registers.
+        let key_mask = mask.filter(|m| m.strides[2] == 0).map(|m| {
+            let at = b * m.strides[0] + h * m.strides[1];
+            Bias::PerColumn(&m.data[at..at + n])
+        });
+        let epi = Epilogue {
+            alpha: shape.scale,
+            bias: key_mask.unwrap_or(Bias::None),
+            ..Epilogue::PLAIN
+        };
+        // scores = scale · Q_h · K_hᵀ (+ key mask): K's rows are the keys (B transposed).
         let (qh, kh) = (&q[q0 + col..], &k[kv0 + col..]);
-        gemm::gemm(
-            isa,
-            rows,
-            n,
-            d,
-            qh,
-            width,
-            false,
-            kh,
-            width,
-            true,
-            &mut scores,
-            n,
-            &scaled,
-            &Serial,
-        )?;
-        if let Some(m) = mask {
+        let qk = Operands {
+            a: qh,
+            lda: width,
+            b: kh,
+            ldb: width,
+            trans_b: true,
+        };
+        product(isa, rows, n, d, qk, &mut scores, n, &epi)?;
+        if let Some(m) = mask.filter(|_| key_mask.is_none()) {
             add_mask(&mut scores, n, m, b, h, row0);
         }
         super::softmax_isa(isa, n, 1, true, &scores, &mut probs);
         // out[:, h·d..] = P · V_h, written with the output's row stride.
-        let vh = &v[kv0 + col..];
-        gemm::gemm(
-            isa,
-            rows,
-            d,
-            n,
-            &probs,
-            n,
-            false,
-            vh,
-            width,
-            false,
-            &mut out[col..],
-            width,
-            &Epilogue::PLAIN,
-            &Serial,
-        )?;
+        let pv = Operands {
+            a: &probs,
+            lda: n,
+            b: &v[kv0 + col..],
+            ldb: width,
+            trans_b: false,
+        };
+        product(isa, rows, d, n, pv, &mut out[col..], width, &Epilogue::PLAIN)?;
     }
     Ok(())
+}
+
+/// A and B of one product (A never transposed).
+struct Operands<'a> {
+    a: &'a [f32],
+    lda: usize,
+    b: &'a [f32],
+    ldb: usize,
+    trans_b: bool,
+}
+
+/// `c (m x n, row stride ldc) = epi(A · op(B))` on this thread.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    isa: Isa,
+    m: usize,
+    n: usize,
+    k: usize,
+    x: Operands<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    epi: &Epilogue<'_>,
+) -> Result<()> {
+    gemm::gemm(
+        isa, m, n, k, x.a, x.lda, false, x.b, x.ldb, x.trans_b, c, ldc, epi, &Serial,
+    )
 }
 
 fn add_mask(scores: &mut [f32], n: usize, m: Mask<'_>, b: usize, h: usize, row0: usize) {
@@ -354,7 +382,7 @@ mod tests {
 
     #[test]
     fn long_sequences_run_in_blocks() {
-        // 600 keys: blocks of 13 query rows, never a full score matrix.
+        // 600 keys: blocks of 27 query rows, never a full score matrix.
         let shape = AttentionShape {
             batch: 1,
             heads: 2,
@@ -381,8 +409,13 @@ mod tests {
             head_dim: 8,
             scale: 1.0,
         };
-        assert_eq!(block_rows(&shape, 1), 64);
-        assert_eq!(block_rows(&shape, 2), 16);
+        assert_eq!(block_rows(&shape, 1), 128);
+        assert_eq!(block_rows(&shape, 2), 64);
+        // Three batches on two threads: six tasks, not three.
+        let three = AttentionShape { batch: 3, ..shape };
+        assert_eq!(block_rows(&three, 2), 64);
+        let four = AttentionShape { batch: 4, ..shape };
+        assert_eq!(block_rows(&four, 2), 128);
     }
 
     #[test]
