@@ -9,7 +9,8 @@
 //!    inverse pairs (the channels-last spatial ops' round trips).
 //! 5. [`epilogue`] — fuse scale, bias, activation and residual into GEMMs;
 //!    [`conv_fusion`] — per-channel scale/shift, activation and residual
-//!    into convolutions.
+//!    into convolutions; then (with `patterns`) [`attention`] — multi-head
+//!    attention into one fused op.
 //! 6. [`dce`] — drop nodes whose results reach no graph output.
 //! 7. [`alias`] — layout-only ops become buffer aliases.
 //! 8. [`lower`] — pick kernels and layouts, pack constant GEMM weights for
