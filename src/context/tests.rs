@@ -1062,7 +1062,11 @@ fn attention_steps_round_trip_and_bad_ones_are_refused() {
         fused_layernorm: false,
     });
     let p = compile(&crate::compiler::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap();
-    assert!(p.steps().iter().any(|s| matches!(s, Step::Attention(_))), "{}", p.op_summary());
+    assert!(
+        p.steps().iter().any(|s| matches!(s, Step::Attention(_))),
+        "{}",
+        p.op_summary()
+    );
     let mut b = ContextBuilder::new(Target::Generic);
     b.add_graph("bert", &p).unwrap();
     let bytes = b.to_bytes().unwrap();
