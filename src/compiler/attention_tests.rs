@@ -38,6 +38,9 @@ struct Form {
     mask: Mask,
     /// K's heads as `[0,2,1,3]` read transposed by the product.
     k_trans_b: bool,
+    /// K's heads as `[0,2,1,3]` then `[0,1,3,2]` (`k.transpose(2, 3)` on
+    /// the heads, DistilBERT's and ViT's export before ORT merges them).
+    k_twice: bool,
     dropout: bool,
     /// The heads' merge uses another perm.
     wrong_out_perm: bool,
@@ -49,6 +52,7 @@ const BERT: Form = Form {
     scale: Scale::DivScores,
     mask: Mask::Keys,
     k_trans_b: false,
+    k_twice: false,
     dropout: false,
     wrong_out_perm: false,
     probs_escape: false,
@@ -83,7 +87,19 @@ fn attention_graph(f: Form) -> Graph {
         projection(&mut b, x, "v", 3),
     );
     let mut qt = heads(&mut b, q, &[0, 2, 1, 3], "qt");
-    let kt = heads(&mut b, k, if f.k_trans_b { &[0, 2, 1, 3] } else { &[0, 2, 3, 1] }, "kt");
+    let mut kt = heads(
+        &mut b,
+        k,
+        if f.k_trans_b || f.k_twice {
+            &[0, 2, 1, 3]
+        } else {
+            &[0, 2, 3, 1]
+        },
+        "kt",
+    );
+    if f.k_twice {
+        kt = b.op(Op::Transpose { perm: vec![0, 1, 3, 2] }, &[kt], "kt2");
+    }
     let vt = heads(&mut b, v, &[0, 2, 1, 3], "vt");
     let root = (D as f32).sqrt();
     if f.scale == Scale::MulQ {
@@ -194,6 +210,7 @@ fn exported_forms_fuse() {
             ..BERT
         },
         Form { dropout: true, ..BERT },
+        Form { k_twice: true, ..BERT },
     ];
     for (i, f) in forms.into_iter().enumerate() {
         let g = attention_graph(f);
