@@ -13,7 +13,8 @@ use super::generic::PackedWeights;
 use super::memplan::{plan_arena, Lifetime};
 use crate::error::{Error, Result};
 use crate::ir::{
-    matmul_dims, BiasKind, ConvAttrs, ConvTransposeAttrs, DType, Graph, MatMulAttrs, Node, Op, RnnAttrs, ValueId,
+    matmul_dims, AttentionAttrs, BiasKind, ConvAttrs, ConvTransposeAttrs, DType, Graph, MatMulAttrs, Node, Op,
+    RnnAttrs, ValueId,
 };
 use crate::kernels::channel_norm::GroupNormDims;
 use crate::kernels::conv;
@@ -25,8 +26,8 @@ use crate::kernels::recurrent::RnnDims;
 use crate::kernels::select::Lanes;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
-    BufRef, Constant, ConvStep, ConvTransposeStep, ConvWeightsRef, IndexStep, MatB, MatBias, MatMulStep, NormStep,
-    Packing, PoolStep, Program, ProgramParts, RnnStep, Step, TensorSpec, Weight,
+    AttentionShape, AttentionStep, BufRef, Constant, ConvStep, ConvTransposeStep, ConvWeightsRef, IndexStep, MatB,
+    MatBias, MatMulStep, NormStep, Packing, PoolStep, Program, ProgramParts, RnnStep, Step, TensorSpec, Weight,
 };
 use crate::target::Target;
 
@@ -350,6 +351,7 @@ impl Lowering<'_> {
                 Step::Norm(Box::new(self.norm_step(&node.op, ins, dst)?))
             }
             Op::ConvTranspose(attrs) => self.conv_transpose(attrs, ins, dst)?,
+            Op::Attention(attrs) => self.attention(attrs, ins, dst)?,
             Op::Reshape => return Err(internal("an alias reached lowering")),
             Op::Shape { .. } => return Err(internal("Shape was not folded")),
         };
@@ -726,6 +728,37 @@ impl Lowering<'_> {
 
     /// A transposed convolution: the weights packed per group as the GEMM's
     /// B (`[ci / groups, kh · kw · co / groups]`, tap-major columns).
+    /// Fused attention: Q, K, V read in place; the mask's strides over
+    /// `[batch, heads, q_len]` (0 along its broadcast dims).
+    fn attention(&mut self, attrs: &AttentionAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
+        let (qs, ks) = (self.shape(ins[0]).to_vec(), self.shape(ins[1]).to_vec());
+        let shape = AttentionShape {
+            batch: qs[0],
+            heads: attrs.heads,
+            q_len: qs[1],
+            kv_len: ks[1],
+            head_dim: qs[2] / attrs.heads,
+            scale: attrs.scale,
+        };
+        let full = [shape.batch, shape.heads, shape.q_len, shape.kv_len];
+        let (mask, mask_strides) = match ins.get(3) {
+            Some(&m) => {
+                let st = broadcast_strides(self.shape(m), &full);
+                (Some(self.buf(m)?), [st[0], st[1], st[2]])
+            }
+            None => (None, [0; 3]),
+        };
+        Ok(Step::Attention(Box::new(AttentionStep {
+            shape,
+            q: self.buf(ins[0])?,
+            k: self.buf(ins[1])?,
+            v: self.buf(ins[2])?,
+            mask,
+            mask_strides,
+            dst,
+        })))
+    }
+
     fn conv_transpose(&mut self, attrs: &ConvTransposeAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
         let [batch, _, _, ci] = self.shape(ins[0])[..] else {
             return Err(internal("ConvTranspose x is not 4-D"));

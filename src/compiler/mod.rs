@@ -9,7 +9,8 @@
 //!    inverse pairs (the channels-last spatial ops' round trips).
 //! 5. [`epilogue`] — fuse scale, bias, activation and residual into GEMMs;
 //!    [`conv_fusion`] — per-channel scale/shift, activation and residual
-//!    into convolutions.
+//!    into convolutions; then (with `patterns`) [`attention`] — multi-head
+//!    attention into one fused op.
 //! 6. [`dce`] — drop nodes whose results reach no graph output.
 //! 7. [`alias`] — layout-only ops become buffer aliases.
 //! 8. [`lower`] — pick kernels and layouts, pack constant GEMM weights for
@@ -18,6 +19,8 @@
 //!    by [`memplan`]).
 
 mod alias;
+// Attention fusion (issue #14).
+mod attention;
 // Convolution (issue #13).
 mod conv_fusion;
 mod dce;
@@ -113,6 +116,10 @@ pub fn optimise(graph: &Graph, passes: Passes) -> Result<Graph> {
         epilogue::fuse(&mut g);
         conv_fusion::fuse(&mut g);
     }
+    // After the epilogues, which fold the scores' scale into the product's alpha.
+    if passes.patterns {
+        attention::fuse(&mut g);
+    }
     dce::remove_dead(&mut g);
     if cfg!(debug_assertions) {
         g.validate()
@@ -130,3 +137,7 @@ mod generic_tests;
 // Convolution (issue #13).
 #[cfg(test)]
 mod conv_tests;
+
+// Attention fusion (issue #14).
+#[cfg(test)]
+mod attention_tests;

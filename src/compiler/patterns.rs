@@ -22,10 +22,10 @@
 use crate::ir::{BinaryOp, DType, Graph, Node, Op, ReduceKind, UnaryOp, ValueId};
 
 /// One replacement: `node` takes the place of node `at`; `remove` go away.
-struct Rewrite {
-    at: usize,
-    node: Node,
-    remove: Vec<usize>,
+pub(crate) struct Rewrite {
+    pub at: usize,
+    pub node: Node,
+    pub remove: Vec<usize>,
 }
 
 /// Graph facts the matchers need.
@@ -121,9 +121,9 @@ pub(crate) fn recognise(g: &mut Graph) -> usize {
     total
 }
 
-type Matcher = fn(&View<'_>, usize, &mut Graph) -> Option<Rewrite>;
+pub(crate) type Matcher = fn(&View<'_>, usize, &mut Graph) -> Option<Rewrite>;
 
-fn apply(g: &mut Graph, m: Matcher) -> usize {
+pub(crate) fn apply(g: &mut Graph, m: Matcher) -> usize {
     let snapshot = g.clone();
     let view = View::new(&snapshot);
     let mut touched = vec![false; g.nodes.len()];
@@ -158,7 +158,7 @@ fn apply(g: &mut Graph, m: Matcher) -> usize {
     n
 }
 
-fn replaced(at: &Node, op: Op, inputs: Vec<ValueId>) -> Node {
+pub(crate) fn replaced(at: &Node, op: Op, inputs: Vec<ValueId>) -> Node {
     Node {
         name: at.name.clone(),
         op,

@@ -9,8 +9,8 @@ use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDims, RnnDirection, R
 use crate::kernels::spatial::{Axis, Window};
 use crate::kernels::{BinaryOp, CopyPlan, Layout, ReduceKind, Strided, UnaryOp, Where3};
 use crate::plan::{
-    BufRef, Constant, ConvStep, ConvTransposeStep, ConvWeightsRef, MatB, MatBias, MatMulStep, Program, ProgramParts,
-    RnnStep, Step, TensorSpec,
+    AttentionShape, AttentionStep, BufRef, Constant, ConvStep, ConvTransposeStep, ConvWeightsRef, MatB, MatBias,
+    MatMulStep, Program, ProgramParts, RnnStep, Step, TensorSpec,
 };
 use crate::target::Target;
 
@@ -230,6 +230,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
         Step::Pool(p) => super::convert_pool::pool_info(p),
         Step::Norm(x) => super::convert_norm::norm_info(x),
         Step::ConvTranspose(c) => K::ConvTranspose(conv_transpose_info(c)),
+        Step::Attention(a) => K::Attention(attention_info(a)),
     };
     proto::StepInfo { kind: Some(kind) }
 }
@@ -316,6 +317,48 @@ fn conv(c: &proto::ConvStep) -> Result<ConvStep> {
         activation: activation(c.activation.as_ref().ok_or_else(|| missing("activation"))?)?,
         residual: opt(&c.residual)?,
         dst: buf_ref(&c.dst)?,
+    })
+}
+
+// Fused attention (issue #14).
+fn attention_info(a: &AttentionStep) -> proto::AttentionStep {
+    let sh = &a.shape;
+    proto::AttentionStep {
+        batch: sh.batch as u64,
+        heads: sh.heads as u64,
+        q_len: sh.q_len as u64,
+        kv_len: sh.kv_len as u64,
+        head_dim: sh.head_dim as u64,
+        scale: sh.scale,
+        q: Some(buf(a.q)),
+        k: Some(buf(a.k)),
+        v: Some(buf(a.v)),
+        mask: a.mask.map(buf),
+        mask_strides: dims(&a.mask_strides),
+        dst: Some(buf(a.dst)),
+    }
+}
+
+fn attention(a: &proto::AttentionStep) -> Result<AttentionStep> {
+    let strides = shape(&a.mask_strides)?;
+    let mask_strides: [usize; 3] = strides
+        .try_into()
+        .map_err(|_| Error::invalid_graph("an Attention step's mask strides are not 3"))?;
+    Ok(AttentionStep {
+        shape: AttentionShape {
+            batch: usize_of(a.batch, "batch size")?,
+            heads: usize_of(a.heads, "head count")?,
+            q_len: usize_of(a.q_len, "query length")?,
+            kv_len: usize_of(a.kv_len, "key length")?,
+            head_dim: usize_of(a.head_dim, "head size")?,
+            scale: a.scale,
+        },
+        q: buf_ref(&a.q)?,
+        k: buf_ref(&a.k)?,
+        v: buf_ref(&a.v)?,
+        mask: a.mask.as_ref().map(|m| buf_ref(&Some(m.clone()))).transpose()?,
+        mask_strides,
+        dst: buf_ref(&a.dst)?,
     })
 }
 
@@ -710,6 +753,7 @@ fn step(s: &proto::StepInfo) -> Result<Step> {
         K::Rnn(r) => Step::Rnn(Box::new(rnn(r)?)),
         K::Conv(c) => Step::Conv(Box::new(conv(c)?)),
         K::ConvTranspose(c) => Step::ConvTranspose(Box::new(conv_transpose(c)?)),
+        K::Attention(a) => Step::Attention(Box::new(attention(a)?)),
     })
 }
 

@@ -261,7 +261,7 @@ pub struct OpCount {
 pub struct StepInfo {
     #[prost(
         oneof = "step_info::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50, 65, 66, 75, 76, 77, 78, 55"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50, 65, 66, 75, 76, 77, 78, 55, 85"
     )]
     pub kind: Option<step_info::Kind>,
 }
@@ -325,7 +325,41 @@ pub mod step_info {
         // Transposed convolution (issue #13): tags 55-59.
         #[prost(message, tag = "55")]
         ConvTranspose(super::ConvTransposeStep),
+        // Fused attention (issue #14, format 4): tags 85-89.
+        #[prost(message, tag = "85")]
+        Attention(super::AttentionStep),
     }
+}
+
+/// Fused multi-head attention (`plan::AttentionStep`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AttentionStep {
+    #[prost(uint64, tag = "1")]
+    pub batch: u64,
+    #[prost(uint64, tag = "2")]
+    pub heads: u64,
+    #[prost(uint64, tag = "3")]
+    pub q_len: u64,
+    #[prost(uint64, tag = "4")]
+    pub kv_len: u64,
+    #[prost(uint64, tag = "5")]
+    pub head_dim: u64,
+    #[prost(float, tag = "6")]
+    pub scale: f32,
+    #[prost(message, optional, tag = "7")]
+    pub q: Option<BufInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub k: Option<BufInfo>,
+    #[prost(message, optional, tag = "9")]
+    pub v: Option<BufInfo>,
+    /// Absent: no mask.
+    #[prost(message, optional, tag = "10")]
+    pub mask: Option<BufInfo>,
+    /// The mask's strides over batch, head and query row.
+    #[prost(uint64, repeated, tag = "11")]
+    pub mask_strides: Vec<u64>,
+    #[prost(message, optional, tag = "12")]
+    pub dst: Option<BufInfo>,
 }
 
 /// A channels-last convolution (`plan::ConvStep`).

@@ -1051,3 +1051,40 @@ fn conv_transpose_step_round_trips() {
     let err = parse(&bad).and_then(|c| c.program("ct").map(|_| ())).unwrap_err();
     assert!(err.to_string().contains("ConvTranspose"), "{err}");
 }
+
+// Fused attention (issue #14, format 4).
+#[test]
+fn attention_steps_round_trip_and_bad_ones_are_refused() {
+    use crate::ir::tests::{bert_layer, Bert};
+    use crate::plan::Step;
+    let d = bert_layer(Bert {
+        mask: true,
+        fused_layernorm: false,
+    });
+    let p = compile(&crate::compiler::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap();
+    assert!(
+        p.steps().iter().any(|s| matches!(s, Step::Attention(_))),
+        "{}",
+        p.op_summary()
+    );
+    let mut b = ContextBuilder::new(Target::Generic);
+    b.add_graph("bert", &p).unwrap();
+    let bytes = b.to_bytes().unwrap();
+    let ctx = ContextBinary::parse(storage(&bytes)).unwrap();
+    assert_eq!(ctx.program("bert").unwrap().unwrap().steps(), p.steps());
+    let with_attention = |f: &dyn Fn(&mut proto::AttentionStep)| {
+        tamper(&bytes, |m| {
+            let steps = &mut m.graphs[0].program.as_mut().unwrap().steps;
+            for s in steps.iter_mut() {
+                if let Some(proto::step_info::Kind::Attention(a)) = s.kind.as_mut() {
+                    f(a);
+                }
+            }
+        })
+    };
+    // A mask stride reaching past the mask, a head count that does not fit
+    // the buffers, two strides instead of three.
+    refused(&with_attention(&|a| a.mask_strides[0] = 1 << 40), "do not allow");
+    refused(&with_attention(&|a| a.heads += 1), "do not allow");
+    refused(&with_attention(&|a| a.mask_strides.truncate(2)), "mask strides");
+}

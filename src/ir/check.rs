@@ -83,6 +83,7 @@ fn arity(op: &Op, ins: usize, outs: usize) -> Result<(), Why> {
         Op::GroupNorm { .. } => (&[3], 1),
         Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => (&[1], 1),
         Op::ConvTranspose(c) => return exact(op, ins, 2 + usize::from(c.bias), outs, 1),
+        Op::Attention(a) => return exact(op, ins, 3 + usize::from(a.mask), outs, 1),
         Op::Concat { .. } => {
             if ins == 0 {
                 return Err("Concat needs at least one input".into());
@@ -323,8 +324,49 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
         Op::Pool { .. } | Op::Resize(_) => infer_spatial(op, x()?)?,
         Op::GroupNorm { .. } | Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => infer_norm(op, ins)?,
         Op::ConvTranspose(c) => infer_conv_transpose(c, ins)?,
+        Op::Attention(a) => infer_attention(a, ins)?,
     };
     Ok(vec![out])
+}
+
+/// Output type of a fused attention (see `Op::Attention`).
+fn infer_attention(a: &crate::ir::AttentionAttrs, ins: &[&TensorType]) -> Result<TensorType, Why> {
+    let (q, k, v) = (ins[0], ins[1], ins[2]);
+    for (what, t) in [("Q", q), ("K", k), ("V", v)] {
+        expect_dtype(&format!("attention's {what}"), t, &[DType::F32])?;
+        if t.shape.len() != 3 {
+            return Err(format!(
+                "attention's {what} is {}, expected [batch, seq, heads·dim]",
+                shape(&t.shape)
+            ));
+        }
+    }
+    let (qs, ks) = (&q.shape, &k.shape);
+    if ks != &v.shape || qs[0] != ks[0] || qs[2] != ks[2] || a.heads == 0 || qs[2] % a.heads != 0 {
+        return Err(format!(
+            "attention of Q {}, K {}, V {} with {} heads",
+            shape(qs),
+            shape(ks),
+            shape(&v.shape),
+            a.heads
+        ));
+    }
+    if a.mask {
+        let m = ins[3];
+        expect_dtype("attention's mask", m, &[DType::F32])?;
+        let full = [qs[0], a.heads, qs[1], ks[1]];
+        let fits = m.shape.len() <= 4
+            && m.shape.last() == Some(&ks[1])
+            && broadcast_shapes(&m.shape, &full).as_deref() == Some(&full[..]);
+        if !fits {
+            return Err(format!(
+                "attention's mask {} does not broadcast to {}",
+                shape(&m.shape),
+                shape(&full)
+            ));
+        }
+    }
+    Ok(TensorType::f32(qs))
 }
 
 /// Output type of the normalisation and selection ops (issue #13).

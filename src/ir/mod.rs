@@ -341,6 +341,19 @@ pub enum Op {
     },
     // Transposed convolution (issue #13).
     ConvTranspose(Box<ConvTransposeAttrs>),
+    /// Fused multi-head attention (issue #14, `compiler::attention`): `q
+    /// [B, Sq, H·D]`, `k` and `v` `[B, Sk, H·D]`, then an f32 mask
+    /// broadcastable to `[B, H, Sq, Sk]` (its last dim `Sk`) when `mask`.
+    /// Output `[B, Sq, H·D]`: per head `softmax(scale · Q·Kᵀ + mask) · V`.
+    Attention(AttentionAttrs),
+}
+
+/// See [`Op::Attention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionAttrs {
+    pub heads: usize,
+    pub scale: f32,
+    pub mask: bool,
 }
 
 impl Op {
@@ -400,6 +413,7 @@ impl Op {
             Op::ArgReduce { rule, .. } => (if rule.min { "ArgMin" } else { "ArgMax" }).into(),
             Op::TopK { .. } => "TopK".into(),
             Op::ConvTranspose(_) => "ConvTranspose".into(),
+            Op::Attention(a) => (if a.mask { "Attention+Mask" } else { "Attention" }).into(),
         }
     }
 

@@ -10,6 +10,7 @@
 //! Big steps are split over a [`parallel::Parallel`] by rows; the GEMM
 //! ([`gemm`]) parallelises itself.
 
+pub mod attention;
 pub mod conv;
 pub mod conv_direct;
 pub mod conv_transpose;

@@ -23,6 +23,7 @@ pub use crate::tensor::DType;
 pub use crate::tensor::{AlignedBytes, HugePageBytes, Storage, Weight, STORAGE_ALIGN};
 
 use crate::error::{Error, Result};
+pub use crate::kernels::attention::AttentionShape;
 use crate::kernels::gemm::{self, Activation, Bias, Epilogue, PackedB};
 use crate::kernels::parallel::Parallel;
 use crate::kernels::recurrent::{self, RnnArgs, RnnDims, RnnSpec};
@@ -225,6 +226,22 @@ pub struct ConvTransposeStep {
     pub dst: BufRef,
 }
 
+/// Fused multi-head attention (`kernels::attention`, issue #14): `q` and
+/// `dst` `[batch, q_len, heads·head_dim]`, `k` and `v` `[batch, kv_len,
+/// heads·head_dim]` (f32), and an optional additive f32 `mask` read with
+/// `mask_strides` (batch, head, query row; keys contiguous: see
+/// `kernels::attention::Mask`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionStep {
+    pub shape: AttentionShape,
+    pub q: BufRef,
+    pub k: BufRef,
+    pub v: BufRef,
+    pub mask: Option<BufRef>,
+    pub mask_strides: [usize; 3],
+    pub dst: BufRef,
+}
+
 /// One instruction of a program.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
@@ -327,6 +344,8 @@ pub enum Step {
     Norm(Box<NormStep>),
     // Transposed convolution (issue #13).
     ConvTranspose(Box<ConvTransposeStep>),
+    /// Fused attention (issue #14).
+    Attention(Box<AttentionStep>),
 }
 
 impl Step {
@@ -349,6 +368,7 @@ impl Step {
             Step::Pool(p) => p.dst(),
             Step::Norm(x) => x.dst(),
             Step::ConvTranspose(c) => c.dst,
+            Step::Attention(a) => a.dst,
         }
     }
 
@@ -414,6 +434,11 @@ impl Step {
                 v.extend(c.bias.map(|b| (b, Some(F32))));
                 v
             }
+            Step::Attention(a) => {
+                let mut v = vec![(a.q, Some(F32)), (a.k, Some(F32)), (a.v, Some(F32))];
+                v.extend(a.mask.map(|m| (m, Some(F32))));
+                v
+            }
         }
     }
 
@@ -428,7 +453,8 @@ impl Step {
             | Step::Reduce { .. }
             | Step::Rnn(_)
             | Step::Conv(_)
-            | Step::ConvTranspose(_) => Some(DType::F32),
+            | Step::ConvTranspose(_)
+            | Step::Attention(_) => Some(DType::F32),
             Step::Strided { dtype, .. } | Step::Gather { dtype, .. } | Step::Where { dtype, .. } => Some(*dtype),
             Step::Cast { to, .. } => Some(*to),
             Step::Copy { .. } => None,
@@ -458,6 +484,7 @@ impl Step {
             Step::Pool(p) => p.kind().into(),
             Step::Norm(x) => x.kind().into(),
             Step::ConvTranspose(_) => "ConvTranspose".into(),
+            Step::Attention(_) => "Attention".into(),
         }
     }
 }
@@ -909,6 +936,7 @@ impl Memory<'_, '_, '_> {
             Step::Pool(p) => p.run(isa, &src, dst, par),
             Step::Norm(x) => x.run(&src, dst, par),
             Step::ConvTranspose(c) => conv_transpose(isa, c, &src, packed, as_f32_mut(dst)?, par),
+            Step::Attention(a) => attention(isa, a, &src, as_f32_mut(dst)?, par),
         }
     }
 
@@ -1037,6 +1065,20 @@ fn matmul(
         one(i, &mut dst[i * block..(i + 1) * block], par)?;
     }
     Ok(())
+}
+
+fn attention(isa: Isa, a: &AttentionStep, src: &Sources<'_>, dst: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    let mask = a
+        .mask
+        .map(|m| -> Result<_> {
+            Ok(kernels::attention::Mask {
+                data: src.f32(m)?,
+                strides: a.mask_strides,
+            })
+        })
+        .transpose()?;
+    let (q, k, v) = (src.f32(a.q)?, src.f32(a.k)?, src.f32(a.v)?);
+    kernels::attention::attention(isa, &a.shape, q, k, v, mask, dst, par)
 }
 
 fn conv_transpose(

@@ -195,6 +195,7 @@ fn check_step(p: &Program, step: &Step) -> Result<()> {
         Step::Pool(x) => x.fits(&s, d),
         Step::Norm(x) => x.fits(&s, d),
         Step::ConvTranspose(c) => conv_transpose_fits(p, c, &s, d),
+        Step::Attention(a) => attention_fits(a, &s, d),
     };
     if !consistent {
         crate::bail!(
@@ -338,6 +339,38 @@ fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
     let out = len(w.output_pixels(), co);
     let residual_ok = c.residual.is_none() || rest.next() == out;
     weights_ok && bias_ok && residual_ok && Some(s[0]) == len(w.input_pixels(), ci) && Some(d) == out
+}
+
+/// A fused attention: Q, K, V and the output of their shape's sizes (no
+/// product overflows), a mask that holds every element its strides reach.
+fn attention_fits(a: &super::AttentionStep, s: &[usize], d: usize) -> bool {
+    let sh = &a.shape;
+    let elems = |len: usize| {
+        sh.heads
+            .checked_mul(sh.head_dim)
+            .and_then(|w| w.checked_mul(len))
+            .and_then(|n| n.checked_mul(sh.batch))
+    };
+    let (q, kv) = (elems(sh.q_len), elems(sh.kv_len));
+    let mask_ok = match a.mask {
+        None => true,
+        Some(_) => {
+            let reach = [sh.batch, sh.heads, sh.q_len]
+                .iter()
+                .zip(a.mask_strides)
+                .try_fold(sh.kv_len, |acc, (&n, st)| {
+                    n.saturating_sub(1).checked_mul(st)?.checked_add(acc)
+                });
+            reach.is_some_and(|r| r <= s[3])
+        }
+    };
+    sh.heads > 0
+        && sh.head_dim > 0
+        && q == Some(d)
+        && q == Some(s[0])
+        && kv == Some(s[1])
+        && kv == Some(s[2])
+        && mask_ok
 }
 
 /// Largest size, stride or padding a transposed convolution's axis may

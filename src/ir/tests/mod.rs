@@ -811,10 +811,15 @@ fn bert_layer_end_to_end() {
             "{summary}"
         );
         assert!(!summary.contains("Erf") && !summary.contains("Pow"), "{summary}");
-        assert!(summary.contains("Softmax x1"), "{summary}");
         assert_eq!(p.packed_constants(), 6, "{summary}");
-        // The scale folds into the Q·Kᵀ product; the broadcast mask stays an Add.
-        assert!(summary.contains("MatMul+Scale x1"), "{summary}");
+        // Scores, scale, mask, softmax and the product with V are one
+        // fused attention (issue #14).
+        let attention = if mask { "Attention+Mask x1" } else { "Attention x1" };
+        assert!(summary.contains(attention), "{summary}");
+        assert!(
+            !summary.contains("Softmax") && !summary.contains("MatMul+Scale"),
+            "{summary}"
+        );
         assert!(summary.contains("MatMul+Bias+Gelu x1"), "{summary}");
     }
 }

@@ -1,0 +1,93 @@
+"""kiln's fused attention (issue #14) against ONNX Runtime's CPU EP.
+
+BERT-style encoders from ``models_lib.bert`` (the HF export's form:
+``Transpose(Reshape(x, [B,S,H,D]), [0,2,1,3])`` heads, K as ``[0,2,3,1]``,
+scores divided by ``sqrt(D)``, the extended mask ``(1 - m) * -10000`` of shape
+``[B,1,1,S]`` added, Softmax, product with V, heads merged back) with symbolic
+batch and sequence, with and without a mask, each run at two shapes in one
+session (so kiln specialises the shape-generic partition twice), at
+``ORT_DISABLE_ALL`` (the graph as exported, what the compile API gives kiln)
+and ORT's default ``ORT_ENABLE_ALL``. Masks keep a random prefix of each row
+(row 0 everything), so padded keys matter.
+
+That the fusion fires is checked on static-shape copies through the compile
+API: the EPContext node's notes list the compiled program's ops, which must
+show ``Attention+Mask`` (or ``Attention``) once per layer and no ``Softmax``.
+paraphrase-MiniLM-L3-v2 against the CPU EP is ``test_real_models.py``'s.
+
+Tolerance: the models' own (``models_lib``: BERT stacks, GEMM chains).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import kiln_testutil as tu
+import models_lib as ml
+
+CPU = "CPUExecutionProvider"
+LEVELS = {"raw": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "ort-opt": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+SHAPES = [(2, 7), (3, 16)]
+
+
+def dynamic_bert(mask: bool) -> ml.ModelCase:
+    return ml.bert(64, 4, 8, 2, 2, mask=mask, ln="op", act="erf", dynamic_batch=True, dynamic_seq=True,
+                   name=f"attention_dyn_{'mask' if mask else 'nomask'}")
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+@pytest.mark.parametrize("mask", [True, False], ids=["mask", "nomask"])
+def test_symbolic_batch_and_sequence_match_cpu(mask, level, kiln_dev, tmp_path):
+    case = dynamic_bert(mask)
+    path = case.save(str(tmp_path))
+    feeds = [case.feeds(seed, batch=b, seq=s) for seed, (b, s) in enumerate(SHAPES)]
+    if mask:
+        assert any((f["attention_mask"] == 0).any() for f in feeds), "the masks must pad something"
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, opt_level=LEVELS[level])
+    assert run.nodes_on(CPU) == []
+    for f, got, (b, s) in zip(feeds, run.all_outputs, SHAPES):
+        names, want = tu.run_cpu(path, f, opt_level=LEVELS[level])
+        assert got[0].shape == (b, s, 64)
+        np.testing.assert_allclose(got[0], want[0], rtol=case.rtol, atol=case.atol,
+                                   err_msg=f"{case.name} at batch {b}, seq {s} ({level})")
+
+
+def compiled_notes(path: str, kiln_dev) -> str:
+    data = tu.compile_model(path, kiln_dev, embed=True, to="bytes")
+    notes = [tu.attrs_of(n).get("notes", b"") for n in tu.ep_context_nodes(data)]
+    return " | ".join(x.decode() if isinstance(x, bytes) else str(x) for x in notes)
+
+
+@pytest.mark.parametrize("mask", [True, False], ids=["mask", "nomask"])
+def test_static_encoders_compile_to_fused_attention(mask, kiln_dev, tmp_path):
+    case = ml.bert(64, 4, 16, 2, 2, mask=mask, ln="op", act="erf", name=f"attention_static_{mask}")
+    path = case.save(str(tmp_path))
+    notes = compiled_notes(path, kiln_dev)
+    op = "Attention+Mask x2" if mask else "Attention x2"
+    assert op in notes and "Softmax" not in notes, notes
+    # and the fused program computes what the CPU EP does
+    feeds = case.feeds(0)
+    names, want = tu.run_cpu(path, feeds, opt_level=LEVELS["raw"])
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds, opt_level=LEVELS["raw"])
+    for name, e, a in zip(names, want, run.outputs):
+        np.testing.assert_allclose(a, e, rtol=case.rtol, atol=case.atol, err_msg=name)
+
+
+def test_a_softmax_read_elsewhere_keeps_attention_unfused(kiln_dev, tmp_path):
+    """Near miss: the attention probabilities are also a graph output, so the
+    score matrix must exist and kiln leaves the ops as they are (still right)."""
+    import onnx
+    case = ml.bert(64, 4, 16, 1, 1, mask=True, ln="op", act="erf", name="attention_probs_out")
+    model = case.model
+    probs = next(n.output[0] for n in model.graph.node if n.op_type == "Softmax")
+    model.graph.output.append(onnx.helper.make_tensor_value_info(probs, onnx.TensorProto.FLOAT, [1, 4, 16, 16]))
+    path = str(tmp_path / "probs_out.onnx")
+    onnx.save(model, path)
+    notes = compiled_notes(path, kiln_dev)
+    assert "Attention" not in notes and "Softmax x1" in notes, notes
+    feeds = case.feeds(0)
+    names, want = tu.run_cpu(path, feeds, opt_level=LEVELS["raw"])
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds, opt_level=LEVELS["raw"])
+    for name, e, a in zip(names, want, run.outputs):
+        np.testing.assert_allclose(a, e, rtol=case.rtol, atol=case.atol, err_msg=name)

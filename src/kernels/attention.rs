@@ -1,0 +1,514 @@
+//! Fused multi-head attention: `softmax(scale · Q·Kᵀ + mask) · V` for every
+//! batch and head, read from and written to `[batch, seq, heads · head_dim]`
+//! activations (the projections' outputs and the output projection's input),
+//! so the head transposes of the unfused graph disappear.
+//!
+//! Work is split into tasks of (batch, block of query rows), as many as
+//! the threads need (see [`block_rows`]; with many blocks per batch, each
+//! head's K and V are packed for the GEMM once, before); a task runs
+//! every head of its rows, so it owns a contiguous block of the output. Per
+//! head, the block's scores against all keys (`rows x kv_len`, at most
+//! [`SCORE_FLOATS`] values, so they stay in L1/L2) come from the GEMM with
+//! the scale as its alpha (and a key mask, the same for every query row, as
+//! its per-column bias); any other mask is added, rows are normalised by the
+//! softmax row kernel, and the GEMM multiplies them by V straight into the
+//! output's columns of that head. No `[batch, heads, seq, seq]` buffer
+//! exists: at sequence 512 a block is 32 query rows.
+//!
+//! The numerics are those of the unfused steps (same GEMM, same softmax),
+//! so results match them to rounding.
+
+use std::sync::Mutex;
+
+use super::gemm::{self, Bias, Epilogue, PackedB};
+use super::parallel::{Parallel, Serial};
+use super::Isa;
+use crate::error::{Error, Result};
+
+/// Most score values one task's block holds (`rows x kv_len`): 64 KiB of
+/// scores plus as much of probabilities, in L2 (sequence 128 runs in one
+/// block of 128 query rows; 8192 values, blocks of 64, measured slower).
+pub const SCORE_FLOATS: usize = 16384;
+
+/// Query blocks per batch from which each head's K and V are packed once
+/// for all blocks rather than by the GEMM in each block. Packing ahead costs
+/// a gather of the head's columns and the portable packing; on a Zen 5
+/// (MiniLM, one thread, per layer) it took sequence 512 (16 blocks) from
+/// 3.67 to 3.34 ms but 256 (4 blocks) from 0.85 to 0.96 ms and 128 (2
+/// blocks) from 0.23 to 0.31 ms.
+const PREPACK_BLOCKS: usize = 8;
+
+/// Sizes of one attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub heads: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub head_dim: usize,
+    /// Multiplies Q·Kᵀ before the mask is added.
+    pub scale: f32,
+}
+
+impl AttentionShape {
+    /// Row length of Q, K, V and the output: `heads · head_dim`.
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Elements of Q and of the output.
+    pub fn q_elems(&self) -> usize {
+        self.batch * self.q_len * self.width()
+    }
+
+    /// Elements of K and of V.
+    pub fn kv_elems(&self) -> usize {
+        self.batch * self.kv_len * self.width()
+    }
+}
+
+/// An additive mask broadcast to `[batch, heads, q_len, kv_len]`: key
+/// `j` of query row `i` of head `h` in batch `b` reads
+/// `data[b·strides[0] + h·strides[1] + i·strides[2] + j]` (a stride is 0
+/// along a broadcast dim, e.g. `[batch, 1, 1, kv_len]` has `[kv_len, 0, 0]`).
+#[derive(Clone, Copy, Debug)]
+pub struct Mask<'a> {
+    pub data: &'a [f32],
+    pub strides: [usize; 3],
+}
+
+/// Elements a mask with these strides must have (0 if there is no element).
+pub fn mask_extent(shape: &AttentionShape, strides: [usize; 3]) -> usize {
+    if shape.batch == 0 || shape.heads == 0 || shape.q_len == 0 || shape.kv_len == 0 {
+        return 0;
+    }
+    let last = [shape.batch - 1, shape.heads - 1, shape.q_len - 1];
+    last.iter()
+        .zip(strides)
+        .map(|(&i, s)| i.saturating_mul(s))
+        .fold(shape.kv_len, usize::saturating_add)
+}
+
+/// Query rows per task: the score block stays under [`SCORE_FLOATS`], and
+/// the task count is a multiple of the thread count (balanced). No more
+/// than that: every further block packs each head's K and V again, and
+/// `threads` is only an upper bound (ORT's pool may run everything on the
+/// caller), so extra tasks would slow a one-thread run down.
+fn block_rows(shape: &AttentionShape, threads: usize) -> usize {
+    let cap = (SCORE_FLOATS / shape.kv_len.max(1)).max(1);
+    let threads = threads.max(1);
+    let even = threads / gcd(shape.batch.max(1), threads);
+    let blocks = shape.q_len.div_ceil(cap).next_multiple_of(even);
+    shape.q_len.div_ceil(blocks.clamp(1, shape.q_len.max(1))).max(1)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// `dst = softmax(scale · Q·Kᵀ + mask) · V` per batch and head (see the
+/// module doc). `q` and `dst` are `[batch, q_len, heads · head_dim]`, `k`
+/// and `v` `[batch, kv_len, heads · head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    isa: Isa,
+    shape: &AttentionShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: Option<Mask<'_>>,
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
+    check(shape, q, k, v, mask, dst)?;
+    let width = shape.width();
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let rows = block_rows(shape, par.threads());
+    let per_batch = shape.q_len.div_ceil(rows);
+    // Tasks own whole rows of the output: (batch, block) in order.
+    let mut chunks = Vec::with_capacity(shape.batch * per_batch);
+    for (b, batch_out) in dst.chunks_mut(shape.q_len * width).enumerate() {
+        for (blk, chunk) in batch_out.chunks_mut(rows * width).enumerate() {
+            chunks.push(Mutex::new((b, blk * rows, chunk)));
+        }
+    }
+    // Many query blocks per batch read the same heads' K and V: pack them
+    // once instead of once per block (see [`PREPACK_BLOCKS`]).
+    let packed = if per_batch >= PREPACK_BLOCKS {
+        Some(pack_heads(isa, shape, k, v, par)?)
+    } else {
+        None
+    };
+    let failed = Mutex::new(None);
+    par.for_each(chunks.len(), &|t| {
+        // Each task locks its own chunk once: never contended.
+        let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+        let (b, row0, ref mut out) = *guard;
+        let heads = packed.as_deref().map(|p| &p[b * shape.heads..(b + 1) * shape.heads]);
+        if let Err(e) = block(isa, shape, b, row0, q, k, v, mask, heads, out) {
+            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// One head's K (as Kᵀ, `head_dim x kv_len`) and V (`kv_len x head_dim`)
+/// packed for the GEMM.
+struct PackedHead {
+    k: PackedB,
+    v: PackedB,
+}
+
+/// [`PackedHead`]s of every (batch, head), in that order, packed over `par`.
+fn pack_heads(isa: Isa, shape: &AttentionShape, k: &[f32], v: &[f32], par: &dyn Parallel) -> Result<Vec<PackedHead>> {
+    let count = shape.batch * shape.heads;
+    let slots: Vec<Mutex<Option<Result<PackedHead>>>> = (0..count).map(|_| Mutex::new(None)).collect();
+    par.for_each(count, &|i| {
+        let head = pack_head(isa, shape, i / shape.heads, i % shape.heads, k, v);
+        *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(head);
+    });
+    slots
+        .into_iter()
+        .map(|s| {
+            let head = s.into_inner().unwrap_or_else(|e| e.into_inner());
+            head.unwrap_or_else(|| Err(Error::runtime("attention: a head was not packed")))
+        })
+        .collect()
+}
+
+fn pack_head(isa: Isa, shape: &AttentionShape, b: usize, h: usize, k: &[f32], v: &[f32]) -> Result<PackedHead> {
+    let (width, d, n) = (shape.width(), shape.head_dim, shape.kv_len);
+    let at = b * n * width + h * d;
+    // The head's columns, dense, as packing wants them.
+    let columns = |x: &[f32]| -> Vec<f32> {
+        x[at..]
+            .chunks(width)
+            .take(n)
+            .flat_map(|row| &row[..d])
+            .copied()
+            .collect()
+    };
+    let target = isa.target();
+    Ok(PackedHead {
+        k: PackedB::try_pack(target, &columns(k), d, n, true)?,
+        v: PackedB::try_pack(target, &columns(v), n, d, false)?,
+    })
+}
+
+fn check(shape: &AttentionShape, q: &[f32], k: &[f32], v: &[f32], mask: Option<Mask<'_>>, dst: &[f32]) -> Result<()> {
+    let bad = |what: &str, got: usize, want: usize| {
+        Err(Error::runtime(format!(
+            "attention {shape:?}: {what} has {got} elements, expected {want}"
+        )))
+    };
+    if shape.head_dim == 0 || shape.heads == 0 {
+        return Err(Error::runtime(format!("attention {shape:?}: no heads")));
+    }
+    if q.len() != shape.q_elems() {
+        return bad("Q", q.len(), shape.q_elems());
+    }
+    if dst.len() != shape.q_elems() {
+        return bad("the output", dst.len(), shape.q_elems());
+    }
+    if k.len() != shape.kv_elems() {
+        return bad("K", k.len(), shape.kv_elems());
+    }
+    if v.len() != shape.kv_elems() {
+        return bad("V", v.len(), shape.kv_elems());
+    }
+    if let Some(m) = mask {
+        let need = mask_extent(shape, m.strides);
+        if m.data.len() < need {
+            return bad("the mask", m.data.len(), need);
+        }
+    }
+    Ok(())
+}
+
+/// One task: query rows `row0..` (as many as `out` holds) of batch `b`, all heads.
+#[allow(clippy::too_many_arguments)]
+fn block(
+    isa: Isa,
+    shape: &AttentionShape,
+    b: usize,
+    row0: usize,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: Option<Mask<'_>>,
+    packed: Option<&[PackedHead]>,
+    out: &mut [f32],
+) -> Result<()> {
+    let (width, d, n) = (shape.width(), shape.head_dim, shape.kv_len);
+    let rows = out.len() / width;
+    let mut scores = vec![0f32; rows * n];
+    let mut probs = vec![0f32; rows * n];
+    let q0 = (b * shape.q_len + row0) * width;
+    let kv0 = b * shape.kv_len * width;
+    for h in 0..shape.heads {
+        let col = h * d;
+        // A mask that is the same for every query row (a key mask, [B,1,1,S])
+        // is the GEMM's per-column bias, added in registers.
+        let key_mask = mask.filter(|m| m.strides[2] == 0).map(|m| {
+            let at = b * m.strides[0] + h * m.strides[1];
+            Bias::PerColumn(&m.data[at..at + n])
+        });
+        let epi = Epilogue {
+            alpha: shape.scale,
+            bias: key_mask.unwrap_or(Bias::None),
+            ..Epilogue::PLAIN
+        };
+        // scores = scale · Q_h · K_hᵀ (+ key mask): K's rows are the keys (B transposed).
+        let (qh, kh) = (&q[q0 + col..], &k[kv0 + col..]);
+        let qk = Operands {
+            a: qh,
+            lda: width,
+            b: kh,
+            ldb: width,
+            trans_b: true,
+            packed: packed.map(|p| &p[h].k),
+        };
+        product(isa, rows, n, d, qk, &mut scores, n, &epi)?;
+        if let Some(m) = mask.filter(|_| key_mask.is_none()) {
+            add_mask(&mut scores, n, m, b, h, row0);
+        }
+        super::softmax_isa(isa, n, 1, true, &scores, &mut probs);
+        // out[:, h·d..] = P · V_h, written with the output's row stride.
+        let pv = Operands {
+            a: &probs,
+            lda: n,
+            b: &v[kv0 + col..],
+            ldb: width,
+            trans_b: false,
+            packed: packed.map(|p| &p[h].v),
+        };
+        product(isa, rows, d, n, pv, &mut out[col..], width, &Epilogue::PLAIN)?;
+    }
+    Ok(())
+}
+
+/// A and B of one product (A never transposed); B read from `b` unless
+/// it is already `packed`.
+struct Operands<'a> {
+    a: &'a [f32],
+    lda: usize,
+    b: &'a [f32],
+    ldb: usize,
+    trans_b: bool,
+    packed: Option<&'a PackedB>,
+}
+
+/// `c (m x n, row stride ldc) = epi(A · op(B))` on this thread.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    isa: Isa,
+    m: usize,
+    n: usize,
+    k: usize,
+    x: Operands<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    epi: &Epilogue<'_>,
+) -> Result<()> {
+    match x.packed {
+        Some(b) => gemm::gemm_packed(isa, m, x.a, x.lda, b, c, ldc, epi, &Serial),
+        None => gemm::gemm(
+            isa, m, n, k, x.a, x.lda, false, x.b, x.ldb, x.trans_b, c, ldc, epi, &Serial,
+        ),
+    }
+}
+
+fn add_mask(scores: &mut [f32], n: usize, m: Mask<'_>, b: usize, h: usize, row0: usize) {
+    let base = b * m.strides[0] + h * m.strides[1];
+    for (i, row) in scores.chunks_exact_mut(n).enumerate() {
+        let at = base + (row0 + i) * m.strides[2];
+        for (s, &x) in row.iter_mut().zip(&m.data[at..at + n]) {
+            *s += x;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::parallel::ScopedThreads;
+    use crate::target::Target;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(7);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((s >> 8) as f32 / (1u32 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// The definition, in f64, one (batch, head, query) at a time.
+    fn reference(shape: &AttentionShape, q: &[f32], k: &[f32], v: &[f32], mask: Option<Mask<'_>>) -> Vec<f32> {
+        let (w, d) = (shape.width(), shape.head_dim);
+        let mut out = vec![0f32; shape.q_elems()];
+        for b in 0..shape.batch {
+            for h in 0..shape.heads {
+                for i in 0..shape.q_len {
+                    let qi = &q[(b * shape.q_len + i) * w + h * d..][..d];
+                    let mut s: Vec<f64> = (0..shape.kv_len)
+                        .map(|j| {
+                            let kj = &k[(b * shape.kv_len + j) * w + h * d..][..d];
+                            let dot: f64 = qi.iter().zip(kj).map(|(&x, &y)| x as f64 * y as f64).sum();
+                            let add = mask.map_or(0.0, |m| {
+                                m.data[b * m.strides[0] + h * m.strides[1] + i * m.strides[2] + j] as f64
+                            });
+                            dot * shape.scale as f64 + add
+                        })
+                        .collect();
+                    let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    s.iter_mut().for_each(|x| *x = (*x - mx).exp());
+                    let total: f64 = s.iter().sum();
+                    for c in 0..d {
+                        let acc: f64 = (0..shape.kv_len)
+                            .map(|j| s[j] / total * v[(b * shape.kv_len + j) * w + h * d + c] as f64)
+                            .sum();
+                        out[(b * shape.q_len + i) * w + h * d + c] = acc as f32;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn run(shape: AttentionShape, mask_kind: u8) {
+        let q = data(shape.q_elems(), 1);
+        let k = data(shape.kv_elems(), 2);
+        let v = data(shape.kv_elems(), 3);
+        let (strides, len) = match mask_kind {
+            // [B, 1, 1, Sk] of 0 / -10000, as BERT's extended mask.
+            1 => ([shape.kv_len, 0, 0], shape.batch * shape.kv_len),
+            // [B, H, Sq, Sk] of arbitrary values.
+            2 => (
+                [
+                    shape.heads * shape.q_len * shape.kv_len,
+                    shape.q_len * shape.kv_len,
+                    shape.kv_len,
+                ],
+                shape.batch * shape.heads * shape.q_len * shape.kv_len,
+            ),
+            _ => ([0, 0, 0], 0),
+        };
+        let mdata: Vec<f32> = match mask_kind {
+            1 => (0..len).map(|i| if i % 5 == 3 { -10000.0 } else { 0.0 }).collect(),
+            _ => data(len, 4),
+        };
+        let mask = (mask_kind != 0).then_some(Mask { data: &mdata, strides });
+        let want = reference(&shape, &q, &k, &v, mask);
+        for isa in Target::ALL.into_iter().filter_map(Isa::new) {
+            for threads in [1, 2] {
+                let mut got = vec![f32::NAN; shape.q_elems()];
+                attention(isa, &shape, &q, &k, &v, mask, &mut got, &ScopedThreads(threads)).unwrap();
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 + 1e-4 * w.abs(),
+                        "{shape:?} mask {mask_kind} {isa:?} {threads} threads: [{i}] {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matches_the_definition() {
+        let shapes = [
+            (1, 1, 1, 1, 1),
+            (2, 3, 7, 7, 5),
+            (3, 2, 5, 9, 17),
+            (1, 4, 77, 77, 32),
+            (2, 2, 33, 33, 8),
+        ];
+        for (batch, heads, q_len, kv_len, head_dim) in shapes {
+            let shape = AttentionShape {
+                batch,
+                heads,
+                q_len,
+                kv_len,
+                head_dim,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            };
+            for mask in [0, 1, 2] {
+                run(shape, mask);
+            }
+        }
+    }
+
+    #[test]
+    fn long_sequences_run_in_blocks() {
+        // 600 keys: blocks of 27 query rows, never a full score matrix.
+        let shape = AttentionShape {
+            batch: 1,
+            heads: 2,
+            q_len: 600,
+            kv_len: 600,
+            head_dim: 16,
+            scale: 0.25,
+        };
+        assert_eq!(
+            block_rows(&shape, 1),
+            600usize.div_ceil(600usize.div_ceil(SCORE_FLOATS / 600))
+        );
+        assert!(block_rows(&shape, 1) * shape.kv_len <= SCORE_FLOATS);
+        // Enough blocks that K and V are packed ahead: that path is tested too.
+        assert!(shape.q_len.div_ceil(block_rows(&shape, 1)) >= PREPACK_BLOCKS);
+        run(shape, 1);
+    }
+
+    #[test]
+    fn threads_get_several_blocks() {
+        let shape = AttentionShape {
+            batch: 1,
+            heads: 1,
+            q_len: 128,
+            kv_len: 128,
+            head_dim: 8,
+            scale: 1.0,
+        };
+        assert_eq!(block_rows(&shape, 1), 128);
+        assert_eq!(block_rows(&shape, 2), 64);
+        // Three batches on two threads: six tasks, not three.
+        let three = AttentionShape { batch: 3, ..shape };
+        assert_eq!(block_rows(&three, 2), 64);
+        let four = AttentionShape { batch: 4, ..shape };
+        assert_eq!(block_rows(&four, 2), 128);
+    }
+
+    #[test]
+    fn refuses_wrong_sizes() {
+        let shape = AttentionShape {
+            batch: 2,
+            heads: 2,
+            q_len: 3,
+            kv_len: 4,
+            head_dim: 2,
+            scale: 1.0,
+        };
+        let isa = Isa::new(Target::Generic).unwrap();
+        let (q, kv) = (vec![0f32; shape.q_elems()], vec![0f32; shape.kv_elems()]);
+        let mut out = vec![0f32; shape.q_elems()];
+        assert!(attention(isa, &shape, &q, &kv, &kv, None, &mut out, &Serial).is_ok());
+        assert!(attention(isa, &shape, &q[1..], &kv, &kv, None, &mut out, &Serial).is_err());
+        assert!(attention(isa, &shape, &q, &kv, &kv[1..], None, &mut out, &Serial).is_err());
+        let short = Mask {
+            data: &[0.0; 7],
+            strides: [4, 0, 0],
+        };
+        assert_eq!(mask_extent(&shape, short.strides), 8);
+        assert!(attention(isa, &shape, &q, &kv, &kv, Some(short), &mut out, &Serial).is_err());
+    }
+}
