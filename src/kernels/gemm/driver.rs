@@ -340,12 +340,17 @@ pub(super) unsafe fn blocked<K: Kernel>(
 ) {
     let (rows, cols) = (view.rows(), view.cols());
     let post = last && epi.has_post();
-    let len = rows.len().min(K::MC) * ks.len().min(kc);
+    // Equal row blocks of at most MC (whole tiles), not full ones and a
+    // short rest: every block streams all of B's panels, and a short one
+    // (70 rows of 518) does too little work per panel to hide that.
+    let blocks = rows.len().div_ceil(K::MC).max(1);
+    let mc = rows.len().div_ceil(blocks).next_multiple_of(K::MR).min(K::MC);
+    let len = rows.len().min(mc) * ks.len().min(kc);
     let mut buf = take_scratch(&A_SCRATCH, len);
     let apack = &mut bytemuck::cast_slice_mut::<u8, f32>(buf.bytes_mut())[..len];
     {
-        for ic in rows.clone().step_by(K::MC) {
-            let mrows = ic..(ic + K::MC).min(rows.end);
+        for ic in rows.clone().step_by(mc) {
+            let mrows = ic..(ic + mc).min(rows.end);
             for pc in ks.clone().step_by(kc) {
                 let kb = pc..(pc + kc).min(ks.end);
                 let kc = kb.len();
