@@ -248,10 +248,36 @@ fn block(
     packed: Option<&[PackedHead]>,
     out: &mut [f32],
 ) -> Result<()> {
+    let (width, n) = (shape.width(), shape.kv_len);
+    let rows = out.len() / width;
+    let mut buf = gemm::take_scratch(&SCORES, 2 * rows * n);
+    let (scores, probs) = bytemuck::cast_slice_mut::<u8, f32>(buf.bytes_mut())[..2 * rows * n].split_at_mut(rows * n);
+    let done = heads(isa, shape, b, row0, (q, k, v), mask, packed, scores, probs, out);
+    gemm::put_scratch(&SCORES, buf);
+    done
+}
+
+thread_local! {
+    /// Each thread's score and probability blocks, kept between runs.
+    static SCORES: std::cell::Cell<Option<crate::tensor::AlignedBytes>> = const { std::cell::Cell::new(None) };
+}
+
+/// Every head of one block: [`block`]'s loop, over its scratch.
+#[allow(clippy::too_many_arguments)]
+fn heads(
+    isa: Isa,
+    shape: &AttentionShape,
+    b: usize,
+    row0: usize,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    mask: Option<Mask<'_>>,
+    packed: Option<&[PackedHead]>,
+    scores: &mut [f32],
+    probs: &mut [f32],
+    out: &mut [f32],
+) -> Result<()> {
     let (width, d, n) = (shape.width(), shape.head_dim, shape.kv_len);
     let rows = out.len() / width;
-    let mut scores = vec![0f32; rows * n];
-    let mut probs = vec![0f32; rows * n];
     let q0 = (b * shape.q_len + row0) * width;
     let kv0 = b * shape.kv_len * width;
     for h in 0..shape.heads {
@@ -277,14 +303,14 @@ fn block(
             trans_b: true,
             packed: packed.map(|p| &p[h].k),
         };
-        product(isa, rows, n, d, qk, &mut scores, n, &epi)?;
+        product(isa, rows, n, d, qk, scores, n, &epi)?;
         if let Some(m) = mask.filter(|_| key_mask.is_none()) {
-            add_mask(&mut scores, n, m, b, h, row0);
+            add_mask(scores, n, m, b, h, row0);
         }
-        super::softmax_isa(isa, n, 1, true, &scores, &mut probs);
+        super::softmax_isa(isa, n, 1, true, scores, probs);
         // out[:, h·d..] = P · V_h, written with the output's row stride.
         let pv = Operands {
-            a: &probs,
+            a: probs,
             lda: n,
             b: &v[kv0 + col..],
             ldb: width,
