@@ -348,39 +348,37 @@ pub(super) unsafe fn blocked<K: Kernel>(
     let len = rows.len().min(mc) * ks.len().min(kc);
     let mut buf = take_scratch(&A_SCRATCH, len);
     let apack = &mut bytemuck::cast_slice_mut::<u8, f32>(buf.bytes_mut())[..len];
-    {
-        for ic in rows.clone().step_by(mc) {
-            let mrows = ic..(ic + mc).min(rows.end);
-            for pc in ks.clone().step_by(kc) {
-                let kb = pc..(pc + kc).min(ks.end);
-                let kc = kb.len();
-                // SAFETY: the caller guarantees the CPU supports K.
-                unsafe { K::pack_a(a, mrows.clone(), kb.clone(), apack) };
-                let accumulate = !(first && pc == ks.start);
-                let finish = last && kb.end == ks.end;
-                let plain = Store {
-                    accumulate,
-                    scale: 1.0,
-                    bias: None,
+    for ic in rows.clone().step_by(mc) {
+        let mrows = ic..(ic + mc).min(rows.end);
+        for pc in ks.clone().step_by(kc) {
+            let kb = pc..(pc + kc).min(ks.end);
+            let kc = kb.len();
+            // SAFETY: the caller guarantees the CPU supports K.
+            unsafe { K::pack_a(a, mrows.clone(), kb.clone(), apack) };
+            let accumulate = !(first && pc == ks.start);
+            let finish = last && kb.end == ks.end;
+            let plain = Store {
+                accumulate,
+                scale: 1.0,
+                bias: None,
+            };
+            for jr in cols.clone().step_by(K::NR) {
+                let tcols = jr..(jr + K::NR).min(cols.end);
+                let panel = b.panel(jr, kb.clone());
+                let store = if finish {
+                    epi.store(tcols.clone(), accumulate)
+                } else {
+                    plain
                 };
-                for jr in cols.clone().step_by(K::NR) {
-                    let tcols = jr..(jr + K::NR).min(cols.end);
-                    let panel = b.panel(jr, kb.clone());
-                    let store = if finish {
-                        epi.store(tcols.clone(), accumulate)
-                    } else {
-                        plain
-                    };
-                    for trows in row_tiles(mrows.clone(), K::MR) {
-                        let at = (trows.start - mrows.start) * kc;
-                        let apanel = &apack[at..at + trows.len() * kc];
-                        let mut tile = view.tile(trows.clone(), tcols.clone());
-                        // SAFETY: the caller guarantees the CPU supports K.
-                        unsafe { K::tile(kc, apanel, panel, &mut tile, &store) };
-                        if finish && post {
-                            for (r, i) in trows.clone().enumerate() {
-                                epi.finish_row::<K::Madd>(i, tcols.start, tile.row(r));
-                            }
+                for trows in row_tiles(mrows.clone(), K::MR) {
+                    let at = (trows.start - mrows.start) * kc;
+                    let apanel = &apack[at..at + trows.len() * kc];
+                    let mut tile = view.tile(trows.clone(), tcols.clone());
+                    // SAFETY: the caller guarantees the CPU supports K.
+                    unsafe { K::tile(kc, apanel, panel, &mut tile, &store) };
+                    if finish && post {
+                        for (r, i) in trows.clone().enumerate() {
+                            epi.finish_row::<K::Madd>(i, tcols.start, tile.row(r));
                         }
                     }
                 }

@@ -425,29 +425,27 @@ pub fn gemm(
     let len = chunk_k * chunk_n.next_multiple_of(blk.nr);
     let mut buf = take_scratch(&B_SCRATCH, len);
     let scratch = &mut bytemuck::cast_slice_mut::<u8, f32>(buf.bytes_mut())[..len];
-    {
-        for cols in ranges(0..n, chunk_n) {
-            for ks in ranges(0..k, chunk_k) {
-                let panels = cols.len().div_ceil(blk.nr);
-                let packed = &mut scratch[..panels * blk.nr * ks.len()];
-                kernels::pack_b(isa, b, ks.clone(), cols.clone(), packed);
-                let panels = BPanels {
-                    data: packed,
-                    nr: blk.nr,
-                    col0: cols.start,
-                    k0: ks.start,
-                    height: ks.len(),
-                };
-                let (first, last) = (ks.start == 0, ks.end == k);
-                let (row_parts, col_parts) = split_work(m, cols.len(), ks.len(), blk, par.threads(), false);
-                run_tasks(
-                    &mut view,
-                    row_parts,
-                    col_parts.shifted(cols.start),
-                    par,
-                    &|v: &mut CView<'_>| kernels::blocked(isa, a, &panels, v, ks.clone(), kc, first, last, &epi),
-                );
-            }
+    for cols in ranges(0..n, chunk_n) {
+        for ks in ranges(0..k, chunk_k) {
+            let panels = cols.len().div_ceil(blk.nr);
+            let packed = &mut scratch[..panels * blk.nr * ks.len()];
+            kernels::pack_b(isa, b, ks.clone(), cols.clone(), packed);
+            let panels = BPanels {
+                data: packed,
+                nr: blk.nr,
+                col0: cols.start,
+                k0: ks.start,
+                height: ks.len(),
+            };
+            let (first, last) = (ks.start == 0, ks.end == k);
+            let (row_parts, col_parts) = split_work(m, cols.len(), ks.len(), blk, par.threads(), false);
+            run_tasks(
+                &mut view,
+                row_parts,
+                col_parts.shifted(cols.start),
+                par,
+                &|v: &mut CView<'_>| kernels::blocked(isa, a, &panels, v, ks.clone(), kc, first, last, &epi),
+            );
         }
     }
     put_scratch(&B_SCRATCH, buf);
@@ -459,7 +457,7 @@ thread_local! {
     /// attention runs one product per head and batch.
     static B_SCRATCH: Cell<Option<AlignedBytes>> = const { Cell::new(None) };
     /// Each thread's packed-A buffer for the blocked loops.
-    pub(super) static A_SCRATCH: Cell<Option<AlignedBytes>> = const { Cell::new(None) };
+    static A_SCRATCH: Cell<Option<AlignedBytes>> = const { Cell::new(None) };
 }
 
 /// This thread's buffer `key` with room for `len` floats (64-byte aligned,
