@@ -213,29 +213,32 @@ fn pool_row<const W: usize>(kind: PoolKind, win: &Window, c: usize, image: &[f32
 /// starts the maximum, NaN or not, as ORT's indices path does.
 #[inline(always)]
 fn max_window<const W: usize>(image: &[f32], t: &Taps, c0: usize) -> [f32; W] {
-    let mut acc: [f32; W] = image[t.first + c0..][..W].try_into().expect("W channels");
-    for i in 0..t.rows {
-        let line = t.first + c0 + i * t.row_step;
-        for j in 0..t.cols {
-            let xs = &image[line + j * t.col_step..][..W];
-            for (a, &v) in acc.iter_mut().zip(xs) {
-                *a = if v > *a { v } else { *a };
-            }
-        }
-    }
-    acc
+    let first = image[t.first + c0..][..W].try_into().expect("W channels");
+    fold_window(image, t, c0, first, |a, v| if v > a { v } else { a })
 }
 
 /// The sum over a window of channels `c0..c0 + W`, taps in row-major order.
 #[inline(always)]
 fn sum_window<const W: usize>(image: &[f32], t: &Taps, c0: usize) -> [f32; W] {
-    let mut acc = [0f32; W];
+    fold_window(image, t, c0, [0.0; W], |a, v| a + v)
+}
+
+/// `acc` folded with `step` over every tap of a window, channels
+/// `c0..c0 + W`, taps in row-major order.
+#[inline(always)]
+fn fold_window<const W: usize>(
+    image: &[f32],
+    t: &Taps,
+    c0: usize,
+    mut acc: [f32; W],
+    step: impl Fn(f32, f32) -> f32,
+) -> [f32; W] {
     for i in 0..t.rows {
         let line = t.first + c0 + i * t.row_step;
         for j in 0..t.cols {
             let xs = &image[line + j * t.col_step..][..W];
             for (a, &v) in acc.iter_mut().zip(xs) {
-                *a += v;
+                *a = step(*a, v);
             }
         }
     }
