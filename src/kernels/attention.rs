@@ -21,7 +21,7 @@
 use std::sync::Mutex;
 
 use super::gemm::{self, Bias, Epilogue, PackedB};
-use super::parallel::{Parallel, Serial};
+use super::parallel::{try_for_each_item, Parallel, Serial};
 use super::Isa;
 use crate::error::{Error, Result};
 
@@ -135,7 +135,7 @@ pub fn attention(
     let mut chunks = Vec::with_capacity(shape.batch * per_batch);
     for (b, batch_out) in dst.chunks_mut(shape.q_len * width).enumerate() {
         for (blk, chunk) in batch_out.chunks_mut(rows * width).enumerate() {
-            chunks.push(Mutex::new((b, blk * rows, chunk)));
+            chunks.push((b, blk * rows, chunk));
         }
     }
     // Many query blocks per batch read the same heads' K and V: pack them
@@ -145,20 +145,10 @@ pub fn attention(
     } else {
         None
     };
-    let failed = Mutex::new(None);
-    par.for_each(chunks.len(), &|t| {
-        // Each task locks its own chunk once: never contended.
-        let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
-        let (b, row0, ref mut out) = *guard;
-        let heads = packed.as_deref().map(|p| &p[b * shape.heads..(b + 1) * shape.heads]);
-        if let Err(e) = block(isa, shape, b, row0, q, k, v, mask, heads, out) {
-            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-        }
-    });
-    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    try_for_each_item(par, chunks, &|(b, row0, out)| {
+        let heads = packed.as_deref().map(|p| &p[*b * shape.heads..(*b + 1) * shape.heads]);
+        block(isa, shape, *b, *row0, q, k, v, mask, heads, out)
+    })
 }
 
 /// One head's K (as Kᵀ, `head_dim x kv_len`) and V (`kv_len x head_dim`)

@@ -18,11 +18,10 @@
 
 use std::cell::RefCell;
 use std::ops::Range;
-use std::sync::Mutex;
 
 use super::depthwise::{depthwise, Depthwise};
 use super::gemm::{self, activate, Activation, Bias, Blocking, Epilogue, PackedB};
-use super::parallel::{Parallel, Serial};
+use super::parallel::{try_for_each_item, Parallel, Serial};
 use super::spatial::{output_len, Axis, Window};
 use super::Isa;
 use crate::error::{Error, Result};
@@ -274,24 +273,15 @@ fn im2col_gemm(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: 
         // Enough blocks to go round: tasks of whole blocks, their GEMMs serial.
         let tasks = (4 * par.threads()).min(blocks);
         let per = blocks.div_ceil(tasks) * rows;
-        let chunks: Vec<Mutex<(usize, &mut [f32])>> = y
+        let chunks: Vec<(usize, &mut [f32])> = y
             .chunks_mut(per * co)
             .enumerate()
-            .map(|(t, ch)| Mutex::new((t * per, ch)))
+            .map(|(t, ch)| (t * per, ch))
             .collect();
-        let err = Mutex::new(None);
-        par.for_each(chunks.len(), &|t| {
-            let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
-            let (first, chunk) = &mut *guard;
+        return try_for_each_item(par, chunks, &|(first, chunk)| {
             let last = *first + chunk.len() / co;
-            if let Err(e) = blocks_serial(isa, c, packed, *first..last, rows, chunk, &Serial) {
-                *err.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-            }
+            blocks_serial(isa, c, packed, *first..last, rows, chunk, &Serial)
         });
-        return match err.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        };
     }
     blocks_serial(isa, c, packed, 0..m, rows, y, par)
 }

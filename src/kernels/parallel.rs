@@ -6,6 +6,7 @@
 //! caller; [`ScopedThreads`] is a stand-in pool for tests and benchmarks.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// A parallel-for: something that can run independent tasks concurrently.
 pub trait Parallel: Sync {
@@ -13,6 +14,29 @@ pub trait Parallel: Sync {
     fn threads(&self) -> usize;
     /// Runs f(i) for every i in 0..n, possibly concurrently; returns when all are done.
     fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync));
+}
+
+/// Runs `f(item)` for each of `items` over `par`, one task per item, each
+/// with its own item (typically a disjoint `&mut` block of an output);
+/// returns an error a task returned (the last one stored if several fail).
+pub fn try_for_each_item<T: Send>(
+    par: &dyn Parallel,
+    items: Vec<T>,
+    f: &(dyn Fn(&mut T) -> crate::error::Result<()> + Sync),
+) -> crate::error::Result<()> {
+    let items: Vec<Mutex<T>> = items.into_iter().map(Mutex::new).collect();
+    let failed = Mutex::new(None);
+    par.for_each(items.len(), &|i| {
+        // Each task locks its own item once: never contended.
+        let mut item = items[i].lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = f(&mut item) {
+            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Runs every task on the caller, in order.
@@ -66,6 +90,25 @@ impl Parallel for ScopedThreads {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn try_for_each_item_visits_every_item_and_returns_an_error() {
+        for par in [&Serial as &dyn Parallel, &ScopedThreads(3)] {
+            let mut out = vec![0u32; 10];
+            let items: Vec<(usize, &mut [u32])> = out.chunks_mut(3).enumerate().collect();
+            try_for_each_item(par, items, &|(i, chunk)| {
+                chunk.fill(*i as u32 + 1);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(out, [1, 1, 1, 2, 2, 2, 3, 3, 3, 4]);
+            let err = try_for_each_item(par, vec![0, 1, 2], &|i| match *i {
+                1 => Err(crate::error::Error::runtime("task 1 failed")),
+                _ => Ok(()),
+            });
+            assert!(err.unwrap_err().to_string().contains("task 1 failed"));
+        }
+    }
 
     fn runs_each_task_once(par: &dyn Parallel, n: usize) {
         let seen: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();

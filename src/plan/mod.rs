@@ -1048,18 +1048,8 @@ fn matmul(
         // per product, each on one thread, instead of splitting each product
         // (a dispatch per product). Same results: a GEMM's results do not
         // depend on its `Parallel`.
-        let outs: Vec<Mutex<&mut [f32]>> = dst.chunks_mut(block).map(Mutex::new).collect();
-        let err: Mutex<Option<Error>> = Mutex::new(None);
-        par.for_each(batches, &|i| {
-            let mut out = outs[i].lock().unwrap_or_else(|e| e.into_inner());
-            if let Err(e) = one(i, &mut out, &kernels::parallel::Serial) {
-                *err.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-            }
-        });
-        return match err.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        };
+        let outs: Vec<(usize, &mut [f32])> = dst.chunks_mut(block).enumerate().collect();
+        return kernels::parallel::try_for_each_item(par, outs, &|(i, out)| one(*i, out, &kernels::parallel::Serial));
     }
     for i in 0..batches {
         one(i, &mut dst[i * block..(i + 1) * block], par)?;
