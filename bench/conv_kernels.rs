@@ -151,6 +151,7 @@ fn main() {
                 bias: Some(&bias),
                 activation: Activation::Relu,
                 residual: None,
+                after: Activation::None,
             };
             let secs = median_secs(reps, || conv(isa, &c, y, par).unwrap());
             rates.push(flops / secs / 1e9);

@@ -149,15 +149,23 @@ def test_weights_not_constant_left_to_ort(tmp_path, kiln_dev):
     np.testing.assert_allclose(run.outputs[0], want[0], rtol=RTOL, atol=ATOL)
 
 
-def _fusion_model(scale_shift: bool, act: str, residual: bool, depthwise: bool = False):
-    """x -> Conv -> [Mul c, Add d] -> [act] -> [+ x]; c, d per-channel [C, 1, 1]."""
+def _fusion_model(scale_shift: bool, act: str, residual: bool, depthwise: bool = False, after: str = "none",
+                  stem: bool = False):
+    """x -> [1x1 Conv stem] -> Conv -> [Mul c, Add d] -> [act] -> [+ x or the stem] -> [after]; c, d
+    per-channel [C, 1, 1]. With the stem, the skip connection is channels-last inside kiln, as
+    between a real network's blocks (a residual from the graph input is added in ONNX's layout)."""
     c = 8
     w = (c, 1, 3, 3) if depthwise else (c, c, 3, 3)
     inits = [onnx.numpy_helper.from_array(_rand(w, 1), "w"),
              onnx.numpy_helper.from_array(_rand((c,), 2), "b"),
              onnx.numpy_helper.from_array(np.abs(_rand((c, 1, 1), 3)) + 0.5, "s"),
              onnx.numpy_helper.from_array(_rand((c, 1, 1), 4), "d")]
-    nodes = [h.make_node("Conv", ["x", "w", "b"], ["t0"], pads=[1, 1, 1, 1], group=c if depthwise else 1)]
+    nodes = []
+    if stem:
+        inits.append(onnx.numpy_helper.from_array(_rand((c, c, 1, 1), 5), "w0"))
+        nodes.append(h.make_node("Conv", ["x", "w0"], ["x0"]))
+    skip = "x0" if stem else "x"
+    nodes.append(h.make_node("Conv", [skip, "w", "b"], ["t0"], pads=[1, 1, 1, 1], group=c if depthwise else 1))
     last = "t0"
 
     def add(op, ins, **kw):
@@ -166,21 +174,26 @@ def _fusion_model(scale_shift: bool, act: str, residual: bool, depthwise: bool =
         nodes.append(h.make_node(op, ins, [out], **kw))
         last = out
 
+    def activation(act):
+        if act == "relu":
+            add("Relu", [last])
+        elif act == "clip":
+            if "lo" not in [i.name for i in inits]:
+                inits.extend([onnx.numpy_helper.from_array(np.float32(0.0), "lo"),
+                              onnx.numpy_helper.from_array(np.float32(6.0), "hi")])
+            add("Clip", [last, "lo", "hi"])
+        elif act == "sigmoid":
+            add("Sigmoid", [last])
+        elif act == "leaky":
+            add("LeakyRelu", [last], alpha=0.1)
+
     if scale_shift:
         add("Mul", [last, "s"])
         add("Add", [last, "d"])
-    if act == "relu":
-        add("Relu", [last])
-    elif act == "clip":
-        inits += [onnx.numpy_helper.from_array(np.float32(0.0), "lo"),
-                  onnx.numpy_helper.from_array(np.float32(6.0), "hi")]
-        add("Clip", [last, "lo", "hi"])
-    elif act == "sigmoid":
-        add("Sigmoid", [last])
-    elif act == "leaky":
-        add("LeakyRelu", [last], alpha=0.1)
+    activation(act)
     if residual:
-        add("Add", [last, "x"])
+        add("Add", [skip, last])
+    activation(after)
     nodes[-1].output[0] = "y"
     return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, [1, c, 9, 10])],
                   [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
@@ -202,6 +215,38 @@ def test_epilogue_patterns(scale_shift, act, residual, depthwise, level, tmp_pat
           "enable_all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[level]
     m = _fusion_model(scale_shift, act, residual, depthwise)
     _check(m, tmp_path, kiln_dev, [(1, 8, 9, 10)], opt_level=lv)
+
+
+# ResNet's block end: the activation after the residual Add.
+AFTER_RESIDUAL = [(True, "none", "relu", "Conv+Bias+Residual+Relu"),
+                  (False, "relu", "clip", "Conv+Bias+Relu+Residual+Clip"),
+                  (True, "none", "sigmoid", "Conv+Bias+Residual+Sigmoid")]
+
+
+@pytest.mark.parametrize("depthwise", [False, True], ids=["dense", "depthwise"])
+@pytest.mark.parametrize("scale_shift,act,after,fused", AFTER_RESIDUAL)
+def test_activation_after_the_residual(scale_shift, act, after, fused, depthwise, tmp_path, kiln_dev):
+    """An activation after the residual Add fuses into the convolution (the
+    compiled notes name it) and the numbers match the CPU EP, at two image
+    sizes from one session and after an EPContext round trip."""
+    m = _fusion_model(scale_shift, act, True, depthwise, after=after, stem=True)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"
+    m.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "h"
+    m.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "w"
+    _check(m, tmp_path, kiln_dev, [(1, 8, 9, 10), (2, 8, 12, 7)],
+           opt_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    static = _fusion_model(scale_shift, act, True, depthwise, after=after, stem=True)
+    path = _save(static, tmp_path, "static")
+    data = tu.compile_model(path, kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
+    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    assert fused in notes and "Add" not in notes.replace(fused, ""), notes
+    ctx = os.path.join(str(tmp_path), "after_ctx.onnx")
+    with open(ctx, "wb") as f:
+        f.write(data)
+    feeds = {"x": _rand((1, 8, 9, 10), 5)}
+    run = tu.run_fully_on_kiln(ctx, kiln_dev, feeds, options=CLAIM_ALL)
+    _, want = tu.run_cpu(path, feeds)
+    np.testing.assert_allclose(run.outputs[0], want[0], rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("symbolic", [True, False], ids=["symbolic", "static"])

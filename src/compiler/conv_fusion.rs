@@ -9,7 +9,9 @@
 //!    up in the convolution's weights and bias);
 //! 3. an activation (the mapping the GEMM epilogue fusion uses), before any
 //!    residual;
-//! 4. `Add` of a tensor of the output's shape → the residual.
+//! 4. `Add` of a tensor of the output's shape → the residual;
+//! 5. an activation after the residual (ResNet's Relu after each skip
+//!    connection) → `after`.
 //!
 //! As in [`super::epilogue`], the convolution's current output must have
 //! exactly one reader and not be a graph output, and the fused node takes
@@ -91,10 +93,15 @@ fn absorb(g: &mut Graph, v: &View<'_>, conv: &Node, attrs: &ConvAttrs, next: &No
     let mut residual = attrs.residual.then(|| conv.inputs[conv.inputs.len() - 1]);
     let open = a.activation == Activation::None && !a.residual;
     if let Some(act) = activation(&next.op) {
-        if a.activation != Activation::None || a.residual {
+        if a.after != Activation::None {
+            return None;
+        } else if a.residual {
+            a.after = act;
+        } else if a.activation == Activation::None {
+            a.activation = act;
+        } else {
             return None;
         }
-        a.activation = act;
     } else if let Some(c) = v.other(next, BinaryOp::Mul, out) {
         let scale = per_channel(s, c, co).filter(|_| open)?;
         let old_bias = match bias {

@@ -42,6 +42,7 @@ fn conv(b: &mut Builder, ci: usize, co: usize, groups: usize, bias: bool) -> (Va
         bias,
         activation: Activation::None,
         residual: false,
+        after: Activation::None,
     };
     (x, b.op(Op::Conv(Box::new(attrs)), &ins, "c"))
 }
@@ -83,6 +84,46 @@ fn scale_shift_activation_and_residual_fold_into_the_conv() {
             "groups {groups} bias {bias}"
         );
     }
+}
+
+/// ResNet's block end: `Relu(Add(conv, skip))` becomes one convolution
+/// with the Relu after the residual, on the direct, grouped and depthwise
+/// paths; an activation before the residual stays before it.
+#[test]
+fn an_activation_after_the_residual_folds() {
+    for (groups, bias, before) in [(1, true, false), (2, false, false), (8, true, false), (1, true, true)] {
+        let mut b = Builder::new();
+        let (x, c) = conv(&mut b, 8, 8, groups, bias);
+        let c = if before {
+            b.un(UnaryOp::Clip(-1.0, 2.0), c, "clip")
+        } else {
+            c
+        };
+        let a = b.bin(BinaryOp::Add, x, c, "skip");
+        let y = b.un(UnaryOp::Relu, a, "relu");
+        b.output(y);
+        let want = match (bias, before) {
+            (true, true) => "Conv+Bias+Clip+Residual+Relu",
+            (true, false) => "Conv+Bias+Residual+Relu",
+            _ => "Conv+Residual+Relu",
+        };
+        assert_eq!(fused_ops(&b.g), [want], "groups {groups} bias {bias}");
+    }
+    // An activation that is not a clamp runs after the kernels' stores.
+    let mut b = Builder::new();
+    let (x, c) = conv(&mut b, 8, 8, 1, true);
+    let a = b.bin(BinaryOp::Add, c, x, "skip");
+    let y = b.un(UnaryOp::Sigmoid, a, "sigmoid");
+    b.output(y);
+    assert_eq!(fused_ops(&b.g), ["Conv+Bias+Residual+Sigmoid"]);
+    // A second activation after it does not fold.
+    let mut b = Builder::new();
+    let (x, c) = conv(&mut b, 8, 8, 1, true);
+    let a = b.bin(BinaryOp::Add, c, x, "skip");
+    let r = b.un(UnaryOp::Relu, a, "relu");
+    let y = b.un(UnaryOp::Sigmoid, r, "sigmoid");
+    b.output(y);
+    assert_eq!(fused_ops(&b.g), ["Conv+Bias+Residual+Relu", "Sigmoid"]);
 }
 
 #[test]

@@ -36,9 +36,11 @@ use crate::plan::Weight;
 /// Runs the pass over `g` (validated, in topological order).
 pub(crate) fn propagate(g: &mut Graph) -> Result<()> {
     let reaches = reaches_transpose(g);
+    let single = single_reader(g);
     let old_nodes = std::mem::take(&mut g.nodes);
     let mut pass = Layout {
         reaches,
+        single,
         g,
         views: HashMap::new(),
         subst: HashMap::new(),
@@ -64,6 +66,8 @@ struct Layout<'g> {
     /// Per original value: whether a Transpose reads it through layout-agnostic
     /// ops (so a view moved into it may cancel or compose there).
     reaches: Vec<bool>,
+    /// Per original value: read by one node and not a graph output.
+    single: Vec<bool>,
     views: HashMap<ValueId, View>,
     /// Values that are another value under an identity transpose.
     subst: HashMap<ValueId, ValueId>,
@@ -241,13 +245,14 @@ impl Layout<'_> {
         }
         let perm = node.inputs.iter().find_map(|v| self.views.get(v))?.perm.clone();
         let rank = perm.len();
-        let (mut viewed, mut plain) = (0usize, 0usize);
+        let (mut viewed, mut plain, mut shared) = (0usize, 0usize, false);
         let mut operands = Vec::with_capacity(node.inputs.len());
         for &v in &node.inputs {
             let ty = self.g.ty(v);
             let op = match self.views.get(&v) {
                 Some(view) if view.perm == perm => {
                     viewed += ty.numel();
+                    shared |= !self.single[v];
                     Operand::Stored(view.stored)
                 }
                 Some(_) => return None,
@@ -264,10 +269,15 @@ impl Layout<'_> {
         // Transposing a smaller operand beats transposing the views, and the
         // output must not grow (it may be materialised later). Moving the
         // view pays if it can meet a transpose, or if materialising the
-        // output later costs less than materialising the views now.
+        // output later costs less than materialising the views now; at
+        // equal cost (an activation or a constant scale at a partition's
+        // edge) too, since the op then can fuse into the one before it (a
+        // detector head's Conv → Sigmoid), unless a view is read elsewhere
+        // as well (it would be materialised twice).
         let out = self.g.ty(node.outputs[0]);
         let same_rank = out.shape.len() == rank || matches!(node.op, Op::Reduce { .. });
-        let pays = self.reaches[node.outputs[0]] || out.numel() < viewed;
+        let cheaper = out.numel() < viewed || (plain == 0 && !shared && out.numel() == viewed);
+        let pays = self.reaches[node.outputs[0]] || cheaper;
         (plain < viewed && out.numel() <= viewed && same_rank && pays).then_some((perm, operands))
     }
 
@@ -369,6 +379,21 @@ fn reaches_transpose(g: &Graph) -> Vec<bool> {
         }
     }
     reaches
+}
+
+/// Per value: whether exactly one node reads it (once) and it is not a
+/// graph output.
+fn single_reader(g: &Graph) -> Vec<bool> {
+    let mut reads = vec![0usize; g.values.len()];
+    for node in &g.nodes {
+        for &v in &node.inputs {
+            reads[v] += 1;
+        }
+    }
+    for &v in &g.outputs {
+        reads[v] += 2;
+    }
+    reads.into_iter().map(|n| n == 1).collect()
 }
 
 /// Ops that compute the same thing in any layout once their axes are remapped.

@@ -722,6 +722,7 @@ impl Lowering<'_> {
             bias,
             activation: attrs.activation,
             residual,
+            after: attrs.after,
             dst,
         })))
     }

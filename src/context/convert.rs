@@ -270,6 +270,7 @@ fn conv_info(c: &ConvStep) -> proto::ConvStep {
         activation: Some(activation_info(c.activation)),
         residual: c.residual.map(buf),
         dst: Some(buf(c.dst)),
+        after: (c.after != Activation::None).then(|| activation_info(c.after)),
     }
 }
 
@@ -316,6 +317,12 @@ fn conv(c: &proto::ConvStep) -> Result<ConvStep> {
         bias: opt(&c.bias)?,
         activation: activation(c.activation.as_ref().ok_or_else(|| missing("activation"))?)?,
         residual: opt(&c.residual)?,
+        after: c
+            .after
+            .as_ref()
+            .map(activation)
+            .transpose()?
+            .unwrap_or(Activation::None),
         dst: buf_ref(&c.dst)?,
     })
 }

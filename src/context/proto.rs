@@ -392,6 +392,9 @@ pub struct ConvStep {
     pub residual: Option<BufInfo>,
     #[prost(message, optional, tag = "12")]
     pub dst: Option<BufInfo>,
+    /// The activation after the residual (format 5); absent: none.
+    #[prost(message, optional, tag = "13")]
+    pub after: Option<ActivationInfo>,
 }
 
 /// A channels-last transposed convolution (`plan::ConvTransposeStep`).

@@ -890,6 +890,7 @@ fn conv_steps_round_trip() {
         bias: true,
         activation: Activation::LeakyRelu(0.1),
         residual: true,
+        after: Activation::Relu,
     };
     g.0.add_node("c1", Op::Conv(Box::new(dense)), vec![x, w1, b1, res], vec![a]);
     let dw = ConvAttrs {
@@ -901,6 +902,7 @@ fn conv_steps_round_trip() {
         bias: false,
         activation: Activation::None,
         residual: false,
+        after: Activation::None,
     };
     g.0.add_node("c2", Op::Conv(Box::new(dw)), vec![a, w2], vec![y]);
     g.0.outputs.push(y);

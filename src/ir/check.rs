@@ -632,6 +632,9 @@ fn infer_conv(c: &super::ConvAttrs, ins: &[&TensorType]) -> Result<TensorType, W
     if c.bias && ins[2].shape != [co] {
         return Err(format!("Conv bias {} is not [{co}]", shape(&ins[2].shape)));
     }
+    if !c.residual && c.after != super::Activation::None {
+        return Err("an activation after the residual needs a residual".into());
+    }
     if c.residual && ins[ins.len() - 1].shape != out {
         return Err(format!(
             "residual {} is not of the output's shape {}",

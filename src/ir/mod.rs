@@ -170,8 +170,8 @@ pub struct RnnAttrs {
 /// A convolution over channels-last activations (issue #13): inputs `x
 /// [N, H, W, Ci]`, constant weights in ONNX's layout `[Co, Ci / groups, kh,
 /// kw]`, then the bias `[Co]` when `bias`, then the residual `[N, Ho, Wo,
-/// Co]` when `residual`. Output `[N, Ho, Wo, Co]` = `act(conv(x) + bias) +
-/// residual`. 1-D convolutions have `H = kh = 1`.
+/// Co]` when `residual`. Output `[N, Ho, Wo, Co]` = `after(act(conv(x) +
+/// bias) + residual)`. 1-D convolutions have `H = kh = 1`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConvAttrs {
     pub window: Window,
@@ -179,6 +179,9 @@ pub struct ConvAttrs {
     pub bias: bool,
     pub activation: Activation,
     pub residual: bool,
+    /// Applied after the residual (ResNet's Relu after the skip connection's
+    /// Add); `None` without a residual.
+    pub after: Activation,
 }
 
 impl ConvAttrs {
@@ -198,6 +201,10 @@ impl ConvAttrs {
         }
         if self.residual {
             s.push_str("+Residual");
+        }
+        if self.after != Activation::None {
+            s.push('+');
+            s.push_str(activation_name(self.after));
         }
         s
     }

@@ -52,6 +52,9 @@ pub struct Conv<'a> {
     pub activation: Activation,
     /// `[batch, h.output, w.output, out_channels]`, added after the activation.
     pub residual: Option<&'a [f32]>,
+    /// Applied after the residual (ResNet's Relu after the skip
+    /// connection's Add); `None` without a residual.
+    pub after: Activation,
 }
 
 /// Whether every axis of `w` is a valid window whose output length is the
@@ -146,6 +149,7 @@ pub fn conv(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> Result
                 bias: c.bias,
                 activation: c.activation,
                 residual: c.residual,
+                after: c.after,
             };
             depthwise(&d, y, par);
             Ok(())
@@ -222,13 +226,17 @@ fn epilogue<'a>(c: &Conv<'a>, g: usize, rows: Range<usize>) -> Epilogue<'a> {
     }
 }
 
-/// Adds the residual of output pixels `rows` after a grouped GEMM.
-fn add_residual(c: &Conv<'_>, rows: Range<usize>, y: &mut [f32]) {
+/// Adds the residual of output pixels `rows` after a grouped GEMM, then
+/// applies `after` (the GEMM epilogue has no step after its residual).
+fn add_residual(isa: Isa, c: &Conv<'_>, rows: Range<usize>, y: &mut [f32]) {
     if let (Some(r), true) = (c.residual, c.groups > 1) {
         let co = c.out_channels;
         for (a, &b) in y.iter_mut().zip(&r[rows.start * co..rows.end * co]) {
             *a += b;
         }
+    }
+    if c.after != Activation::None {
+        super::activate_isa(isa, c.after, y);
     }
 }
 
@@ -245,7 +253,7 @@ fn pointwise(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &d
         let a = &c.x[g * cig..];
         gemm::gemm_packed(isa, m, a, ci, pb, &mut y[g * cog..], co, &epilogue(c, g, 0..m), par)?;
     }
-    add_residual(c, 0..m, y);
+    add_residual(isa, c, 0..m, y);
     Ok(())
 }
 
@@ -332,7 +340,7 @@ fn blocks_in(
             let epi = epilogue(c, g, start..end);
             gemm::gemm_packed(isa, end - start, a, k, pb, &mut out[g * cog..], co, &epi, par)?;
         }
-        add_residual(c, start..end, out);
+        add_residual(isa, c, start..end, out);
         start = end;
     }
     Ok(())
@@ -406,6 +414,7 @@ pub fn reference(c: &Conv<'_>, onnx_w: &[f32], y: &mut [f32]) {
                         y[base + o] += r[base + o];
                     }
                 }
+                activate(c.after, &mut y[base..base + co]);
             }
         }
     }
@@ -453,10 +462,15 @@ mod tests {
         let bias = data(co, 3);
         let out_len = case.batch * w.output_pixels() * co;
         let res = data(out_len, 4);
-        for (epi, act) in [
-            (false, Activation::None),
-            (true, Activation::Relu),
-            (true, Activation::Silu),
+        // After the residual: a clamp (in the direct kernels' registers)
+        // alone or after one, and an activation that runs after the store.
+        for (epi, act, after) in [
+            (false, Activation::None, Activation::None),
+            (true, Activation::Relu, Activation::None),
+            (true, Activation::Silu, Activation::None),
+            (true, Activation::None, Activation::Relu),
+            (true, Activation::Relu, Activation::Clip(0.5, 6.0)),
+            (true, Activation::None, Activation::Silu),
         ] {
             let base = Conv {
                 window: w,
@@ -469,6 +483,7 @@ mod tests {
                 bias: epi.then_some(&bias[..]),
                 activation: act,
                 residual: epi.then_some(&res[..]),
+                after,
             };
             let mut want = vec![0.0; out_len];
             reference(&base, &wt, &mut want);
@@ -572,6 +587,7 @@ mod tests {
             bias: None,
             activation: Activation::None,
             residual: None,
+            after: Activation::None,
         };
         let mut y = vec![0.0; 31];
         assert!(conv(isa, &c, &mut y, &Serial).is_err());

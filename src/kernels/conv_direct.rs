@@ -77,14 +77,19 @@ struct TileArgs<'a> {
     /// The residual's rows for the tile (row stride as C's), when the
     /// kernel adds it: after the clamp, or with no activation.
     residual: Option<&'a [f32]>,
+    /// The clamp after the residual (ResNet's Relu after the skip
+    /// connection), when the kernel adds the residual.
+    after: Option<(f32, f32)>,
     /// Weights to prefetch into L2 meanwhile, up to a cache line per K row.
     prefetch: &'a [f32],
 }
 
 /// Whether the kernel's store can finish the epilogue: no activation but
-/// a clamp, so the residual may be added in registers too.
-fn kernel_finishes(act: Activation) -> bool {
-    act == Activation::None || clamp_of(act).is_some()
+/// clamps, before and after the residual, so the residual may be added in
+/// registers too.
+fn kernel_finishes(c: &Conv<'_>) -> bool {
+    let clamp = |act: Activation| act == Activation::None || clamp_of(act).is_some();
+    clamp(c.activation) && clamp(c.after)
 }
 
 /// Relu and Clip as the `[lo, hi]` clamp the kernels apply before they
@@ -334,8 +339,9 @@ fn row_block(
     }
 }
 
-/// The activation and residual of one tile row (`at`: its flat index in
-/// the output, which the residual shares), after its store.
+/// The activation, residual and activation after it of one tile row
+/// (`at`: its flat index in the output, which the residual shares), after
+/// its store (which applied a clamp activation, and nothing else).
 fn epilogue(isa: Isa, c: &Conv<'_>, run: &mut [f32], at: usize) {
     if c.activation != Activation::None && clamp_of(c.activation).is_none() {
         activate_isa(isa, c.activation, run);
@@ -345,6 +351,9 @@ fn epilogue(isa: Isa, c: &Conv<'_>, run: &mut [f32], at: usize) {
         for (v, &r) in run.iter_mut().zip(&res[at..at + len]) {
             *v += r;
         }
+    }
+    if c.after != Activation::None {
+        activate_isa(isa, c.after, run);
     }
 }
 
@@ -448,6 +457,7 @@ fn border_tiles(
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
             clamp: clamp_of(c.activation),
             residual: None,
+            after: None,
             prefetch: &[],
         };
         tile(isa, mr, nc, &t, &Out::new(&mut s.tile), 0, nr);
@@ -496,7 +506,7 @@ fn tiles(
     let (nc, col0) = (nr.min(cog - j0), g * cog + j0);
     let panel = pb.panel(j0 / nr);
     let pixel_step = c.window.w.stride * c.in_channels;
-    let finishes = kernel_finishes(c.activation);
+    let finishes = kernel_finishes(c);
     let mut ow = cols.start;
     for (i, mr) in balanced(cols.len(), mr_max(isa)).enumerate() {
         let at = row_at + ow * co + col0;
@@ -509,6 +519,7 @@ fn tiles(
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
             clamp: clamp_of(c.activation),
             residual: c.residual.filter(|_| finishes).map(|r| &r[at..at + (mr - 1) * co + nc]),
+            after: clamp_of(c.after).filter(|_| finishes),
             prefetch: if i == 0 { prefetch } else { &[] },
         };
         tile(isa, mr, nc, &t, out, at, co);
@@ -650,6 +661,34 @@ mod x86 {
                     _mm512_mask_storeu_ps(row.add(16), m1, v1);
                 }
             }
+            if let Some((lo, hi)) = t.after {
+                clamp_avx512(MR, nc, ldc, c, lo, hi);
+            }
+        }
+    }
+
+    /// The clamp after the residual, over the stored tile while it is in
+    /// L1. A pass of its own: two more registers in the kernel above made
+    /// LLVM spill accumulators in its K loop (ResNet-50 2.6x slower).
+    ///
+    /// # Safety
+    /// AVX-512F available; `c.add(i * ldc + j)`, `i < mr`, `j < nc <= 32`,
+    /// is the caller's to read and write.
+    #[inline(never)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn clamp_avx512(mr: usize, nc: usize, ldc: usize, c: *mut f32, lo: f32, hi: f32) {
+        let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+        for i in 0..mr {
+            for (j, m) in [(0, mask16(nc)), (16, mask16(nc.saturating_sub(16)))] {
+                if m != 0 {
+                    // SAFETY: the first nc values of row i (the contract).
+                    unsafe {
+                        let p = c.add(i * ldc + j);
+                        let v = _mm512_maskz_loadu_ps(m, p);
+                        _mm512_mask_storeu_ps(p, m, _mm512_min_ps(hi, _mm512_max_ps(lo, v)));
+                    }
+                }
+            }
         }
     }
 
@@ -711,6 +750,33 @@ mod x86 {
                 if nc > 8 {
                     let v1 = plus(fix(_mm256_add_ps(acc[1], bias1)), i * ldc + 8, m1);
                     _mm256_maskstore_ps(row.add(8), m1, v1);
+                }
+            }
+            if let Some((lo, hi)) = t.after {
+                clamp_avx2(MR, nc, ldc, c, lo, hi);
+            }
+        }
+    }
+
+    /// The AVX2 build of [`clamp_avx512`].
+    ///
+    /// # Safety
+    /// AVX2 available; `c.add(i * ldc + j)`, `i < mr`, `j < nc <= 16`, is
+    /// the caller's to read and write.
+    #[inline(never)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn clamp_avx2(mr: usize, nc: usize, ldc: usize, c: *mut f32, lo: f32, hi: f32) {
+        let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+        for i in 0..mr {
+            for j in [0, 8] {
+                if nc > j {
+                    let m = mask8(nc - j);
+                    // SAFETY: the first nc values of row i (the contract).
+                    unsafe {
+                        let p = c.add(i * ldc + j);
+                        let v = _mm256_maskload_ps(p, m);
+                        _mm256_maskstore_ps(p, m, _mm256_min_ps(hi, _mm256_max_ps(lo, v)));
+                    }
                 }
             }
         }

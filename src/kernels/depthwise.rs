@@ -66,6 +66,8 @@ pub struct Depthwise<'a> {
     pub activation: Activation,
     /// `[batch, h.output, w.output, channels]`, added after the activation.
     pub residual: Option<&'a [f32]>,
+    /// Applied after the residual; `None` without one.
+    pub after: Activation,
 }
 
 /// Multiply-adds below which a convolution runs on the caller alone: about
@@ -137,6 +139,11 @@ fn output_row(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         Target::Avx2 => unsafe { isa_builds::avx2(d, n, oh, row) },
         _ => row_impl::<false>(d, n, oh, row),
+    }
+    // A second pass while the row is in L1: residuals after depthwise
+    // convolutions are rare, and this keeps the builds' stores simple.
+    if d.after != Activation::None {
+        activate_isa(d.isa, d.after, row);
     }
 }
 
@@ -821,6 +828,7 @@ mod tests {
                             *a += v;
                         }
                     }
+                    activate_isa(d.isa, d.after, &mut acc);
                     y.extend(acc);
                 }
             }
@@ -939,6 +947,7 @@ mod tests {
                         bias: (k % 3 != 0).then_some(&bias[..]),
                         activation: act,
                         residual: (k % 4 == 1).then_some(&residual[..]),
+                        after: if k % 8 == 1 { Activation::Relu } else { Activation::None },
                     };
                     let mut y = vec![f32::NAN; residual.len()];
                     depthwise(&d, &mut y, &Serial);
@@ -997,6 +1006,11 @@ mod tests {
                     bias: with.then_some(&bias[..]),
                     activation: act,
                     residual: with.then_some(&residual[..]),
+                    after: if with {
+                        Activation::Clip(0.0, 1.5)
+                    } else {
+                        Activation::None
+                    },
                 };
                 let mut y = vec![f32::NAN; win.output_pixels() * c];
                 depthwise(&d, &mut y, &Serial);
@@ -1030,6 +1044,7 @@ mod tests {
                 bias: None,
                 activation: Activation::Relu,
                 residual: None,
+                after: Activation::None,
             };
             let mut want = vec![f32::NAN; batch * win.output_pixels() * c];
             depthwise(&d, &mut want, &Serial);

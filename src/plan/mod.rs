@@ -192,7 +192,7 @@ pub enum ConvWeightsRef {
 }
 
 /// A channels-last convolution (`kernels::conv`): `x [batch, H, W, Ci]` to
-/// `dst [batch, Ho, Wo, Co]` = `act(conv(x) + bias) + residual`.
+/// `dst [batch, Ho, Wo, Co]` = `after(act(conv(x) + bias) + residual)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConvStep {
     pub window: crate::kernels::spatial::Window,
@@ -205,6 +205,8 @@ pub struct ConvStep {
     pub bias: Option<BufRef>,
     pub activation: Activation,
     pub residual: Option<BufRef>,
+    /// After the residual; `None` without one.
+    pub after: Activation,
     pub dst: BufRef,
 }
 
@@ -1150,6 +1152,7 @@ fn conv(
         bias: c.bias.map(|b| src.f32(b)).transpose()?,
         activation: c.activation,
         residual: c.residual.map(|r| src.f32(r)).transpose()?,
+        after: c.after,
     };
     kernels::conv::conv(isa, &args, dst, par)
 }

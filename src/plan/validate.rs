@@ -338,7 +338,8 @@ fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
     let bias_ok = c.bias.is_none() || rest.next() == Some(co);
     let out = len(w.output_pixels(), co);
     let residual_ok = c.residual.is_none() || rest.next() == out;
-    weights_ok && bias_ok && residual_ok && Some(s[0]) == len(w.input_pixels(), ci) && Some(d) == out
+    let after_ok = c.residual.is_some() || c.after == crate::kernels::gemm::Activation::None;
+    weights_ok && after_ok && bias_ok && residual_ok && Some(s[0]) == len(w.input_pixels(), ci) && Some(d) == out
 }
 
 /// A fused attention: Q, K, V and the output of their shape's sizes (no

@@ -69,6 +69,7 @@ fn conv(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
         bias,
         activation: Activation::None,
         residual: false,
+        after: Activation::None,
     };
     let y = imp.emit(n, Op::Conv(Box::new(attrs)), &ins, None, None)?;
     channels_first(imp, n, y, rank, Some(out))?;
