@@ -202,7 +202,33 @@ def test_real_models_keep_only_paying_partitions(key, kiln_dev):
     names, want = tu.run_cpu(path, feeds)
     run = tu.run_kiln(path, kiln_dev, feeds, options=COST)
     tu.assert_outputs_close(names, want, run.outputs, rtol=spec.rtol, atol=spec.atol)
+    anchors = ANCHORS | ({"Conv", "ConvTranspose"} if key in GATED_CNNS else set())
     for ep, nodes in run.assignment:
         if ep == KILN:
             ops = {op for _, op in nodes}
-            assert ops & ANCHORS, f"{key}: a kiln partition without an anchor: {sorted(ops)}"
+            assert ops & anchors, f"{key}: a kiln partition without an anchor: {sorted(ops)}"
+
+
+# Networks whose convolutions feed gated activations (SiLU, HardSwish as x * Clip(x + 3, 0, 6) / 6
+# or x * HardSigmoid(x)), which ORT runs as passes of their own and kiln fuses: rule 4 claims them.
+GATED_CNNS = {"yolov8n", "ppocr_det", "ppocr_rec", "ppocr_cls"}
+RELU_CNNS = {"light_resnet50", "light_squeezenet", "light_densenet121", "light_inception_v1", "light_shufflenet"}
+
+
+@pytest.mark.parametrize("key", sorted(GATED_CNNS | RELU_CNNS))
+def test_gated_cnns_run_in_kiln_and_relu_cnns_in_ort(key, kiln_dev):
+    """Rule 4 by default: every convolution of a gated network runs in kiln, in one or two
+    partitions; a ReLU network's convolutions stay with ORT, which fuses their activations too."""
+    models = real_corpus.all_models(log=lambda *a: None)
+    if key not in models:
+        pytest.skip(f"{key} is not in the corpus on this machine")
+    path = models[key]
+    spec = real_corpus.spec(key)
+    feeds = real_corpus.model_feeds(spec, path, spec.variants[0][1])
+    run = tu.run_kiln(path, kiln_dev, feeds, options=COST)
+    convs = {"Conv", "ConvTranspose"}
+    if key in GATED_CNNS:
+        assert not convs & set(ops_on(run, CPU)), f"{key}: {sorted(set(ops_on(run, CPU)))} left to ORT"
+        assert 1 <= run.subgraphs_on(KILN) <= 2
+    else:
+        assert not convs & set(ops_on(run, KILN)), key

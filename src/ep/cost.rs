@@ -20,13 +20,19 @@
 //!    as the shapes tell, at least 16 rows (a leading batch dim of unknown
 //!    size counts as 1, a symbolic sequence dim as many) or a weight of at
 //!    least 2^20 elements (memory-bound even for one row), or `LSTM`/`GRU`.
-//! 4. `Conv` and `ConvTranspose` stay with ORT: kiln's direct convolution
-//!    runs most layers at MLAS's speed (`bench/conv.py`) and detectors and
-//!    OCR models whole at 0.78–0.98× the CPU EP (`bench/cnn.py` with
-//!    `force_ops=Conv,ConvTranspose`), but ResNet-50, SqueezeNet and
-//!    batch-8 MobileNet are still up to 1.23× slower, and which is which
-//!    cannot be told at claim time; so the convolutions and what rules 2
-//!    and 3 then leave around them are ORT's unless the user opts in.
+//! 4. `Conv` and `ConvTranspose` stay with ORT, unless the network gates
+//!    its convolutions: kiln's direct convolution runs most layers at
+//!    MLAS's speed (`bench/conv.py`), but ReLU networks (ResNet-50,
+//!    SqueezeNet) and batch-8 MobileNet are up to 1.23× slower whole, since
+//!    ORT fuses their activations as well as kiln does. Where at least a
+//!    quarter of the convolutions (and 4 or more) feed a *gated* activation
+//!    `x · f(x)` (SiLU, HardSwish written as `x · HardSigmoid(x)` or
+//!    `x · Clip(x + 3, 0, 6) / 6`, Mish), ORT runs each as separate passes
+//!    after its convolution and kiln fuses it into the convolution's
+//!    epilogue: YOLOv8n and PP-OCRv4 det/rec run whole at 0.74–0.98× the
+//!    CPU EP (`bench/cnn.py`). Then the convolutions are anchors of rule 3,
+//!    as long as they fall into at most [`MAX_CONV_PARTITIONS`] partitions
+//!    (a network cut into pieces pays layout transposes at every cut).
 //!
 //! Op types in the `force_ops` option are exempt from all four.
 
@@ -45,6 +51,28 @@ const MIN_WEIGHT: i64 = 64 * 64;
 /// memory-bound, where kiln's packed layout streams faster than ORT's
 /// (AlexNet's and ZFNet's classifier layers).
 const STREAMED_WEIGHT: i64 = 1 << 20;
+
+/// Partitions a gated network's convolutions may fall into (rule 4): the
+/// backbone, and e.g. a detection head cut off by an op kiln does not run.
+const MAX_CONV_PARTITIONS: usize = 2;
+/// Single-input steps from `x` to the gate `f(x)` of `x · f(x)`.
+const GATE_STEPS: [&str; 10] = [
+    "Sigmoid",
+    "HardSigmoid",
+    "Clip",
+    "Relu",
+    "Tanh",
+    "Softplus",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+];
+/// Gated activations as one op.
+const GATED_OPS: [&str; 3] = ["HardSwish", "Mish", "Swish"];
+/// Per-channel steps between a convolution and its activation (a
+/// BatchNormalization, PP-LCNet's learnable scale and shift).
+const AFFINE: [&str; 5] = ["BatchNormalization", "Mul", "Add", "Sub", "Div"];
 
 /// Ops whose work kiln does better than ORT (rule 3), besides matrix products.
 const RECURRENT: [&str; 2] = ["LSTM", "GRU"];
@@ -88,17 +116,88 @@ pub struct CostRule<'a> {
     /// Nodes rule 2 left to ORT, as fused into an ORT producer: a node after
     /// them may be fused too (`Conv → Add → Relu`).
     fused_into_ort: Vec<bool>,
+    /// Rule 4: the network gates its convolutions.
+    gated_convs: bool,
 }
 
 impl<'a> CostRule<'a> {
     pub fn new(desc: &'a GraphDesc, constants: &'a dyn ConstantSource, forced: &'a [String]) -> Self {
-        CostRule {
+        let mut rule = CostRule {
             desc,
             constants,
             forced,
             links: desc.links(),
             fused_into_ort: vec![false; desc.nodes.len()],
+            gated_convs: false,
+        };
+        rule.gated_convs = rule.gates_convolutions();
+        rule
+    }
+
+    /// Rule 4's test: at least a quarter of the convolutions, and 4 or
+    /// more, feed a gated activation.
+    fn gates_convolutions(&self) -> bool {
+        let convs: Vec<usize> = (0..self.desc.nodes.len())
+            .filter(|&i| CONVOLUTIONS.contains(&self.desc.nodes[i].op_type.as_str()))
+            .collect();
+        let gated = convs.iter().filter(|&&i| self.feeds_gate(i)).count();
+        gated >= 4 && 4 * gated >= convs.len()
+    }
+
+    /// Whether convolution `i`'s output, after at most 3 per-channel
+    /// affine steps that only it feeds, goes into a gated activation.
+    fn feeds_gate(&self, i: usize) -> bool {
+        let Some(mut x) = self.desc.nodes[i].outputs.first().map(String::as_str) else {
+            return false;
+        };
+        for _ in 0..3 {
+            match self.links.consumers_of(x) {
+                &[c] if self.is_affine(c, x) => x = &self.desc.nodes[c].outputs[0],
+                _ => break,
+            }
         }
+        self.links.consumers_of(x).iter().any(|&c| {
+            let n = &self.desc.nodes[c];
+            GATED_OPS.contains(&n.op_type.as_str())
+                || (n.op_type == "Mul"
+                    && n.inputs.len() == 2
+                    && n.inputs.iter().filter(|v| *v == x).count() == 1
+                    && n.inputs.iter().any(|g| g != x && self.gate_of(g, x)))
+        })
+    }
+
+    /// Node `c`, reading `x`: an affine step (its other operands constant).
+    fn is_affine(&self, c: usize, x: &str) -> bool {
+        let n = &self.desc.nodes[c];
+        AFFINE.contains(&n.op_type.as_str())
+            && n.outputs.len() == 1
+            && n.inputs.iter().filter(|v| *v == x).count() == 1
+            && n.inputs
+                .iter()
+                .all(|v| v == x || v.is_empty() || self.constant_like(v, 2))
+    }
+
+    /// Whether `g` is computed from `x` alone by at most 3 gate steps.
+    fn gate_of(&self, g: &str, x: &str) -> bool {
+        let mut v = g;
+        for _ in 0..3 {
+            let Some(&p) = self.links.producer.get(v) else {
+                return false;
+            };
+            let n = &self.desc.nodes[p];
+            if !GATE_STEPS.contains(&n.op_type.as_str()) {
+                return false;
+            }
+            let mut live = n.inputs.iter().filter(|v| !v.is_empty() && !self.constant_like(v, 2));
+            let (Some(input), None) = (live.next(), live.next()) else {
+                return false;
+            };
+            if input == x {
+                return true;
+            }
+            v = input;
+        }
+        false
     }
 
     fn forced(&self, i: usize) -> bool {
@@ -153,14 +252,25 @@ impl<'a> CostRule<'a> {
         out
     }
 
-    /// Rule 4: claimed convolutions, unless forced.
+    /// Rule 4: claimed convolutions, unless forced or the network gates
+    /// them and they fall into few partitions.
     fn convolutions(&self, parts: &[Vec<usize>]) -> Vec<(usize, String)> {
-        let why = "left to ORT by the cost rule: kiln's convolutions are not faster than ORT's on every \
-                   network (force_ops=Conv,ConvTranspose or claim=all runs them in kiln)";
+        let is_conv = |i: usize| CONVOLUTIONS.contains(&self.desc.nodes[i].op_type.as_str());
+        let with_convs = parts.iter().filter(|p| p.iter().any(|&i| is_conv(i))).count();
+        if self.gated_convs && with_convs <= MAX_CONV_PARTITIONS {
+            return Vec::new();
+        }
+        let why = if self.gated_convs {
+            "left to ORT by the cost rule: the network's convolutions fall into more than 2 partitions \
+             (force_ops=Conv,ConvTranspose or claim=all runs them in kiln)"
+        } else {
+            "left to ORT by the cost rule: kiln's convolutions are not faster than ORT's where ORT fuses their \
+             activations (force_ops=Conv,ConvTranspose or claim=all runs them in kiln)"
+        };
         parts
             .iter()
             .flatten()
-            .filter(|&&i| !self.forced(i) && CONVOLUTIONS.contains(&self.desc.nodes[i].op_type.as_str()))
+            .filter(|&&i| !self.forced(i) && is_conv(i))
             .map(|&i| (i, why.to_string()))
             .collect()
     }
@@ -205,6 +315,7 @@ impl<'a> CostRule<'a> {
         let node = &self.desc.nodes[i];
         match node.op_type.as_str() {
             "MatMul" | "Gemm" => self.pays_as_gemm(node),
+            op if CONVOLUTIONS.contains(&op) => self.gated_convs,
             op => RECURRENT.contains(&op),
         }
     }

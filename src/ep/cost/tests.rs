@@ -194,3 +194,83 @@ fn convolutions_stay_with_ort_unless_forced() {
         .judge(&[vec![0, 1]], &[true, true])
         .is_empty());
 }
+
+/// `n` convolutions in a chain, each followed by `act` (the nodes it adds
+/// after `Conv k`, reading `c{k}` and writing `a{k}`); weights `w{k}`.
+fn conv_chain(n: usize, act: fn(usize) -> Vec<NodeDesc>) -> (GraphDesc, HashMap<String, TensorValue>) {
+    let mut nodes = Vec::new();
+    let mut names = Vec::new();
+    for k in 0..n {
+        let x = if k == 0 { "x".to_string() } else { format!("a{}", k - 1) };
+        nodes.push(node("Conv", &[&x, &format!("w{k}")], &[&format!("c{k}")]));
+        nodes.extend(act(k));
+        names.push(format!("w{k}"));
+    }
+    names.extend(["three", "six", "zero", "s", "b"].map(String::from));
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    (graph(nodes, &[("x", &[-1, 16, -1, -1])]), weights(&refs))
+}
+
+fn silu(k: usize) -> Vec<NodeDesc> {
+    let (c, g, a) = (format!("c{k}"), format!("g{k}"), format!("a{k}"));
+    vec![node("Sigmoid", &[&c], &[&g]), node("Mul", &[&c, &g], &[&a])]
+}
+
+/// PP-LCNet's: a learnable scale and shift (constant first), then HardSwish
+/// as `x · Clip(x + 3, 0, 6) / 6`.
+fn lcnet_hardswish(k: usize) -> Vec<NodeDesc> {
+    let n = |s: &str| format!("{s}{k}");
+    vec![
+        node("Mul", &["s", &n("c")], &[&n("m")]),
+        node("Add", &[&n("m"), "b"], &[&n("v")]),
+        node("Add", &[&n("v"), "three"], &[&n("p")]),
+        node("Clip", &[&n("p"), "zero", "six"], &[&n("q")]),
+        node("Mul", &[&n("v"), &n("q")], &[&n("r")]),
+        node("Div", &[&n("r"), "six"], &[&n("a")]),
+    ]
+}
+
+fn relu(k: usize) -> Vec<NodeDesc> {
+    vec![node("Relu", &[&format!("c{k}")], &[&format!("a{k}")])]
+}
+
+fn all_nodes(g: &GraphDesc) -> Vec<usize> {
+    (0..g.nodes.len()).collect()
+}
+
+#[test]
+fn gated_convolutions_are_claimed() {
+    for act in [silu as fn(usize) -> Vec<NodeDesc>, lcnet_hardswish] {
+        let (g, c) = conv_chain(4, act);
+        let all = all_nodes(&g);
+        let out = CostRule::new(&g, &c, &[]).judge(&[all.clone()], &vec![true; all.len()]);
+        assert!(out.is_empty(), "{out:?}");
+    }
+}
+
+#[test]
+fn relu_convolutions_few_gates_or_many_pieces_stay_with_ort() {
+    // ORT fuses a Relu into its convolution as well as kiln does.
+    let (g, c) = conv_chain(4, relu);
+    let all = all_nodes(&g);
+    let out = CostRule::new(&g, &c, &[]).judge(&[all.clone()], &vec![true; all.len()]);
+    assert_eq!(reasons(&out), [0, 2, 4, 6]);
+    assert!(out[0].1.contains("where ORT fuses their activations"), "{}", out[0].1);
+    // Three gated convolutions are too few to count.
+    let (g, c) = conv_chain(3, silu);
+    let all = all_nodes(&g);
+    assert_eq!(
+        reasons(&CostRule::new(&g, &c, &[]).judge(&[all.clone()], &vec![true; all.len()])),
+        [0, 3, 6]
+    );
+    // A gated network cut into three partitions pays transposes at each cut.
+    let (g, c) = conv_chain(6, silu);
+    let parts = [
+        vec![0, 1, 2, 3, 4, 5],
+        vec![6, 7, 8, 9, 10, 11],
+        vec![12, 13, 14, 15, 16, 17],
+    ];
+    let out = CostRule::new(&g, &c, &[]).judge(&parts, &vec![true; 18]);
+    assert_eq!(reasons(&out), [0, 3, 6, 9, 12, 15]);
+    assert!(out[0].1.contains("more than 2 partitions"), "{}", out[0].1);
+}
