@@ -349,22 +349,93 @@ def _merge_heads(b: Builder, x: str, batch: DimT, seq: int, hidden: int, tag: st
     return b.op("Reshape", [x, target], name=f"{tag}/Reshape")
 
 
+ATTN_FORMS = ("eager", "vit", "distilbert", "sdpa")
+
+
+def _heads(b: Builder, x: str, batch: DimT, seq: int, heads: int, hd: int, tag: str, shape_ops: bool,
+           perm: Sequence[int]) -> str:
+    return b.op("Transpose", [_reshape_heads(b, x, batch, seq, heads, hd, tag, shape_ops)], name=f"{tag}/Transpose",
+                perm=list(perm))
+
+
+def _swap_last(b: Builder, x: str, tag: str) -> str:
+    """``x.transpose(-1, -2)`` on 4-D heads."""
+    return b.op("Transpose", [x], name=f"{tag}/Transpose", perm=[0, 1, 3, 2])
+
+
+def _sdpa_sqrt_scale(b: Builder, q: str, tag: str) -> str:
+    """torch.onnx's SDPA scale without ``scale=``: ``Sqrt(1 / Sqrt(q.size(-1)))``
+    computed from ``Shape(q)``, as the exporter writes it."""
+    last = b.op("Slice", [b.op("Shape", [q], name=f"{tag}/Shape"), b.const(np.array([-1], dtype=np.int64)),
+                          b.const(np.array([2**63 - 1], dtype=np.int64))], name=f"{tag}/Slice")
+    d = b.op("Cast", [last], name=f"{tag}/Cast", to=TensorProto.FLOAT)
+    scale = b.op("Div", [b.const(np.array([1.0], dtype=np.float32)), b.op("Sqrt", [d], name=f"{tag}/Sqrt")],
+                 name=f"{tag}/Div")
+    scale = b.op("Cast", [scale], name=f"{tag}/Cast_1", to=TensorProto.FLOAT)
+    return b.op("Sqrt", [scale], name=f"{tag}/Sqrt_1")
+
+
+def _masked_fill(b: Builder, s: str, x: str, attention_mask: str, batch: DimT, seq: int, fill: float,
+                 shape_ops: bool, tag: str) -> str:
+    """DistilBERT: ``scores.masked_fill((mask == 0).view(bs, 1, 1, k_len).expand_as(scores), fill)``."""
+    pad = b.op("Equal", [attention_mask, b.const(np.array(0, dtype=np.int64))], name=f"{tag}/Equal")
+    if shape_ops:
+        d0, d1 = _shape_dims(b, x, [0, 1], tag)
+        one = b.const(np.array([1], dtype=np.int64))
+        target = b.op("Concat", [d0, one, one, d1], name=f"{tag}/Concat", axis=0)
+    else:
+        target = b.i64([batch if isinstance(batch, int) else 0, 1, 1, seq], f"{tag}/shape")
+    pad = b.op("Reshape", [pad, target], name=f"{tag}/Reshape")
+    pad = b.op("Expand", [pad, b.op("Shape", [s], name=f"{tag}/Shape_scores")], name=f"{tag}/Expand")
+    return b.op("Where", [pad, b.const(np.array(fill, dtype=np.float32)), s], name=f"{tag}/Where")
+
+
+def _qk_heads(b: Builder, q: str, k: str, *, attn: str, batch: DimT, seq: int, heads: int, hd: int,
+              shape_ops: bool, tag: str) -> Tuple[str, str]:
+    """Q's heads [B,H,S,D] and K's transposed heads [B,H,D,S]."""
+    qh = _heads(b, q, batch, seq, heads, hd, f"{tag}/q_heads", shape_ops, [0, 2, 1, 3])
+    if attn == "eager":
+        return qh, _heads(b, k, batch, seq, heads, hd, f"{tag}/k_heads", shape_ops, [0, 2, 3, 1])
+    # k.transpose(-1, -2) on the heads, as exported before ORT merges the pair
+    kh = _heads(b, k, batch, seq, heads, hd, f"{tag}/k_heads", shape_ops, [0, 2, 1, 3])
+    return qh, _swap_last(b, kh, f"{tag}/k_t")
+
+
+def _scores(b: Builder, qh: str, kt: str, x: str, mask: Optional[str], *, attn: str, batch: DimT, seq: int,
+            hd: int, fill: float, shape_ops: bool, tag: str) -> str:
+    """Masked, scaled ``q·kᵀ`` over the heads, as export form ``attn`` writes it
+    (``mask``: the additive mask, or for "distilbert" the int64 attention mask)."""
+    if attn == "distilbert":
+        qh = b.op("Div", [qh, b.const(np.array(math.sqrt(hd), dtype=np.float32))], name=f"{tag}/q_scaled")
+    if attn == "sdpa":
+        c = _sdpa_sqrt_scale(b, qh, f"{tag}/sdpa_scale")
+        qh = b.op("Mul", [qh, c], name=f"{tag}/sdpa/Mul")
+        kt = b.op("Mul", [kt, c], name=f"{tag}/sdpa/Mul_1")
+    s = b.op("MatMul", [qh, kt], name=f"{tag}/attention/scores/MatMul")
+    if attn == "eager":
+        s = b.op("Div", [s, b.f32(math.sqrt(hd), "sqrt_head_dim")], name=f"{tag}/attention/scores/Div")
+    elif attn == "vit":  # transformers' eager_attention_forward: `* scaling`
+        s = b.op("Mul", [s, b.f32(1.0 / math.sqrt(hd), "scaling")], name=f"{tag}/attention/scores/Mul")
+    if mask is None:
+        return s
+    if attn == "distilbert":
+        return _masked_fill(b, s, x, mask, batch, seq, fill, shape_ops, f"{tag}/attention/mask")
+    return b.op("Add", [s, mask], name=f"{tag}/attention/scores/AddMask")
+
+
 def encoder_layer(b: Builder, x: str, mask_add: Optional[str], *, batch: DimT, seq: int, hidden: int,
-                  heads: int, inter: int, ln: str, act: str, shape_ops: bool, dropout: bool, tag: str) -> str:
+                  heads: int, inter: int, ln: str, act: str, shape_ops: bool, dropout: bool, tag: str,
+                  attn: str = "eager", fill: float = float(np.finfo(np.float32).min)) -> str:
+    """One post-norm encoder layer; ``attn`` picks the attention's export form
+    (see :func:`bert`), ``fill`` DistilBERT's masked-fill value."""
     hd = hidden // heads
     q = dense(b, x, hidden, hidden, f"{tag}/attention/self/query")
     k = dense(b, x, hidden, hidden, f"{tag}/attention/self/key")
     v = dense(b, x, hidden, hidden, f"{tag}/attention/self/value")
-    q = b.op("Transpose", [_reshape_heads(b, q, batch, seq, heads, hd, f"{tag}/q_heads", shape_ops)],
-             name=f"{tag}/q_heads/Transpose", perm=[0, 2, 1, 3])
-    k = b.op("Transpose", [_reshape_heads(b, k, batch, seq, heads, hd, f"{tag}/k_heads", shape_ops)],
-             name=f"{tag}/k_heads/Transpose", perm=[0, 2, 3, 1])
-    v = b.op("Transpose", [_reshape_heads(b, v, batch, seq, heads, hd, f"{tag}/v_heads", shape_ops)],
-             name=f"{tag}/v_heads/Transpose", perm=[0, 2, 1, 3])
-    s = b.op("MatMul", [q, k], name=f"{tag}/attention/scores/MatMul")
-    s = b.op("Div", [s, b.f32(math.sqrt(hd), "sqrt_head_dim")], name=f"{tag}/attention/scores/Div")
-    if mask_add is not None:
-        s = b.op("Add", [s, mask_add], name=f"{tag}/attention/scores/AddMask")
+    qh, kt = _qk_heads(b, q, k, attn=attn, batch=batch, seq=seq, heads=heads, hd=hd, shape_ops=shape_ops, tag=tag)
+    v = _heads(b, v, batch, seq, heads, hd, f"{tag}/v_heads", shape_ops, [0, 2, 1, 3])
+    s = _scores(b, qh, kt, x, mask_add, attn=attn, batch=batch, seq=seq, hd=hd, fill=fill, shape_ops=shape_ops,
+                tag=tag)
     p = b.op("Softmax", [s], name=f"{tag}/attention/Softmax", axis=-1)
     if dropout:
         p = b.op("Dropout", [p], name=f"{tag}/attention/Dropout")
@@ -386,18 +457,34 @@ def encoder_layer(b: Builder, x: str, mask_add: Optional[str], *, batch: DimT, s
 def bert(hidden: int = 64, heads: int = 2, seq: int = 8, batch: int = 1, layers: int = 1, mask: bool = True,
          ln: str = "op", act: str = "erf", shape_ops: bool = True, dropout: bool = False,
          dynamic_batch: bool = False, inter: Optional[int] = None, seed: int = 2,
-         name: Optional[str] = None, dynamic_seq: bool = False) -> ModelCase:
+         name: Optional[str] = None, dynamic_seq: bool = False, attn: str = "eager",
+         mask_value: float = -10000.0, fill: float = float(np.finfo(np.float32).min),
+         sdpa_mask: str = "full") -> ModelCase:
     """A stack of BERT encoder layers over an embedded input [batch, seq, hidden]
     (plus ``attention_mask`` int64 [batch, seq] if ``mask``). ``dynamic_seq``:
     the sequence dim is the symbol ``sequence`` (reshapes then go through
-    ``Shape`` ops, as HF exports do)."""
+    ``Shape`` ops, as HF exports do).
+
+    ``attn``, the attention as exported (issue #14): "eager" (HF BERT/MiniLM/
+    RoBERTa: K's heads as ``[0,2,3,1]``, scores ``/ sqrt(D)``, the extended mask
+    ``(1 - m) * mask_value`` [B,1,1,S] added; RoBERTa's and newer BERTs'
+    ``mask_value`` is ``finfo(float32).min``); "vit" (transformers'
+    ``eager_attention_forward``, ViT: ``q·k.transpose(-1,-2) * scaling``,
+    both transposes of K kept); "distilbert" (``q / sqrt(D)`` on the heads,
+    ``k.transpose(2, 3)``, ``scores.masked_fill(mask == 0 ..., fill)`` per
+    layer from the int64 mask); "sdpa" (torch.onnx's
+    ``scaled_dot_product_attention``: Q and Kᵀ each ``* Sqrt(scale)``, the
+    float mask added: ``sdpa_mask`` "full" is HF's ``[B,1,S,S]`` from
+    ``_prepare_4d_attention_mask_for_sdpa``, "keys" the [B,1,1,S] extended one)."""
     assert hidden % heads == 0
+    assert attn in ATTN_FORMS
     assert shape_ops or not dynamic_seq
     inter = inter or 4 * hidden
     opset = 20 if act.startswith("op") else 17
     name = name or (f"bert_h{hidden}_a{heads}_s{seq}_b{batch}_l{layers}_{'mask' if mask else 'nomask'}"
                     f"_ln{ln}_gelu{act}{'' if shape_ops else '_constshape'}{'_dropout' if dropout else ''}"
-                    f"{'_dyn' if dynamic_batch else ''}{'_dynseq' if dynamic_seq else ''}")
+                    f"{'_dyn' if dynamic_batch else ''}{'_dynseq' if dynamic_seq else ''}"
+                    f"{'' if attn == 'eager' else '_' + attn}")
     b = Builder(name, opset, seed)
     bdim: DimT = "batch" if dynamic_batch else batch
     sdim: DimT = "sequence" if dynamic_seq else seq
@@ -405,14 +492,19 @@ def bert(hidden: int = 64, heads: int = 2, seq: int = 8, batch: int = 1, layers:
     mask_add = None
     if mask:
         m = b.input("attention_mask", TensorProto.INT64, [bdim, sdim], [batch, seq], kind="mask")
-        m = b.unsqueeze(m, [1], name="extended_mask/Unsqueeze")
-        m = b.unsqueeze(m, [2], name="extended_mask/Unsqueeze_1")
-        m = b.op("Cast", [m], name="extended_mask/Cast", to=TensorProto.FLOAT)
-        m = b.op("Sub", [b.f32(1.0, "one"), m], name="extended_mask/Sub")
-        mask_add = b.op("Mul", [m, b.f32(-10000.0, "mask_neg")], name="extended_mask/Mul")
+        if attn == "distilbert":
+            mask_add = m
+        elif attn == "sdpa" and sdpa_mask == "full":
+            mask_add = _sdpa_mask(b, m, x)
+        else:
+            m = b.unsqueeze(m, [1], name="extended_mask/Unsqueeze")
+            m = b.unsqueeze(m, [2], name="extended_mask/Unsqueeze_1")
+            m = b.op("Cast", [m], name="extended_mask/Cast", to=TensorProto.FLOAT)
+            m = b.op("Sub", [b.f32(1.0, "one"), m], name="extended_mask/Sub")
+            mask_add = b.op("Mul", [m, b.f32(mask_value, "mask_neg")], name="extended_mask/Mul")
     for li in range(layers):
         x = encoder_layer(b, x, mask_add, batch=bdim, seq=seq, hidden=hidden, heads=heads, inter=inter, ln=ln,
-                          act=act, shape_ops=shape_ops, dropout=dropout, tag=f"layer{li}")
+                          act=act, shape_ops=shape_ops, dropout=dropout, tag=f"layer{li}", attn=attn, fill=fill)
     b.op("Identity", [x], outputs=["output"], name="output_identity")
     model = b.model([("output", TensorProto.FLOAT, [bdim, sdim, hidden])])
     deep = layers >= 3 or hidden >= 768
@@ -420,9 +512,25 @@ def bert(hidden: int = 64, heads: int = 2, seq: int = 8, batch: int = 1, layers:
     desc = (f"BERT encoder: hidden {hidden}, {heads} heads, seq {seq}, batch {batch}"
             f"{' (dynamic)' if dynamic_batch else ''}, {layers} layer(s), {'mask' if mask else 'no mask'}, "
             f"LayerNorm {ln}, GELU {act}, {'Shape-computed' if shape_ops else 'constant'} reshapes"
-            f"{', Dropout' if dropout else ''}")
+            f"{', Dropout' if dropout else ''}, attention as {attn}")
     return ModelCase(name, model, b.input_specs, static=not (dynamic_batch or dynamic_seq), rtol=rtol, atol=atol,
                      family="bert", description=desc)
+
+
+def _sdpa_mask(b: Builder, m: str, x: str) -> str:
+    """HF's ``_prepare_4d_attention_mask_for_sdpa``: ``m[:, None, None, :]``
+    expanded to [B,1,S,S], ``1 - m``, then ``masked_fill(.to(bool), finfo.min)``."""
+    m = b.unsqueeze(m, [1], name="sdpa_mask/keys/Unsqueeze")
+    m = b.unsqueeze(m, [2], name="sdpa_mask/keys/Unsqueeze_1")
+    d0, d1 = _shape_dims(b, x, [0, 1], "sdpa_mask")
+    one = b.const(np.array([1], dtype=np.int64))
+    m = b.op("Expand", [m, b.op("Concat", [d0, one, d1, d1], name="sdpa_mask/Concat", axis=0)],
+             name="sdpa_mask/Expand")
+    m = b.op("Cast", [m], name="sdpa_mask/Cast", to=TensorProto.FLOAT)
+    inv = b.op("Sub", [b.f32(1.0, "one"), m], name="sdpa_mask/Sub")
+    pad = b.op("Cast", [inv], name="sdpa_mask/Cast_1", to=TensorProto.BOOL)
+    return b.op("Where", [pad, b.const(np.array(np.finfo(np.float32).min, dtype=np.float32)), inv],
+                name="sdpa_mask/Where")
 
 
 # --------------------------------------------------------------------------

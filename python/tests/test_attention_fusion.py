@@ -10,10 +10,22 @@ session (so kiln specialises the shape-generic partition twice), at
 and ORT's default ``ORT_ENABLE_ALL``. Masks keep a random prefix of each row
 (row 0 everything), so padded keys matter.
 
+The same for every export form ``models_lib.bert(attn=...)`` builds (see its
+docstring): BERT/MiniLM ("eager", mask ``(1 - m) * -10000``), RoBERTa (the
+same with ``finfo(float32).min``), ViT (``k.transpose(-1, -2)`` kept, ``*
+scaling``; shapes with the CLS token's odd length), DistilBERT (``q /
+sqrt(D)``, the ``masked_fill`` mask with ``finfo.min`` or ``-inf``) and
+PyTorch's SDPA export (Q and Kᵀ scaled by ``Sqrt(scale)``, HF's [B,1,S,S]
+float mask or the [B,1,1,S] one).
+
 That the fusion fires is checked on static-shape copies through the compile
 API: the EPContext node's notes list the compiled program's ops, which must
 show ``Attention+Mask`` (or ``Attention``) once per layer and no ``Softmax``.
 paraphrase-MiniLM-L3-v2 against the CPU EP is ``test_real_models.py``'s.
+
+Fully padded rows (an attention mask row of zeros) are compared against the
+CPU EP too: ``finfo.min`` gives uniform weights, DistilBERT's ``-inf`` fill
+NaN, fused or not.
 
 Tolerance: the models' own (``models_lib``: BERT stacks, GEMM chains).
 """
@@ -29,24 +41,42 @@ import models_lib as ml
 CPU = "CPUExecutionProvider"
 LEVELS = {"raw": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "ort-opt": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
 SHAPES = [(2, 7), (3, 16)]
+FINFO_MIN = float(np.finfo(np.float32).min)
+# export form -> models_lib.bert options
+FORMS = {
+    "bert": dict(attn="eager"),
+    "roberta": dict(attn="eager", mask_value=FINFO_MIN),
+    "vit": dict(attn="vit"),
+    "distilbert": dict(attn="distilbert"),
+    "distilbert_inf": dict(attn="distilbert", fill=-np.inf),
+    "sdpa": dict(attn="sdpa"),
+    "sdpa_keys": dict(attn="sdpa", sdpa_mask="keys"),
+}
+# ViT: 197 = 14·14 patches + CLS
+FORM_SHAPES = {"vit": [(2, 197), (1, 5)]}
 
 
-def dynamic_bert(mask: bool) -> ml.ModelCase:
+def dynamic_bert(mask: bool, form: str = "bert") -> ml.ModelCase:
     return ml.bert(64, 4, 8, 2, 2, mask=mask, ln="op", act="erf", dynamic_batch=True, dynamic_seq=True,
-                   name=f"attention_dyn_{'mask' if mask else 'nomask'}")
+                   name=f"attention_dyn_{form}_{'mask' if mask else 'nomask'}", **FORMS[form])
 
 
 @pytest.mark.parametrize("level", list(LEVELS))
 @pytest.mark.parametrize("mask", [True, False], ids=["mask", "nomask"])
-def test_symbolic_batch_and_sequence_match_cpu(mask, level, kiln_dev, tmp_path):
-    case = dynamic_bert(mask)
+@pytest.mark.parametrize("form", list(FORMS))
+def test_symbolic_batch_and_sequence_match_cpu(form, mask, level, kiln_dev, tmp_path):
+    if not mask and form in ("roberta", "distilbert_inf", "sdpa_keys"):
+        pytest.skip("the same graph as another form's without a mask")
+    case = dynamic_bert(mask, form)
     path = case.save(str(tmp_path))
-    feeds = [case.feeds(seed, batch=b, seq=s) for seed, (b, s) in enumerate(SHAPES)]
+    shapes = FORM_SHAPES.get(form, SHAPES)
+    feeds = [case.feeds(seed, batch=b, seq=s) for seed, (b, s) in enumerate(shapes)]
     if mask:
         assert any((f["attention_mask"] == 0).any() for f in feeds), "the masks must pad something"
     run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, opt_level=LEVELS[level])
     assert run.nodes_on(CPU) == []
-    for f, got, (b, s) in zip(feeds, run.all_outputs, SHAPES):
+    assert len(run.all_outputs) == len(shapes)
+    for f, got, (b, s) in zip(feeds, run.all_outputs, shapes):
         names, want = tu.run_cpu(path, f, opt_level=LEVELS[level])
         assert got[0].shape == (b, s, 64)
         np.testing.assert_allclose(got[0], want[0], rtol=case.rtol, atol=case.atol,
@@ -60,12 +90,20 @@ def compiled_notes(path: str, kiln_dev) -> str:
 
 
 @pytest.mark.parametrize("mask", [True, False], ids=["mask", "nomask"])
-def test_static_encoders_compile_to_fused_attention(mask, kiln_dev, tmp_path):
-    case = ml.bert(64, 4, 16, 2, 2, mask=mask, ln="op", act="erf", name=f"attention_static_{mask}")
+@pytest.mark.parametrize("form", list(FORMS))
+def test_static_encoders_compile_to_fused_attention(form, mask, kiln_dev, tmp_path):
+    if not mask and form in ("roberta", "distilbert_inf", "sdpa_keys"):
+        pytest.skip("the same graph as another form's without a mask")
+    seq = 17 if form == "vit" else 16
+    case = ml.bert(64, 4, seq, 2, 2, mask=mask, ln="op", act="erf", name=f"attention_static_{form}_{mask}",
+                   **FORMS[form])
     path = case.save(str(tmp_path))
     notes = compiled_notes(path, kiln_dev)
     op = "Attention+Mask x2" if mask else "Attention x2"
     assert op in notes and "Softmax" not in notes, notes
+    if form.startswith("distilbert"):
+        # the [B,H,S,S] bool mask is gone: the fused op reads [B,1,1,S]
+        assert "Expand" not in notes and ("Where x2" in notes) == mask, notes
     # and the fused program computes what the CPU EP does
     feeds = case.feeds(0)
     names, want = tu.run_cpu(path, feeds, opt_level=LEVELS["raw"])
@@ -91,3 +129,40 @@ def test_a_softmax_read_elsewhere_keeps_attention_unfused(kiln_dev, tmp_path):
     run = tu.run_fully_on_kiln(path, kiln_dev, feeds, opt_level=LEVELS["raw"])
     for name, e, a in zip(names, want, run.outputs):
         np.testing.assert_allclose(a, e, rtol=case.rtol, atol=case.atol, err_msg=name)
+
+
+def test_a_fill_the_sum_does_not_absorb_keeps_attention_unfused(kiln_dev, tmp_path):
+    """Near miss: ``masked_fill(mask, -10000)`` is not ``scores + mask`` (a
+    fully padded row would not get uniform weights), so it stays as it is."""
+    case = ml.bert(64, 4, 16, 2, 1, mask=True, ln="op", act="erf", attn="distilbert", fill=-10000.0,
+                   name="attention_fill_10000")
+    path = case.save(str(tmp_path))
+    notes = compiled_notes(path, kiln_dev)
+    assert "Attention" not in notes and "Softmax x1" in notes, notes
+    feeds = case.feeds(0)
+    names, want = tu.run_cpu(path, feeds, opt_level=LEVELS["raw"])
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds, opt_level=LEVELS["raw"])
+    for name, e, a in zip(names, want, run.outputs):
+        np.testing.assert_allclose(a, e, rtol=case.rtol, atol=case.atol, err_msg=name)
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+@pytest.mark.parametrize("form", ["roberta", "distilbert", "distilbert_inf", "sdpa"])
+def test_fully_padded_rows_match_cpu(form, level, kiln_dev, tmp_path):
+    """Batch row 1 pads every key: ``finfo.min`` (added or filled) gives it
+    uniform weights, ``-inf`` NaN, in ORT's unfused graph and kiln's fused
+    op alike (see ``compiler::attention``'s doc)."""
+    case = dynamic_bert(True, form)
+    path = case.save(str(tmp_path))
+    feeds = [case.feeds(seed, batch=b, seq=s) for seed, (b, s) in enumerate(SHAPES)]
+    for f in feeds:
+        f["attention_mask"][1] = 0
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, opt_level=LEVELS[level])
+    assert run.nodes_on(CPU) == []
+    for f, got in zip(feeds, run.all_outputs):
+        names, want = tu.run_cpu(path, f, opt_level=LEVELS["raw"])
+        nan_rows = np.isnan(want[0]).all(axis=(1, 2))
+        assert list(nan_rows) == [i == 1 and form == "distilbert_inf" for i in range(len(nan_rows))], nan_rows
+        assert not np.isnan(want[0][~nan_rows]).any()
+        np.testing.assert_allclose(got[0], want[0], rtol=case.rtol, atol=case.atol, equal_nan=True,
+                                   err_msg=f"{case.name} ({level})")

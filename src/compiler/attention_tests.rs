@@ -19,6 +19,11 @@ enum Scale {
     MulQ,
     /// `Div` after the mask: scales the mask too, not attention.
     AfterMask,
+    /// PyTorch's SDPA export: `Mul(q_heads, √c)` and `Mul(kᵀ_heads, √c)`
+    /// with `c = 1/√D`.
+    Sdpa,
+    /// [`Scale::Sdpa`] with V's heads scaled too: that scales the output.
+    SdpaAndV,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -30,7 +35,19 @@ enum Mask {
     Full,
     /// `[B, 1, S, 1]`: broadcast along the keys, not a key mask.
     PerQuery,
+    /// DistilBERT's masked fill: `Where(Expand(Reshape(Equal(m, 0),
+    /// [B,1,1,S]), [B,H,S,S]), fill, scores)` for an input `m` `[B, S]`
+    /// (`keep`: `Where(cond, scores, fill)`).
+    Fill {
+        value: f32,
+        keep: bool,
+    },
 }
+
+const DISTILBERT_MASK: Mask = Mask::Fill {
+    value: f32::MIN,
+    keep: false,
+};
 
 #[derive(Clone, Copy)]
 struct Form {
@@ -58,6 +75,23 @@ const BERT: Form = Form {
     probs_escape: false,
 };
 
+/// DistilBERT's export: `q / √D` on the heads, `k.transpose(2, 3)` on the
+/// heads, the padding filled with `finfo(f32).min`.
+const DISTILBERT: Form = Form {
+    scale: Scale::MulQ,
+    mask: DISTILBERT_MASK,
+    k_twice: true,
+    ..BERT
+};
+
+/// PyTorch's `scaled_dot_product_attention` export with HF's float mask.
+const SDPA: Form = Form {
+    scale: Scale::Sdpa,
+    mask: Mask::Full,
+    k_twice: true,
+    ..BERT
+};
+
 fn heads(b: &mut Builder, x: ValueId, perm: &[usize], name: &str) -> ValueId {
     let r = b.op_shaped(Op::Reshape, &[x], &format!("{name}_r"), Some(&[B, S, H, D]));
     b.op(Op::Transpose { perm: perm.to_vec() }, &[r], name)
@@ -72,6 +106,21 @@ fn projection(b: &mut Builder, x: ValueId, name: &str, seed: usize) -> ValueId {
     b.op(Op::MatMul(MatMulAttrs::default()), &[x, w], name)
 }
 
+/// The scores `s` masked as `f.mask` says (`m` the mask input).
+fn masked(b: &mut Builder, f: Form, s: ValueId, m: Option<ValueId>) -> ValueId {
+    let Some(m) = m else { return s };
+    let Mask::Fill { value, keep } = f.mask else {
+        return b.bin(BinaryOp::Add, s, m, "masked");
+    };
+    let zero = b.scalar("zero", 0.0);
+    let pad = b.bin(BinaryOp::Equal, m, zero, "pad");
+    let pad = b.op_shaped(Op::Reshape, &[pad], "pad_keys", Some(&[B, 1, 1, S]));
+    let cond = b.op_shaped(Op::Expand, &[pad], "pad_scores", Some(&[B, H, S, S]));
+    let fill = b.scalar("fill", value);
+    let ins = if keep { [cond, s, fill] } else { [cond, fill, s] };
+    b.op(Op::Where, &ins, "masked")
+}
+
 fn attention_graph(f: Form) -> Graph {
     let mut b = Builder::new();
     let x = b.input("x", &[B, S, E]);
@@ -80,6 +129,7 @@ fn attention_graph(f: Form) -> Graph {
         Mask::Keys => Some(b.input("mask", &[B, 1, 1, S])),
         Mask::Full => Some(b.input("mask", &[B, 1, S, S])),
         Mask::PerQuery => Some(b.input("mask", &[B, 1, S, 1])),
+        Mask::Fill { .. } => Some(b.input("mask", &[B, S])),
     };
     let (q, k, v) = (
         projection(&mut b, x, "q", 1),
@@ -100,11 +150,19 @@ fn attention_graph(f: Form) -> Graph {
     if f.k_twice {
         kt = b.op(Op::Transpose { perm: vec![0, 1, 3, 2] }, &[kt], "kt2");
     }
-    let vt = heads(&mut b, v, &[0, 2, 1, 3], "vt");
+    let mut vt = heads(&mut b, v, &[0, 2, 1, 3], "vt");
     let root = (D as f32).sqrt();
     if f.scale == Scale::MulQ {
         let c = b.scalar("inv_root", 1.0 / root);
         qt = b.bin(BinaryOp::Mul, qt, c, "q_scaled");
+    }
+    if matches!(f.scale, Scale::Sdpa | Scale::SdpaAndV) {
+        let c = b.scalar("sqrt_scale", (1.0 / root).sqrt());
+        qt = b.bin(BinaryOp::Mul, qt, c, "q_scaled");
+        kt = b.bin(BinaryOp::Mul, kt, c, "k_scaled");
+        if f.scale == Scale::SdpaAndV {
+            vt = b.bin(BinaryOp::Mul, vt, c, "v_scaled");
+        }
     }
     let qk = MatMulAttrs {
         trans_b: f.k_trans_b,
@@ -115,9 +173,7 @@ fn attention_graph(f: Form) -> Graph {
     if f.scale == Scale::DivScores {
         s = b.bin(BinaryOp::Div, s, c, "scaled");
     }
-    if let Some(m) = mask {
-        s = b.bin(BinaryOp::Add, s, m, "masked");
-    }
+    s = masked(&mut b, f, s, mask);
     if f.scale == Scale::AfterMask {
         s = b.bin(BinaryOp::Div, s, c, "scaled");
     }
@@ -148,7 +204,8 @@ fn attention_graph(f: Form) -> Graph {
     b.g
 }
 
-/// Inputs: x, then a mask of 0 and -10000 (every row keeps some keys).
+/// Inputs: x, then a mask of 0 and -10000 (every row keeps some keys; a
+/// masked fill pads where it is 0).
 fn inputs(g: &Graph) -> Vec<Vec<f32>> {
     g.inputs
         .iter()
@@ -168,7 +225,11 @@ fn inputs(g: &Graph) -> Vec<Vec<f32>> {
 /// against the graph compiled without optional passes, and returns how many
 /// attentions were fused.
 fn fused(g: &Graph, passes: Passes) -> usize {
-    let ins = inputs(g);
+    fused_on(g, passes, &inputs(g))
+}
+
+/// [`fused`] on the inputs `ins`.
+fn fused_on(g: &Graph, passes: Passes, ins: &[Vec<f32>]) -> usize {
     let plain = compile_with(
         g,
         Target::Generic,
@@ -180,12 +241,13 @@ fn fused(g: &Graph, passes: Passes) -> usize {
         },
     )
     .unwrap();
-    let want = run_f32(&plain, &ins);
+    let want = run_f32(&plain, ins);
     for target in Target::ALL.into_iter().filter(|t| t.can_run_on(Target::cpu_best())) {
         let p = compile_with(g, target, passes).unwrap();
-        assert_close(&run_f32(&p, &ins), &want, 2e-5);
+        assert_close(&run_f32(&p, ins), &want, 2e-5);
     }
     let opt = optimise(g, passes).unwrap();
+    opt.validate().unwrap();
     opt.nodes.iter().filter(|n| matches!(n.op, Op::Attention(_))).count()
 }
 
@@ -211,6 +273,40 @@ fn exported_forms_fuse() {
         },
         Form { dropout: true, ..BERT },
         Form { k_twice: true, ..BERT },
+        DISTILBERT,
+        Form {
+            mask: Mask::Fill {
+                value: f32::NEG_INFINITY,
+                keep: false,
+            },
+            ..DISTILBERT
+        },
+        Form {
+            mask: Mask::Fill {
+                value: f32::MIN,
+                keep: true,
+            },
+            ..DISTILBERT
+        },
+        Form {
+            mask: Mask::None,
+            ..DISTILBERT
+        },
+        SDPA,
+        Form {
+            mask: Mask::Keys,
+            ..SDPA
+        },
+        Form {
+            mask: Mask::None,
+            ..SDPA
+        },
+        // ViT: BERT's form with K transposed twice, no mask.
+        Form {
+            mask: Mask::None,
+            k_twice: true,
+            ..BERT
+        },
     ];
     for (i, f) in forms.into_iter().enumerate() {
         let g = attention_graph(f);
@@ -264,6 +360,30 @@ fn near_misses_stay_unfused() {
                 ..BERT
             },
         ),
+        (
+            "a fill the sum does not absorb",
+            Form {
+                mask: Mask::Fill {
+                    value: -10000.0,
+                    keep: false,
+                },
+                ..DISTILBERT
+            },
+        ),
+        (
+            "scale after the masked fill",
+            Form {
+                scale: Scale::AfterMask,
+                ..DISTILBERT
+            },
+        ),
+        (
+            "V's heads scaled",
+            Form {
+                scale: Scale::SdpaAndV,
+                ..SDPA
+            },
+        ),
     ];
     for (what, f) in misses {
         assert_eq!(fused(&attention_graph(f), Passes::default()), 0, "{what}");
@@ -277,4 +397,48 @@ fn patterns_off_leaves_attention_alone() {
         ..Passes::default()
     };
     assert_eq!(fused(&attention_graph(BERT), passes), 0);
+}
+
+#[test]
+fn masked_fill_becomes_an_additive_mask_of_the_unexpanded_shape() {
+    let opt = optimise(&attention_graph(DISTILBERT), Passes::default()).unwrap();
+    let at = opt.nodes.iter().position(|n| matches!(n.op, Op::Attention(_))).unwrap();
+    let mask = opt.nodes[at].inputs[3];
+    assert_eq!(opt.values[mask].ty, crate::ir::TensorType::f32(&[B, 1, 1, S]));
+    let (i, n) = opt.nodes.iter().enumerate().find(|(_, n)| n.outputs == [mask]).unwrap();
+    assert!(n.op == Op::Where && i < at, "{:?}", n.op);
+    assert!(!opt.nodes.iter().any(|n| n.op == Op::Expand));
+}
+
+/// Every key padded: `f32::MIN` gives uniform weights, `-inf` NaN, with and
+/// without the fusion, filled (DistilBERT) or added (RoBERTa's extended mask
+/// `(1 - m) · finfo.min`).
+#[test]
+fn fully_masked_rows_match_the_unfused_graph() {
+    for value in [f32::MIN, f32::NEG_INFINITY] {
+        for keep in [false, true] {
+            let g = attention_graph(Form {
+                mask: Mask::Fill { value, keep },
+                ..DISTILBERT
+            });
+            let mut ins = inputs(&g);
+            // keep: `Where(pad, s, fill)` keeps the scores where the input is
+            // 0, so 1 everywhere masks every key.
+            ins[1].fill(if keep { 1.0 } else { 0.0 });
+            assert_fully_masked(&g, &ins, value);
+        }
+        let g = attention_graph(BERT);
+        let mut ins = inputs(&g);
+        ins[1].fill(value);
+        assert_fully_masked(&g, &ins, value);
+    }
+}
+
+/// `g` fuses and computes what it does unfused on `ins`, all NaN iff the
+/// mask is `-inf`.
+fn assert_fully_masked(g: &Graph, ins: &[Vec<f32>], value: f32) {
+    assert_eq!(fused_on(g, Passes::default(), ins), 1, "{value}");
+    let out = run_f32(&compile(g, Target::Generic).unwrap(), ins);
+    assert_eq!(out[0].iter().all(|x| x.is_nan()), value == f32::NEG_INFINITY, "{value}");
+    assert!(out[0].iter().all(|x| x.is_nan()) || out[0].iter().all(|x| x.is_finite()));
 }

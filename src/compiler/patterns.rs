@@ -21,11 +21,14 @@
 
 use crate::ir::{BinaryOp, DType, Graph, Node, Op, ReduceKind, UnaryOp, ValueId};
 
-/// One replacement: `node` takes the place of node `at`; `remove` go away.
+/// One replacement: `node` takes the place of node `at`; `remove` go away;
+/// `before` are new nodes placed just before `at` (so they may read only
+/// constants and values of nodes before `at` that stay).
 pub(crate) struct Rewrite {
     pub at: usize,
     pub node: Node,
     pub remove: Vec<usize>,
+    pub before: Vec<Node>,
 }
 
 /// Graph facts the matchers need.
@@ -144,17 +147,21 @@ pub(crate) fn apply(g: &mut Graph, m: Matcher) -> usize {
     }
     let n = rewrites.len();
     let mut dead = vec![false; g.nodes.len()];
+    let mut before: Vec<Vec<Node>> = (0..g.nodes.len()).map(|_| Vec::new()).collect();
     for r in rewrites {
         for k in r.remove {
             dead[k] = true;
         }
         g.nodes[r.at] = r.node;
+        before[r.at] = r.before;
     }
-    let mut i = 0;
-    g.nodes.retain(|_| {
-        i += 1;
-        !dead[i - 1]
-    });
+    let old = std::mem::take(&mut g.nodes);
+    for ((node, new), dead) in old.into_iter().zip(before).zip(dead) {
+        if !dead {
+            g.nodes.extend(new);
+            g.nodes.push(node);
+        }
+    }
     n
 }
 
@@ -211,6 +218,7 @@ fn finish(v: &View<'_>, x: ValueId, at: usize, op: Op, mut remove: Vec<usize>) -
         at,
         node: replaced(node, op, vec![x]),
         remove,
+        before: Vec::new(),
     })
 }
 
@@ -397,6 +405,7 @@ fn layer_norm(v: &View<'_>, ni: usize, g: &mut Graph) -> Option<Rewrite> {
             inputs,
         ),
         remove,
+        before: Vec::new(),
     })
 }
 
