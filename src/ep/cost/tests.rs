@@ -234,16 +234,17 @@ fn relu(k: usize) -> Vec<NodeDesc> {
     vec![node("Relu", &[&format!("c{k}")], &[&format!("a{k}")])]
 }
 
-fn all_nodes(g: &GraphDesc) -> Vec<usize> {
-    (0..g.nodes.len()).collect()
+/// The rule's verdicts with the whole graph as one partition.
+fn judge_whole(g: &GraphDesc, c: &HashMap<String, TensorValue>) -> Vec<(usize, String)> {
+    let all: Vec<usize> = (0..g.nodes.len()).collect();
+    CostRule::new(g, c, &[]).judge(&[all], &vec![true; g.nodes.len()])
 }
 
 #[test]
 fn gated_convolutions_are_claimed() {
     for act in [silu as fn(usize) -> Vec<NodeDesc>, lcnet_hardswish] {
         let (g, c) = conv_chain(4, act);
-        let all = all_nodes(&g);
-        let out = CostRule::new(&g, &c, &[]).judge(&[all.clone()], &vec![true; all.len()]);
+        let out = judge_whole(&g, &c);
         assert!(out.is_empty(), "{out:?}");
     }
 }
@@ -252,17 +253,12 @@ fn gated_convolutions_are_claimed() {
 fn relu_convolutions_few_gates_or_many_pieces_stay_with_ort() {
     // ORT fuses a Relu into its convolution as well as kiln does.
     let (g, c) = conv_chain(4, relu);
-    let all = all_nodes(&g);
-    let out = CostRule::new(&g, &c, &[]).judge(&[all.clone()], &vec![true; all.len()]);
+    let out = judge_whole(&g, &c);
     assert_eq!(reasons(&out), [0, 2, 4, 6]);
     assert!(out[0].1.contains("where ORT fuses their activations"), "{}", out[0].1);
     // Three gated convolutions are too few to count.
     let (g, c) = conv_chain(3, silu);
-    let all = all_nodes(&g);
-    assert_eq!(
-        reasons(&CostRule::new(&g, &c, &[]).judge(&[all.clone()], &vec![true; all.len()])),
-        [0, 3, 6]
-    );
+    assert_eq!(reasons(&judge_whole(&g, &c)), [0, 3, 6]);
     // A gated network cut into three partitions pays transposes at each cut.
     let (g, c) = conv_chain(6, silu);
     let parts = [
@@ -270,7 +266,7 @@ fn relu_convolutions_few_gates_or_many_pieces_stay_with_ort() {
         vec![6, 7, 8, 9, 10, 11],
         vec![12, 13, 14, 15, 16, 17],
     ];
-    let out = CostRule::new(&g, &c, &[]).judge(&parts, &vec![true; 18]);
+    let out = CostRule::new(&g, &c, &[]).judge(&parts, &[true; 18]);
     assert_eq!(reasons(&out), [0, 3, 6, 9, 12, 15]);
     assert!(out[0].1.contains("more than 2 partitions"), "{}", out[0].1);
 }
