@@ -7,7 +7,7 @@ runs a copy whose input batch dim is set to 8), a MobileNet-v2-style
 depthwise net built here with ``onnx.helper`` (random weights, seed 0:
 stem, six inverted-residual blocks with Clip(0, 6) and residual Adds,
 global pool, classifier), and from the corpus YOLOv8n (nudenet 320n) at
-320x320 and 640x640, PP-OCRv4 det at 640x640 and PP-OCRv4 rec at 48x320.
+320x320 and 640x640, PP-OCRv4 det at 640x640, PP-OCRv4 rec at 48x320 and PP-OCR cls at 48x192.
 
 Per model and input: nodes kiln claims with its defaults (ORT's assignment
 info at ``ORT_ENABLE_ALL``; partitions in brackets), the largest difference
@@ -62,6 +62,7 @@ CASES = (
     Case("yolov8n_640", "yolov8n", (640, 640)),
     Case("ppocr_det_640", "ppocr_det", (640, 640)),
     Case("ppocr_rec_48x320", "ppocr_rec", (48, 320)),
+    Case("ppocr_cls_48x192", "ppocr_cls", (48, 192)),
 )
 
 
