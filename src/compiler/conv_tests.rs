@@ -220,3 +220,71 @@ fn shape_generic_convolutions_pack_once() {
         assert_eq!(run_program(&p, &ins, &Serial), run_program(&st, &ins, &Serial));
     }
 }
+
+/// A shape-generic partition folds the per-channel `Mul`/`Add` after a
+/// convolution (PP-LCNet's learnable scale and shift) into its weights once
+/// at build, so specialisations find no scale to fold and repack; a scale
+/// whose convolution output is read twice, or that broadcasts along a
+/// spatial axis, stays. Each specialisation computes what a static compile
+/// of the model as written does, and runs in the scratch the partition's
+/// programs share.
+#[test]
+fn shape_generic_partitions_fold_channel_scales_once() {
+    use super::generic::{GenericGraph, Specializer};
+    use crate::ir::tests::{run_program, D, T};
+    use crate::ir::AttrValue;
+    use crate::kernels::parallel::Serial;
+
+    let mut d = D::new(17);
+    let x = d.input("x", 1, &[-1, 4, -1, -1]);
+    let w1 = d.f32s("w1", &[8, 4, 3, 3], 1);
+    let b1 = d.f32s("b1", &[8], 2);
+    let s = d.f32s("s", &[1], 3);
+    let t = d.f32s("t", &[8, 1, 1], 4);
+    let w2 = d.f32s("w2", &[8, 8, 1, 1], 5);
+    let u = d.f32s("u", &[1, 1, 1, 1], 6);
+    let wide = d.f32s("wide", &[1, 1, 1, 5], 7);
+    let pads = ("pads", AttrValue::Ints(vec![1, 1, 1, 1]));
+    let c1 = d.node("Conv", &[&x, &w1, &b1], vec![pads]);
+    let m = d.node("Mul", &[&s, &c1], vec![]);
+    let a = d.node("Add", &[&m, &t], vec![]);
+    let r = d.node("Relu", &[&a], vec![]);
+    let c2 = d.node("Conv", &[&r, &w2], vec![]);
+    let m2 = d.node("Mul", &[&c2, &u], vec![]);
+    // Read twice: stays.
+    let m3 = d.node("Mul", &[&m2, &wide], vec![]);
+    let y = d.node("Add", &[&m2, &m3], vec![]);
+    d.output(&y);
+    let g = GenericGraph::build(d.g.clone(), &d.consts, Target::cpu_best()).unwrap();
+    let ops: Vec<&str> = g.desc.nodes.iter().map(|n| n.op_type.as_str()).collect();
+    assert_eq!(ops, ["Conv", "Relu", "Conv", "Mul", "Add"]);
+    let names: Vec<&str> = g.constants.iter().map(|c| c.name.as_str()).collect();
+    assert!(
+        !names.contains(&"w1") && !names.contains(&"s"),
+        "unused constants kept: {names:?}"
+    );
+    let s = Specializer::new(g, 1).unwrap();
+    let mut arena = None;
+    for (n, h, w) in [(1, 5, 5), (2, 6, 5), (1, 5, 5)] {
+        let (p, _) = s.program_for(&[vec![n, 4, h, w]]).unwrap();
+        let pool = std::sync::Arc::as_ptr(&p.scratch);
+        assert_eq!(
+            *arena.get_or_insert(pool),
+            pool,
+            "the partition's programs share their scratch"
+        );
+        let mut fixed = d.g.clone();
+        fixed.values.get_mut("x").unwrap().dims = Some(vec![n, 4, h, w]);
+        let st = compile(&import(&fixed, &d.consts).unwrap(), Target::cpu_best()).unwrap();
+        let numel = (n * 4 * h * w) as usize;
+        let ins = vec![T::new(
+            1,
+            &[n as usize, 4, h as usize, w as usize],
+            data(numel, 9).iter().map(|&v| v as f64).collect(),
+        )];
+        let (got, want) = (run_program(&p, &ins, &Serial), run_program(&st, &ins, &Serial));
+        for (a, b) in got[0].iter().zip(&want[0]) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{n}x{h}x{w}: {a} vs {b}");
+        }
+    }
+}

@@ -128,6 +128,8 @@ impl GenericGraph {
                 data: Weight::from_bytes(&t.bytes),
             });
         }
+        let mut desc = desc;
+        super::conv_affine::fold(&mut desc, &mut constants);
         let packed = pack_gemm_weights(&desc, &constants, target);
         Ok(GenericGraph {
             desc,
@@ -304,6 +306,8 @@ pub struct Specializer {
     index: HashMap<String, usize>,
     packs: PackedWeights,
     cache: Mutex<Lru>,
+    /// Scratch arenas every program of the partition runs in.
+    scratch: Arc<crate::plan::ScratchPool>,
 }
 
 /// The most recently used programs, by input dims (newest last).
@@ -359,6 +363,7 @@ impl Specializer {
                 capacity,
                 entries: Vec::new(),
             }),
+            scratch: Arc::default(),
         })
     }
 
@@ -409,7 +414,9 @@ impl Specializer {
         }
         let source = Source { g, index: &self.index };
         let ir = crate::compiler::import(&desc, &source)?;
-        super::compile_with_packs(&ir, g.target, &self.packs)
+        let mut p = super::compile_with_packs(&ir, g.target, &self.packs)?;
+        p.share_scratch(self.scratch.clone());
+        Ok(p)
     }
 }
 

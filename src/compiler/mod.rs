@@ -22,6 +22,7 @@ mod alias;
 // Attention fusion (issue #14).
 mod attention;
 // Convolution (issue #13).
+mod conv_affine;
 mod conv_fusion;
 mod dce;
 mod epilogue;

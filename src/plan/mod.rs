@@ -506,8 +506,9 @@ pub struct Program {
     pub(crate) arena_bytes: usize,
     /// How many nodes of each op the optimised graph had.
     pub(crate) op_counts: Vec<(String, usize)>,
-    /// Run-time cache, not part of the program's meaning.
-    pub(crate) scratch: ScratchPool,
+    /// Run-time cache, not part of the program's meaning; shared by the
+    /// programs of one shape-generic partition (`share_scratch`).
+    pub(crate) scratch: Arc<ScratchPool>,
 }
 
 /// Everything a [`Program`] is made of, e.g. as read back from a file.
@@ -547,7 +548,7 @@ impl Program {
             steps: parts.steps,
             arena_bytes: parts.arena_bytes,
             op_counts: parts.op_counts,
-            scratch: ScratchPool::default(),
+            scratch: Arc::default(),
         };
         p.validate()?;
         Ok(p)
@@ -586,6 +587,13 @@ impl Program {
 
     pub fn num_steps(&self) -> usize {
         self.steps.len()
+    }
+
+    /// Takes the scratch arenas from `pool`, which other programs of the
+    /// same partition share: a run at a new input shape then reuses the
+    /// memory (already faulted in) that the last shape's runs left.
+    pub(crate) fn share_scratch(&mut self, pool: Arc<ScratchPool>) {
+        self.scratch = pool;
     }
 
     /// Scratch memory one run needs.
@@ -1276,11 +1284,13 @@ pub(crate) struct ScratchPool {
 const MAX_POOLED: usize = 16;
 
 impl ScratchPool {
+    /// An arena of at least `len` bytes: a kept one if it is large enough
+    /// (another shape's program may have left it), else a new one.
     fn take(&self, len: usize) -> Result<AlignedBytes> {
         if len == 0 {
             return Ok(AlignedBytes::zeroed(0));
         }
-        if let Some(v) = self.lock().pop() {
+        if let Some(v) = self.lock().pop().filter(|v| v.len() >= len) {
             return Ok(v);
         }
         let blocks = len.div_ceil(STORAGE_ALIGN);
