@@ -280,3 +280,29 @@ def test_compiled_model_round_trip(symbolic, tmp_path, kiln_dev):
     for f, outs in zip(feeds, run.all_outputs):
         _, want = tu.run_cpu(src, f)
         np.testing.assert_allclose(outs[0], want[0], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("tail", ["div", "mul"])
+def test_hardswish_written_with_clip_fuses(tail, tmp_path, kiln_dev):
+    """PP-OCR's HardSwish, x * Clip(x + 3, 0, 6) / 6 (or * 1/6), after a convolution: one
+    Conv+Bias+HardSwish in the compiled program, and the CPU EP's numbers at two image sizes."""
+    c = 8
+    inits = [onnx.numpy_helper.from_array(_rand((c, 3, 3, 3), 1), "w"),
+             onnx.numpy_helper.from_array(_rand((c,), 2), "b"),
+             onnx.numpy_helper.from_array(np.float32(3.0), "three"),
+             onnx.numpy_helper.from_array(np.float32(0.0), "zero"),
+             onnx.numpy_helper.from_array(np.float32(6.0), "six"),
+             onnx.numpy_helper.from_array(np.float32(6.0 if tail == "div" else 1.0 / 6.0), "k")]
+    nodes = [h.make_node("Conv", ["x", "w", "b"], ["v"], pads=[1, 1, 1, 1]),
+             h.make_node("Add", ["v", "three"], ["p"]),
+             h.make_node("Clip", ["p", "zero", "six"], ["q"]),
+             h.make_node("Mul", ["v", "q"], ["r"]),
+             h.make_node("Div" if tail == "div" else "Mul", ["r", "k"], ["y"])]
+    m = _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, ["n", 3, "h", "w"])],
+               [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    _check(m, tmp_path, kiln_dev, [(1, 3, 9, 10), (2, 3, 12, 7)])
+    static = _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 9, 10])],
+                    [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    data = tu.compile_model(_save(static, tmp_path, "static"), kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
+    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    assert "Conv+Bias+HardSwish x1" in notes and "Clip" not in notes, notes

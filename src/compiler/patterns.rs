@@ -12,7 +12,9 @@
 //!   `ReduceMax → Sub` max subtraction, over one axis;
 //! - SiLU: `x · Sigmoid(x)` (YOLOv8, EfficientNet), and HardSwish:
 //!   `x · HardSigmoid(x)` with exactly HardSwish's alpha = 1/6 and
-//!   beta = 1/2 (older exports), so the epilogue fusion can take them.
+//!   beta = 1/2 (older exports), or `x · Clip(x + 3, 0, 6) / 6` (PP-OCR's
+//!   paddle2onnx export; the `/ 6` also as `· (1/6)`), so the epilogue
+//!   fusion can take them.
 //!
 //! A match needs every intermediate value to be used only inside the
 //! pattern (and not be a graph output), constants to match within 1e-5
@@ -118,7 +120,14 @@ pub(crate) fn strip_ones(s: &[usize]) -> &[usize] {
 /// Runs every pattern; returns how many rewrites were made.
 pub(crate) fn recognise(g: &mut Graph) -> usize {
     let mut total = 0;
-    for matcher in [gelu_erf as Matcher, gelu_tanh, layer_norm, softmax, self_gated] {
+    for matcher in [
+        gelu_erf as Matcher,
+        gelu_tanh,
+        layer_norm,
+        softmax,
+        self_gated,
+        hard_swish_clip,
+    ] {
         total += apply(g, matcher);
     }
     total
@@ -471,4 +480,28 @@ fn self_gated(v: &View<'_>, fi: usize, _: &mut Graph) -> Option<Rewrite> {
         return None;
     }
     finish(v, x, mi, Op::Unary(op), vec![fi])
+}
+
+/// `x · Clip(x + 3, 0, 6) / 6` (or `· (1/6)`) → HardSwish: node `ci` is the
+/// Clip. The same value as the op's `x · max(0, min(1, x/6 + 1/2))` up to
+/// rounding.
+fn hard_swish_clip(v: &View<'_>, ci: usize, _: &mut Graph) -> Option<Rewrite> {
+    let c = &v.g.nodes[ci];
+    if c.op != Op::Unary(UnaryOp::Clip(0.0, 6.0)) {
+        return None;
+    }
+    let (p, q) = (c.inputs[0], c.outputs[0]);
+    let (ai, an) = v.producer(p)?;
+    let x = v.with_scalar(an, BinaryOp::Add, 3.0)?;
+    let mi = v.sole_use(q)?;
+    if v.sole_use(p)? != ci || v.other(&v.g.nodes[mi], BinaryOp::Mul, q)? != x {
+        return None;
+    }
+    let r = v.g.nodes[mi].outputs[0];
+    let di = v.sole_use(r)?;
+    let d = &v.g.nodes[di];
+    v.with_scalar(d, BinaryOp::Div, 6.0)
+        .or_else(|| v.with_scalar(d, BinaryOp::Mul, 1.0 / 6.0))
+        .filter(|&y| y == r)?;
+    finish(v, x, di, Op::Unary(UnaryOp::HardSwish), vec![ai, ci, mi])
 }

@@ -824,3 +824,33 @@ fn activation_epilogues_match_the_unfused_ops() {
         assert_eq!(ops(&opt).len(), 1, "{act:?}: {:?}", ops(&opt));
     }
 }
+
+/// PP-OCR's HardSwish, `x · Clip(x + 3, 0, 6) / 6` (or `· (1/6)`), is one
+/// HardSwish fused into the product; another bound or divisor is not.
+#[test]
+fn hardswish_written_with_clip_is_recognised() {
+    let build = |hi: f32, tail: BinaryOp, by: f32| {
+        let mut b = Builder::new();
+        let x = b.input("x", &[3, 5, 16]);
+        let w = b.constant("w", &[16, 24], data(16 * 24, 2));
+        let bias = b.constant("bias", &[24], data(24, 3));
+        let mm = matmul(&mut b, x, w, "mm");
+        let s = b.bin(BinaryOp::Add, mm, bias, "s");
+        let three = b.scalar("three", 3.0);
+        let p = b.bin(BinaryOp::Add, s, three, "p");
+        let q = b.un(UnaryOp::Clip(0.0, hi), p, "q");
+        let r = b.bin(BinaryOp::Mul, s, q, "r");
+        let k = b.scalar("k", by);
+        let y = b.bin(tail, r, k, "y");
+        b.output(y);
+        b.g
+    };
+    for (tail, by) in [(BinaryOp::Div, 6.0), (BinaryOp::Mul, 1.0 / 6.0)] {
+        let opt = check_passes_agree(&build(6.0, tail, by));
+        assert_eq!(ops(&opt), ["MatMul+Bias+HardSwish"], "{tail:?}");
+    }
+    let opt = check_passes_agree(&build(4.0, BinaryOp::Div, 6.0));
+    assert_eq!(ops(&opt).len(), 5, "{:?}", ops(&opt));
+    let opt = check_passes_agree(&build(6.0, BinaryOp::Div, 5.0));
+    assert_eq!(ops(&opt).len(), 5, "{:?}", ops(&opt));
+}
