@@ -248,3 +248,17 @@ def test_max_pool_nans_as_the_indices_path(attrs, tmp_path, kiln_dev):
     got = run.all_outputs[0]
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("ceil_mode", [0, 1])
+def test_window_longer_than_the_input_as_ort(op, ceil_mode, tmp_path, kiln_dev):
+    """A window longer than the (padded) input, as PP-OCRv4 rec's neck pool (kernel 3, stride 3)
+    meets at image height 32: ORT's output length truncates toward zero — one window over what
+    there is when the overhang is under a stride (heights 1 and 2), an empty output when it is
+    one stride (height 2 with stride 1) — and kiln gives the same shapes and values from one
+    session."""
+    attrs = dict(kernel_shape=[3, 2], strides=[3, 2], ceil_mode=ceil_mode)
+    _check(_pool_model(op, attrs, 4, True), tmp_path, kiln_dev, [(1, 8, 2, 6), (2, 4, 1, 5), (1, 8, 3, 6)])
+    attrs = dict(kernel_shape=[3, 1], strides=[1, 1], ceil_mode=ceil_mode)
+    _check(_pool_model(op, attrs, 4, True), tmp_path, kiln_dev, [(1, 8, 2, 6), (1, 8, 3, 6)])

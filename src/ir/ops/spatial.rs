@@ -15,6 +15,7 @@ use crate::kernels::spatial::{output_len, Axis, Window};
 /// `kernel_shape` attribute (pools, `None` here).
 pub(crate) fn window(n: &NodeDesc, input: &[usize], kernel: Option<&[usize]>, ceil_mode: bool) -> Result<Window, Why> {
     let rank = input.len();
+    let kernel_from_weights = kernel.is_some();
     if !(1..=2).contains(&rank) {
         return Err(format!("kiln runs 1-D and 2-D {} only, not {rank}-D", n.op_type));
     }
@@ -31,7 +32,13 @@ pub(crate) fn window(n: &NodeDesc, input: &[usize], kernel: Option<&[usize]>, ce
     let pads = pads(n, input, &kernel, &strides, &dilations)?;
     let axis = |i: usize| -> Result<Axis, Why> {
         let p = (pads[i], pads[i + rank]);
-        let output = output_len(input[i], kernel[i], strides[i], dilations[i], p, ceil_mode).ok_or_else(|| {
+        let exact = output_len(input[i], kernel[i], strides[i], dilations[i], p, ceil_mode);
+        // Pools only: a convolution's kernels need every window inside the padded input.
+        let overhang = || match kernel_from_weights {
+            true => None,
+            false => overhanging_output(input[i], kernel[i], strides[i], dilations[i], p, ceil_mode),
+        };
+        let output = exact.or_else(overhang).ok_or_else(|| {
             format!(
                 "{} window of {} (dilation {}) is longer than the padded input {}",
                 n.op_type,
@@ -66,6 +73,35 @@ pub(crate) fn window(n: &NodeDesc, input: &[usize], kernel: Option<&[usize]>, ce
             w: axis(1)?,
         },
     })
+}
+
+/// A pool's output length when its window is longer than the padded input,
+/// as ORT computes it (the C++ integer division truncates toward zero): 1,
+/// one window over what there is, when the overhang is under a stride,
+/// else 0 (an empty output); `None` (ORT's "negative output dimension")
+/// beyond that.
+fn overhanging_output(
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    dilation: usize,
+    pads: (usize, usize),
+    ceil_mode: bool,
+) -> Option<usize> {
+    let extent = (kernel.checked_sub(1)? * dilation + 1) as i64;
+    let span = (input + pads.0 + pads.1) as i64 - extent;
+    let stride = stride.max(1) as i64;
+    let out = if ceil_mode {
+        let out = (span as f64 / stride as f64 + 1.0).ceil() as i64;
+        if (out - 1) * stride >= (input + pads.0) as i64 {
+            out - 1
+        } else {
+            out
+        }
+    } else {
+        span / stride + 1
+    };
+    usize::try_from(out).ok()
 }
 
 fn same(a: &[i64], b: &[usize]) -> bool {
