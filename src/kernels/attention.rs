@@ -21,7 +21,7 @@
 use std::sync::Mutex;
 
 use super::gemm::{self, Bias, Epilogue, PackedB};
-use super::parallel::{try_for_each_item, Parallel, Serial};
+use super::parallel::{try_for_each_block, Blocks, Parallel, Serial};
 use super::Isa;
 use crate::error::{Error, Result};
 
@@ -132,12 +132,7 @@ pub fn attention(
     let rows = block_rows(shape, par.threads());
     let per_batch = shape.q_len.div_ceil(rows);
     // Tasks own whole rows of the output: (batch, block) in order.
-    let mut chunks = Vec::with_capacity(shape.batch * per_batch);
-    for (b, batch_out) in dst.chunks_mut(shape.q_len * width).enumerate() {
-        for (blk, chunk) in batch_out.chunks_mut(rows * width).enumerate() {
-            chunks.push((b, blk * rows, chunk));
-        }
-    }
+    let chunks = Blocks::new(dst.len(), shape.q_len * width, rows * width);
     // Many query blocks per batch read the same heads' K and V: pack them
     // once instead of once per block (see [`PREPACK_BLOCKS`]).
     let packed = if per_batch >= PREPACK_BLOCKS {
@@ -145,9 +140,10 @@ pub fn attention(
     } else {
         None
     };
-    try_for_each_item(par, chunks, &|(b, row0, out)| {
-        let heads = packed.as_deref().map(|p| &p[*b * shape.heads..(*b + 1) * shape.heads]);
-        block(isa, shape, *b, *row0, q, k, v, mask, heads, out)
+    try_for_each_block(par, dst, chunks, &|t, out| {
+        let (b, row0) = (t / per_batch, t % per_batch * rows);
+        let heads = packed.as_deref().map(|p| &p[b * shape.heads..(b + 1) * shape.heads]);
+        block(isa, shape, b, row0, q, k, v, mask, heads, out)
     })
 }
 

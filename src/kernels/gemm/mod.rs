@@ -44,8 +44,6 @@ use std::cell::Cell;
 use std::ops::Range;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use self::driver::{BPanels, CView, Epi};
 use self::pack::{ASrc, BSrc};
 use super::parallel::Parallel;
@@ -519,8 +517,7 @@ fn run_tasks(view: &mut CView<'_>, rows: Parts, cols: Parts, par: &dyn Parallel,
         // One task (one thread, or little work): no views to allocate.
         return f(&mut view.part(rows.get(0), cols.get(0)));
     }
-    let views: Vec<Mutex<CView<'_>>> = view.split(rows, cols).into_iter().map(Mutex::new).collect();
-    par.for_each(views.len(), &|t| f(&mut views[t].lock()));
+    view.for_each_part(rows, cols, par, f);
 }
 
 /// Splits an `m x n` product into row and column parts, one task per pair:
@@ -596,6 +593,7 @@ impl Parts {
         self.start + a..self.start + b
     }
 
+    #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = Range<usize>> + '_ {
         (0..self.count).map(|i| self.get(i))
     }
