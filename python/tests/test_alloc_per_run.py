@@ -14,7 +14,7 @@ hands tasks out: a bounded, one-time cost, so the bound there is fewer than
 RUNS // 2 allocations over RUNS runs, which any allocation made in every Run
 exceeds. Models: the transformer benchmarks of issue #14,
 paraphrase-MiniLM-L3-v2 (the real-model corpus) at batch 1 and 8 x sequence 16
-and 128, and ``bench/latency.py``'s MLPs and BERT-shaped encoders, with 1 and 2
+and 128 and at 1 x 512 (where the attention kernel packs K and V ahead), and ``bench/latency.py``'s MLPs and BERT-shaped encoders, with 1 and 2
 intra-op threads. The counts per run are printed in pytest's terminal summary;
 ``KILN_ALLOC_RUNS`` overrides RUNS.
 """
@@ -36,7 +36,7 @@ import real_corpus as rc
 WARMUP = 3
 RUNS = int(os.environ.get("KILN_ALLOC_RUNS", "20"))
 THREADS = (1, 2)
-MINILM_SHAPES = ((1, 16), (1, 128), (8, 16), (8, 128))
+MINILM_SHAPES = ((1, 16), (1, 128), (8, 16), (8, 128), (1, 512))
 
 COUNTS = []  # (model, shape, threads, allocations in the first run, per later run)
 tu.TERMINAL_SUMMARY["kiln allocations per Run"] = lambda: [

@@ -164,6 +164,37 @@ impl PackedB {
         Ok(PackedB { target, k, n, nr, data })
     }
 
+    /// Packs `b` (`k x n` with row stride `ld`, or its transpose `n x k` if
+    /// `trans_b`) into `out`, laid out as [`PackedB::try_pack`] lays it out:
+    /// `out` has [`PackedB::packed_len`] values (a buffer kept between runs,
+    /// which [`PackedB::from_parts`] then views).
+    #[allow(clippy::too_many_arguments)]
+    pub fn pack_into(
+        target: Target,
+        b: &[f32],
+        ld: usize,
+        k: usize,
+        n: usize,
+        trans_b: bool,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (rows, cols) = if trans_b { (n, k) } else { (k, n) };
+        check_matrix("B", b.len(), rows, cols, ld, false)?;
+        if Self::checked_len(target, k, n) != Some(out.len()) {
+            return Err(size_error(format_args!(
+                "packed B of {k} x {n} does not fit {} values",
+                out.len()
+            )));
+        }
+        let src = BSrc {
+            data: b,
+            ld,
+            trans: trans_b,
+        };
+        pack::pack_b(src, 0..k, 0..n, Blocking::of(target).nr, out);
+        Ok(())
+    }
+
     /// Rebuilds a packed B from stored parts. `Err(InvalidGraph)` unless `data`
     /// has exactly [`PackedB::packed_len`] elements, so a corrupt file cannot
     /// make a kernel read out of bounds.
