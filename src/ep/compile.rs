@@ -13,7 +13,7 @@ use crate::compiler;
 use crate::compiler::generic::{Executable, GenericGraph, Specializer};
 use crate::context::StoredGraph;
 use crate::error::{Error, Result};
-use crate::ffi::compute::{ComputeImpl, KernelContext};
+use crate::ffi::compute::{ComputeImpl, KernelContext, RawInput};
 use crate::ffi::ep::{Compiled, Partition};
 use crate::ffi::graph::{Graph, Node, ValueInfo};
 use crate::ir;
@@ -21,6 +21,7 @@ use crate::plan::Program;
 use crate::plan::{TensorMut, TensorRef};
 use crate::stats;
 use crate::target::Target;
+use crate::tensor::InlineVec;
 
 /// One partition on its way through Compile.
 enum Source<'a> {
@@ -332,6 +333,9 @@ impl ComputeImpl for Runner {
     }
 }
 
+/// A partition's inputs or outputs held inline per Run (more go to the heap).
+const INLINE_IO: usize = 16;
+
 impl Runner {
     fn run(&self, ctx: KernelContext<'_>) -> Result<()> {
         assert!(
@@ -340,15 +344,16 @@ impl Runner {
             super::INJECT_PANIC_ENV
         );
         let par = ctx.parallel();
-        let raw = ctx.raw_inputs()?;
-        if raw.len() != self.kernel_inputs {
+        let given = ctx.input_count()?;
+        if given != self.kernel_inputs {
             return Err(Error::invalid_argument(format!(
-                "partition '{}' expects {} inputs, ORT passed {}",
-                self.name,
-                self.kernel_inputs,
-                raw.len()
+                "partition '{}' expects {} inputs, ORT passed {given}",
+                self.name, self.kernel_inputs,
             )));
         }
+        // Program input j reads kernel input inputs[j].
+        let raw: InlineVec<RawInput<'_>, INLINE_IO> =
+            self.inputs.iter().map(|&k| ctx.raw_input(k)).collect::<Result<_>>()?;
         let held;
         let program = match &self.exe {
             Executable::Fixed(p) => p,
@@ -358,34 +363,36 @@ impl Runner {
             }
         };
         let specs = program.inputs();
-        let mut inputs = Vec::with_capacity(specs.len());
-        for (spec, &k) in specs.iter().zip(&self.inputs) {
-            let t = &raw[k];
-            let dims: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
-            if t.dims != dims || t.elem_type != spec.elem_type {
+        let mut inputs: InlineVec<TensorRef<'_>, INLINE_IO> = InlineVec::default();
+        for (spec, t) in specs.iter().zip(raw.iter()) {
+            let same = t.dims.len() == spec.shape.len() && t.dims.iter().zip(&spec.shape).all(|(&a, &b)| a == b as i64);
+            if !same || t.elem_type != spec.elem_type {
                 return Err(Error::invalid_argument(format!(
                     "input '{}' is {} {:?}; kiln compiled this partition for {} {:?}",
                     spec.name,
                     ir::onnx_type_name(t.elem_type),
                     t.dims,
                     ir::onnx_type_name(spec.elem_type),
-                    dims
+                    spec.shape
                 )));
             }
             inputs.push(tensor_ref(t.elem_type, t.bytes, &spec.name)?);
         }
         let out_specs = program.outputs();
-        let kernel_specs: Vec<(i32, Vec<usize>)> = self
-            .outputs
-            .iter()
-            .map(|&j| (out_specs[j].elem_type, out_specs[j].shape.clone()))
-            .collect();
-        let mut outputs: Vec<Option<TensorMut<'_>>> = (0..out_specs.len()).map(|_| None).collect();
-        for (bytes, &j) in ctx.raw_outputs(&kernel_specs)?.into_iter().zip(&self.outputs) {
-            outputs[j] = Some(tensor_mut(out_specs[j].elem_type, bytes, &out_specs[j].name)?);
-        }
-        let mut outputs: Vec<TensorMut<'_>> = outputs.into_iter().flatten().collect();
-        if outputs.len() != out_specs.len() {
+        let mut outputs: InlineVec<TensorMut<'_>, INLINE_IO> = out_specs.iter().map(|_| TensorMut::default()).collect();
+        let mut filled: InlineVec<bool, INLINE_IO> = out_specs.iter().map(|_| false).collect();
+        // Kernel output i is program output outputs[i].
+        let spec = |i: usize| {
+            let s = &out_specs[self.outputs[i]];
+            (s.elem_type, &s.shape[..])
+        };
+        ctx.raw_outputs(self.outputs.len(), spec, |i, bytes| {
+            let j = self.outputs[i];
+            filled[j] = true;
+            outputs[j] = tensor_mut(out_specs[j].elem_type, bytes, &out_specs[j].name)?;
+            Ok(())
+        })?;
+        if filled.iter().any(|f| !f) {
             return Err(Error::invalid_graph(format!(
                 "partition '{}': outputs map twice",
                 self.name
@@ -399,15 +406,14 @@ impl Runner {
 
 impl Runner {
     /// The program for this run's input shapes: cached, or built now (the
-    /// first run at a new shape signature).
+    /// first run at a new shape signature). `raw` in program input order.
     fn specialized(
         &self,
         s: &Specializer,
-        raw: &[crate::ffi::compute::RawInput<'_>],
+        raw: &[RawInput<'_>],
         logger: &crate::ffi::logger::Logger,
     ) -> Result<Arc<Program>> {
-        // Program input j reads kernel input inputs[j].
-        let dims: Vec<Vec<i64>> = self.inputs.iter().map(|&k| raw[k].dims.clone()).collect();
+        let dims: InlineVec<&[i64], INLINE_IO> = raw.iter().map(|r| &r.dims[..]).collect();
         let start = std::time::Instant::now();
         let (program, built) = s
             .program_for(&dims)

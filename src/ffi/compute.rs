@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::api::{ort, Api};
 use super::logger::Logger;
 use super::status::{check, guard, guard_or, Poison};
-use super::tensor::{byte_len, tensor_data, value_info};
+use super::tensor::{byte_len, run_type, tensor_data, RunDims};
 use super::{non_null, non_null_mut, sys};
 use crate::error::{Error, Result};
 
@@ -17,10 +17,11 @@ pub trait ComputeImpl: Send + Sync {
 }
 
 /// A tensor input of any element type, as raw bytes borrowed for Compute.
+#[derive(Default)]
 pub struct RawInput<'a> {
     /// ONNX element type code.
     pub elem_type: i32,
-    pub dims: Vec<i64>,
+    pub dims: RunDims,
     pub bytes: &'a [u8],
 }
 
@@ -56,48 +57,50 @@ impl<'a> KernelContext<'a> {
         Ok(n)
     }
 
-    /// Every input, of any element type, as raw bytes.
-    pub fn raw_inputs(&self) -> Result<Vec<RawInput<'a>>> {
-        (0..self.count(false)?).map(|i| self.raw_input(i)).collect()
+    /// How many inputs ORT passes.
+    pub fn input_count(&self) -> Result<usize> {
+        self.count(false)
     }
 
-    fn raw_input(&self, index: usize) -> Result<RawInput<'a>> {
+    /// Input `index`, of any element type, as raw bytes.
+    pub fn raw_input(&self, index: usize) -> Result<RawInput<'a>> {
         let api = Api::get();
         let mut value = std::ptr::null();
         // SAFETY: live context; the value is borrowed for this Compute call.
         unsafe { check(ort!(api.ort, KernelContext_GetInput(self.ptr, index, &mut value)))? };
         let value = non_null(value, "kernel input")?;
-        let info = value_info(value)?;
-        let len = byte_len(info.elem_type, &info.dims)?;
+        let (elem_type, dims) = run_type(value)?;
+        let len = byte_len(elem_type, &dims)?;
         // SAFETY: a tensor of `len` bytes owned by ORT for this call.
         let bytes = unsafe { super::slice(tensor_data(value)? as *const u8, len, "input data")? };
-        Ok(RawInput {
-            elem_type: info.elem_type,
-            dims: info.dims,
-            bytes,
-        })
+        Ok(RawInput { elem_type, dims, bytes })
     }
 
-    /// Allocates every output (element type and shape each) as raw bytes.
+    /// Allocates every output as raw bytes: output `i` has the element type
+    /// and shape `spec(i)`, for `i < count`, and goes to `put(i, bytes)`.
     /// Consumes the context so that no output can be borrowed twice.
-    pub fn raw_outputs(self, specs: &[(i32, Vec<usize>)]) -> Result<Vec<&'a mut [u8]>> {
+    pub fn raw_outputs<'s>(
+        self,
+        count: usize,
+        spec: impl Fn(usize) -> (i32, &'s [usize]),
+        mut put: impl FnMut(usize, &'a mut [u8]) -> Result<()>,
+    ) -> Result<()> {
         let n = self.count(true)?;
-        if n != specs.len() {
+        if n != count {
             return Err(Error::invalid_argument(format!(
-                "ORT asks for {n} outputs, the compiled partition has {}",
-                specs.len()
+                "ORT asks for {n} outputs, the compiled partition has {count}"
             )));
         }
-        specs
-            .iter()
-            .enumerate()
-            .map(|(i, (t, s))| self.raw_output(i, *t, s))
-            .collect()
+        for i in 0..n {
+            let (elem_type, shape) = spec(i);
+            put(i, self.raw_output(i, elem_type, shape)?)?;
+        }
+        Ok(())
     }
 
     fn raw_output(&self, index: usize, elem_type: i32, shape: &[usize]) -> Result<&'a mut [u8]> {
         let api = Api::get();
-        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let dims: RunDims = shape.iter().map(|&d| d as i64).collect();
         let len = byte_len(elem_type, &dims)?;
         let mut value = std::ptr::null_mut();
         let mut data = std::ptr::null_mut();
@@ -112,14 +115,14 @@ impl<'a> KernelContext<'a> {
         // ORT sizes the buffer by the graph's type for this output, which an
         // edited model can make differ from the program's: never write more
         // than ORT allocated.
-        let given = value_info(value)?;
-        let given_len = byte_len(given.elem_type, &given.dims)?;
-        if given.elem_type != elem_type || given.dims != dims || given_len != len {
+        let (given_type, given_dims) = run_type(value)?;
+        let given_len = byte_len(given_type, &given_dims)?;
+        if given_type != elem_type || given_dims[..] != dims[..] || given_len != len {
             return Err(Error::runtime(format!(
                 "output {index}: ORT allocated {} {:?} ({given_len} bytes), the compiled partition writes {} {:?} \
                  ({len} bytes); the model's type for this output disagrees with the compiled graph",
-                crate::ir::onnx_type_name(given.elem_type),
-                given.dims,
+                crate::ir::onnx_type_name(given_type),
+                given_dims,
                 crate::ir::onnx_type_name(elem_type),
                 dims
             )));
@@ -179,7 +182,10 @@ unsafe extern "C" fn run_task(user: *mut std::ffi::c_void, index: usize) {
     }
 }
 
-impl crate::kernels::parallel::Parallel for OrtParallel<'_> {
+// SAFETY: ORT's ParallelFor runs run_task(&task, i) once for every i < n and
+// returns only when all have finished (facts sheet 9.1); the fallbacks run
+// each index once on the caller.
+unsafe impl crate::kernels::parallel::Parallel for OrtParallel<'_> {
     fn threads(&self) -> usize {
         self.threads
     }

@@ -3,6 +3,8 @@
 //! trampolines behind the C structs kiln implements. Everything `unsafe`
 //! lives here; `ep/` implements the safe traits these trampolines call.
 
+#[cfg(feature = "alloc-count")]
+pub mod alloc_count;
 pub mod api;
 pub mod compute;
 pub mod ep;

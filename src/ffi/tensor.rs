@@ -57,17 +57,32 @@ pub fn byte_len(elem_type: i32, dims: &[i64]) -> Result<usize> {
         .ok_or_else(|| Error::invalid_argument(format!("tensor shape {dims:?} is not a valid size")))
 }
 
-/// Element type and shape of a tensor value ORT passes or allocates.
-pub(super) fn value_info(value: *const sys::OrtValue) -> Result<TensorInfo> {
+/// A tensor's dims at run time: inline up to rank 8, so that reading them
+/// allocates nothing.
+pub type RunDims = crate::tensor::InlineVec<i64, 8>;
+
+/// Element type and dims of a tensor value of a Compute call, without the
+/// symbolic dims [`read_tensor_info`] copies: nothing allocated for rank <= 8.
+pub(super) fn run_type(value: *const sys::OrtValue) -> Result<(i32, RunDims)> {
     let api = Api::get();
     let mut shape = std::ptr::null_mut();
+    let mut elem = sys::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    let mut rank = 0usize;
     // SAFETY: `value` is a live OrtValue of this Compute call; the shape info
-    // is ours to release, after it was read.
+    // is ours to release, after it was read; `dims` holds `rank` elements.
     unsafe {
         check(ort!(api.ort, GetTensorTypeAndShape(value, &mut shape)))?;
-        let info = read_tensor_info(non_null_mut(shape, "tensor type and shape")?);
+        let shape = non_null_mut(shape, "tensor type and shape")?;
+        let mut read = || -> Result<RunDims> {
+            check(ort!(api.ort, GetTensorElementType(shape, &mut elem)))?;
+            check(ort!(api.ort, GetDimensionsCount(shape, &mut rank)))?;
+            let mut dims: RunDims = (0..rank).map(|_| 0).collect();
+            check(ort!(api.ort, GetDimensions(shape, dims.as_mut_ptr(), rank)))?;
+            Ok(dims)
+        };
+        let dims = read();
         ort!(api.ort, ReleaseTensorTypeAndShapeInfo(shape));
-        info
+        Ok((elem as i32, dims?))
     }
 }
 

@@ -18,12 +18,15 @@
 //! The numerics are those of the unfused steps (same GEMM, same softmax),
 //! so results match them to rounding.
 
-use std::sync::Mutex;
+use std::cell::Cell;
+use std::sync::Arc;
 
 use super::gemm::{self, Bias, Epilogue, PackedB};
-use super::parallel::{try_for_each_item, Parallel, Serial};
+use super::parallel::{try_for_each_block, Blocks, Parallel, Serial};
 use super::Isa;
 use crate::error::{Error, Result};
+use crate::target::Target;
+use crate::tensor::{AlignedBytes, Weight};
 
 /// Most score values one task's block holds (`rows x kv_len`): 64 KiB of
 /// scores plus as much of probabilities, in L2 (sequence 128 runs in one
@@ -32,7 +35,8 @@ pub const SCORE_FLOATS: usize = 16384;
 
 /// Query blocks per batch from which each head's K and V are packed once
 /// for all blocks rather than by the GEMM in each block. Packing ahead costs
-/// a gather of the head's columns and the portable packing; on a Zen 5
+/// the portable packing (measured when it also gathered each head's columns
+/// first, a copy now gone); on a Zen 5
 /// (MiniLM, one thread, per layer) it took sequence 512 (16 blocks) from
 /// 3.67 to 3.34 ms but 256 (4 blocks) from 0.85 to 0.96 ms and 128 (2
 /// blocks) from 0.23 to 0.31 ms.
@@ -132,66 +136,103 @@ pub fn attention(
     let rows = block_rows(shape, par.threads());
     let per_batch = shape.q_len.div_ceil(rows);
     // Tasks own whole rows of the output: (batch, block) in order.
-    let mut chunks = Vec::with_capacity(shape.batch * per_batch);
-    for (b, batch_out) in dst.chunks_mut(shape.q_len * width).enumerate() {
-        for (blk, chunk) in batch_out.chunks_mut(rows * width).enumerate() {
-            chunks.push((b, blk * rows, chunk));
-        }
-    }
+    let chunks = Blocks::new(dst.len(), shape.q_len * width, rows * width);
     // Many query blocks per batch read the same heads' K and V: pack them
     // once instead of once per block (see [`PREPACK_BLOCKS`]).
     let packed = if per_batch >= PREPACK_BLOCKS {
-        Some(pack_heads(isa, shape, k, v, par)?)
+        Some(PackedHeads::pack(isa, shape, k, v, par)?)
     } else {
         None
     };
-    try_for_each_item(par, chunks, &|(b, row0, out)| {
-        let heads = packed.as_deref().map(|p| &p[*b * shape.heads..(*b + 1) * shape.heads]);
-        block(isa, shape, *b, *row0, q, k, v, mask, heads, out)
-    })
-}
-
-/// One head's K (as Kᵀ, `head_dim x kv_len`) and V (`kv_len x head_dim`)
-/// packed for the GEMM.
-struct PackedHead {
-    k: PackedB,
-    v: PackedB,
-}
-
-/// [`PackedHead`]s of every (batch, head), in that order, packed over `par`.
-fn pack_heads(isa: Isa, shape: &AttentionShape, k: &[f32], v: &[f32], par: &dyn Parallel) -> Result<Vec<PackedHead>> {
-    let count = shape.batch * shape.heads;
-    let slots: Vec<Mutex<Option<Result<PackedHead>>>> = (0..count).map(|_| Mutex::new(None)).collect();
-    par.for_each(count, &|i| {
-        let head = pack_head(isa, shape, i / shape.heads, i % shape.heads, k, v);
-        *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(head);
+    let done = try_for_each_block(par, dst, chunks, &|t, out| {
+        let (b, row0) = (t / per_batch, t % per_batch * rows);
+        block(isa, shape, b, row0, q, k, v, mask, packed.as_ref(), out)
     });
-    slots
-        .into_iter()
-        .map(|s| {
-            let head = s.into_inner().unwrap_or_else(|e| e.into_inner());
-            head.unwrap_or_else(|| Err(Error::runtime("attention: a head was not packed")))
-        })
-        .collect()
+    if let Some(p) = packed {
+        p.keep();
+    }
+    done
 }
 
-fn pack_head(isa: Isa, shape: &AttentionShape, b: usize, h: usize, k: &[f32], v: &[f32]) -> Result<PackedHead> {
-    let (width, d, n) = (shape.width(), shape.head_dim, shape.kv_len);
-    let at = b * n * width + h * d;
-    // The head's columns, dense, as packing wants them.
-    let columns = |x: &[f32]| -> Vec<f32> {
-        x[at..]
-            .chunks(width)
-            .take(n)
-            .flat_map(|row| &row[..d])
-            .copied()
-            .collect()
-    };
-    let target = isa.target();
-    Ok(PackedHead {
-        k: PackedB::try_pack(target, &columns(k), d, n, true)?,
-        v: PackedB::try_pack(target, &columns(v), n, d, false)?,
-    })
+/// Every (batch, head)'s K (as Kᵀ, `head_dim x kv_len`) and V (`kv_len x
+/// head_dim`) packed for the GEMM, in one buffer that the calling thread
+/// keeps between runs ([`PackedHeads::keep`]): packing ahead allocates
+/// nothing in steady state.
+struct PackedHeads {
+    data: Arc<AlignedBytes>,
+    target: Target,
+    head_dim: usize,
+    kv_len: usize,
+    /// f32 per head: its K at 0, its V at `v_at`, each 64-byte aligned.
+    stride: usize,
+    v_at: usize,
+}
+
+/// Largest [`PackedHeads`] buffer a thread keeps between runs (BERT-base at
+/// batch 8 x sequence 512 needs 24 MiB); a bigger one is freed after its run.
+const PACKED_KEEP_MAX: usize = 64 << 20;
+
+thread_local! {
+    /// This thread's [`PackedHeads`] buffer, kept between runs.
+    static PACKED: Cell<Option<Arc<AlignedBytes>>> = const { Cell::new(None) };
+}
+
+impl PackedHeads {
+    /// Packs every head of `k` and `v` over `par`, one task per head.
+    fn pack(isa: Isa, shape: &AttentionShape, k: &[f32], v: &[f32], par: &dyn Parallel) -> Result<PackedHeads> {
+        let target = isa.target();
+        let (width, d, n) = (shape.width(), shape.head_dim, shape.kv_len);
+        let (k_len, v_len) = (PackedB::packed_len(target, d, n), PackedB::packed_len(target, n, d));
+        // Heads start on 64-byte boundaries (16 floats), as weights do.
+        let v_at = k_len.next_multiple_of(16);
+        let stride = v_at + v_len.next_multiple_of(16);
+        let count = shape.batch * shape.heads;
+        let total = stride
+            .checked_mul(count)
+            .and_then(|t| t.checked_mul(size_of::<f32>()))
+            .ok_or_else(|| Error::runtime(format!("attention {shape:?}: packed heads are too large")))?;
+        let mut data = PACKED
+            .with(Cell::take)
+            .filter(|b| b.len() >= total)
+            .unwrap_or_else(|| Arc::new(AlignedBytes::zeroed(total)));
+        // Unique: the buffer was this thread's, and `keep` returns it only
+        // after every view made by `head` is gone.
+        let bytes = Arc::get_mut(&mut data).ok_or_else(|| Error::runtime("attention: packed heads are shared"))?;
+        let floats = &mut bytemuck::cast_slice_mut::<u8, f32>(bytes.bytes_mut())[..stride * count];
+        try_for_each_block(par, floats, Blocks::new(stride * count, stride, stride), &|i, head| {
+            let at = (i / shape.heads) * n * width + (i % shape.heads) * d;
+            let (kh, vh) = head.split_at_mut(v_at);
+            // Kᵀ: K's rows are the keys (B transposed).
+            PackedB::pack_into(target, &k[at..], width, d, n, true, &mut kh[..k_len])?;
+            PackedB::pack_into(target, &v[at..], width, n, d, false, &mut vh[..v_len])
+        })?;
+        Ok(PackedHeads {
+            data,
+            target,
+            head_dim: d,
+            kv_len: n,
+            stride,
+            v_at,
+        })
+    }
+
+    /// Views of head `i`'s (batch-major) packed K and V.
+    fn head(&self, i: usize) -> Result<(PackedB, PackedB)> {
+        let (d, n, t) = (self.head_dim, self.kv_len, self.target);
+        let view = |at: usize, len: usize| Weight::in_storage(self.data.clone(), at * size_of::<f32>(), len);
+        let at = i * self.stride;
+        Ok((
+            PackedB::from_parts(t, d, n, view(at, PackedB::packed_len(t, d, n))?)?,
+            PackedB::from_parts(t, n, d, view(at + self.v_at, PackedB::packed_len(t, n, d))?)?,
+        ))
+    }
+
+    /// Keeps the buffer for this thread's next run, unless it is huge.
+    fn keep(self) {
+        if self.data.len() <= PACKED_KEEP_MAX {
+            PACKED.with(|c| c.set(Some(self.data)));
+        }
+    }
 }
 
 fn check(shape: &AttentionShape, q: &[f32], k: &[f32], v: &[f32], mask: Option<Mask<'_>>, dst: &[f32]) -> Result<()> {
@@ -235,7 +276,7 @@ fn block(
     k: &[f32],
     v: &[f32],
     mask: Option<Mask<'_>>,
-    packed: Option<&[PackedHead]>,
+    packed: Option<&PackedHeads>,
     out: &mut [f32],
 ) -> Result<()> {
     let (width, n) = (shape.width(), shape.kv_len);
@@ -261,7 +302,7 @@ fn heads(
     row0: usize,
     (q, k, v): (&[f32], &[f32], &[f32]),
     mask: Option<Mask<'_>>,
-    packed: Option<&[PackedHead]>,
+    packed: Option<&PackedHeads>,
     scores: &mut [f32],
     probs: &mut [f32],
     out: &mut [f32],
@@ -272,6 +313,7 @@ fn heads(
     let kv0 = b * shape.kv_len * width;
     for h in 0..shape.heads {
         let col = h * d;
+        let head = packed.map(|p| p.head(b * shape.heads + h)).transpose()?;
         // A mask that is the same for every query row (a key mask, [B,1,1,S])
         // is the GEMM's per-column bias, added in registers.
         let key_mask = mask.filter(|m| m.strides[2] == 0).map(|m| {
@@ -291,7 +333,7 @@ fn heads(
             b: kh,
             ldb: width,
             trans_b: true,
-            packed: packed.map(|p| &p[h].k),
+            packed: head.as_ref().map(|(k, _)| k),
         };
         product(isa, rows, n, d, qk, scores, n, &epi)?;
         if let Some(m) = mask.filter(|_| key_mask.is_none()) {
@@ -305,7 +347,7 @@ fn heads(
             b: &v[kv0 + col..],
             ldb: width,
             trans_b: false,
-            packed: packed.map(|p| &p[h].v),
+            packed: head.as_ref().map(|(_, v)| v),
         };
         product(isa, rows, d, n, pv, &mut out[col..], width, &Epilogue::PLAIN)?;
     }

@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use super::depthwise::{depthwise, Depthwise};
 use super::gemm::{self, activate, Activation, Bias, Blocking, Epilogue, PackedB};
-use super::parallel::{try_for_each_item, Parallel, Serial};
+use super::parallel::{try_for_each_block, Blocks, Parallel, Serial};
 use super::spatial::{output_len, Axis, Window};
 use super::Isa;
 use crate::error::{Error, Result};
@@ -281,14 +281,10 @@ fn im2col_gemm(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: 
         // Enough blocks to go round: tasks of whole blocks, their GEMMs serial.
         let tasks = (4 * par.threads()).min(blocks);
         let per = blocks.div_ceil(tasks) * rows;
-        let chunks: Vec<(usize, &mut [f32])> = y
-            .chunks_mut(per * co)
-            .enumerate()
-            .map(|(t, ch)| (t * per, ch))
-            .collect();
-        return try_for_each_item(par, chunks, &|(first, chunk)| {
-            let last = *first + chunk.len() / co;
-            blocks_serial(isa, c, packed, *first..last, rows, chunk, &Serial)
+        let chunks = Blocks::new(y.len(), y.len(), per * co);
+        return try_for_each_block(par, y, chunks, &|t, chunk| {
+            let first = t * per;
+            blocks_serial(isa, c, packed, first..first + chunk.len() / co, rows, chunk, &Serial)
         });
     }
     blocks_serial(isa, c, packed, 0..m, rows, y, par)

@@ -38,7 +38,6 @@ pub use layout::{Layout, Strided};
 pub use movement::{cast_f32_i32, cast_f32_i64, CopyPlan, Where3};
 
 use std::ops::Range;
-use std::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::target::Target;
@@ -289,6 +288,13 @@ pub enum TensorRef<'a> {
     F16(&'a [u16]),
 }
 
+impl Default for TensorRef<'_> {
+    /// An empty tensor (a placeholder in per-Run lists).
+    fn default() -> Self {
+        TensorRef::F32(&[])
+    }
+}
+
 /// A writable tensor, see [`TensorRef`].
 #[derive(Debug)]
 pub enum TensorMut<'a> {
@@ -297,6 +303,13 @@ pub enum TensorMut<'a> {
     I32(&'a mut [i32]),
     Bool(&'a mut [u8]),
     F16(&'a mut [u16]),
+}
+
+impl Default for TensorMut<'_> {
+    /// An empty tensor (a placeholder in per-Run lists).
+    fn default() -> Self {
+        TensorMut::F32(&mut [])
+    }
 }
 
 impl TensorRef<'_> {
@@ -491,16 +504,9 @@ fn par_rows<T: Send>(
     }
     let tasks = (threads * 4).min(rows).min(total / PAR_MIN_ELEMS).max(2);
     let per = rows.div_ceil(tasks);
-    let chunks: Vec<Mutex<(Range<usize>, &mut [T])>> = dst
-        .chunks_mut(per * row_len)
-        .enumerate()
-        .map(|(t, c)| Mutex::new((t * per..(t * per + c.len() / row_len), c)))
-        .collect();
-    par.for_each(chunks.len(), &|t| {
-        // Each task locks its own chunk once: never contended.
-        let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
-        let (range, chunk) = &mut *guard;
-        f(range.clone(), chunk);
+    let blocks = parallel::Blocks::new(dst.len(), dst.len(), per * row_len);
+    parallel::for_each_block(par, dst, blocks, &|t, chunk| {
+        f(t * per..t * per + chunk.len() / row_len, chunk)
     });
 }
 

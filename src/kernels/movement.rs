@@ -77,9 +77,9 @@ fn range_ok(dims: &[usize], offset: usize, strides: &[isize], len: usize) -> boo
 
 /// When a copy swaps two dims that are not the innermost two (the dim
 /// contiguous in `src` and the one contiguous in `dst` differ, at least one
-/// of them further out), the same plan with those two moved innermost, so
-/// that the inner loop is a 2-D transpose.
-fn transpose_innermost(p: &CopyPlan) -> Option<CopyPlan> {
+/// of them further out), those two dims `(ks, kd)`: moved innermost, the
+/// inner loop is a 2-D transpose.
+fn transpose_innermost(p: &CopyPlan) -> Option<(usize, usize)> {
     let rank = p.dims.len();
     if rank < 3 {
         return None;
@@ -91,15 +91,11 @@ fn transpose_innermost(p: &CopyPlan) -> Option<CopyPlan> {
     if ks == kd || innermost || p.dst_strides[ks] <= 0 || p.src_strides[kd] <= 0 {
         return None;
     }
-    let order: Vec<usize> = (0..rank).filter(|&k| k != ks && k != kd).chain([ks, kd]).collect();
-    Some(CopyPlan {
-        dims: order.iter().map(|&k| p.dims[k]).collect(),
-        src_offset: p.src_offset,
-        src_strides: order.iter().map(|&k| p.src_strides[k]).collect(),
-        dst_offset: p.dst_offset,
-        dst_strides: order.iter().map(|&k| p.dst_strides[k]).collect(),
-    })
+    Some((ks, kd))
 }
+
+/// Ranks up to this are copied with their loop state on the stack.
+const INLINE_RANK: usize = 8;
 
 /// Runs a copy plan that `fits` the slices (panics where it does not).
 /// `isa` picks the build of the transpose blocks.
@@ -107,48 +103,88 @@ pub fn strided_copy<T: Pod>(isa: Isa, p: &CopyPlan, src: &[T], dst: &mut [T]) {
     if p.numel() == Some(0) {
         return;
     }
-    let reordered = transpose_innermost(p);
-    let p = reordered.as_ref().unwrap_or(p);
     let rank = p.dims.len();
     if rank == 0 {
         dst[p.dst_offset] = src[p.src_offset];
         return;
     }
+    // The plan's dims, possibly reordered, and an odometer: on the stack
+    // unless the rank is unusually high.
+    let mut inline = (
+        [0usize; INLINE_RANK],
+        [0isize; INLINE_RANK],
+        [0isize; INLINE_RANK],
+        [0usize; INLINE_RANK],
+    );
+    let mut heap;
+    let (dims, ss, ds, index): (&mut [usize], &mut [isize], &mut [isize], &mut [usize]) = if rank <= INLINE_RANK {
+        (
+            &mut inline.0[..rank],
+            &mut inline.1[..rank],
+            &mut inline.2[..rank],
+            &mut inline.3[..rank],
+        )
+    } else {
+        heap = (vec![0; rank], vec![0; rank], vec![0; rank], vec![0; rank]);
+        (&mut heap.0, &mut heap.1, &mut heap.2, &mut heap.3)
+    };
+    // (rank, rank): no dim moved.
+    let (ks, kd) = transpose_innermost(p).unwrap_or((rank, rank));
+    let moved = [ks, kd].into_iter().filter(|&k| k < rank);
+    for (i, k) in (0..rank).filter(|&k| k != ks && k != kd).chain(moved).enumerate() {
+        (dims[i], ss[i], ds[i]) = (p.dims[k], p.src_strides[k], p.dst_strides[k]);
+    }
+    copy_nd(isa, dims, [p.src_offset, p.dst_offset], ss, ds, index, src, dst);
+}
+
+/// The loop of [`strided_copy`] over `dims` (rank >= 1), `index` its
+/// odometer over the outer dims (zeros).
+#[allow(clippy::too_many_arguments)]
+fn copy_nd<T: Pod>(
+    isa: Isa,
+    dims: &[usize],
+    offsets: [usize; 2],
+    src_strides: &[isize],
+    dst_strides: &[isize],
+    index: &mut [usize],
+    src: &[T],
+    dst: &mut [T],
+) {
+    let rank = dims.len();
     // The last one or two dims run in a tight (tiled) loop; the rest by odometer.
     let inner = rank.min(2);
     let outer = rank - inner;
-    let mut index = vec![0usize; outer];
-    let (mut s, mut d) = (p.src_offset as isize, p.dst_offset as isize);
+    let (mut s, mut d) = (offsets[0] as isize, offsets[1] as isize);
     loop {
         if inner == 1 {
             copy_run(
-                p.dims[rank - 1],
+                dims[rank - 1],
                 src,
                 s,
-                p.src_strides[rank - 1],
+                src_strides[rank - 1],
                 dst,
                 d,
-                p.dst_strides[rank - 1],
+                dst_strides[rank - 1],
             );
         } else if let Some(t) = Transpose2::of(
-            [p.dims[rank - 2], p.dims[rank - 1]],
+            [dims[rank - 2], dims[rank - 1]],
             s,
-            [p.src_strides[rank - 2], p.src_strides[rank - 1]],
+            [src_strides[rank - 2], src_strides[rank - 1]],
             d,
-            [p.dst_strides[rank - 2], p.dst_strides[rank - 1]],
+            [dst_strides[rank - 2], dst_strides[rank - 1]],
         )
         .filter(|t| t.fits(src.len(), dst.len()))
         {
             transpose(isa, &t, src, dst);
         } else {
             copy_tile2(
-                [p.dims[rank - 2], p.dims[rank - 1]],
+                [dims[rank - 2], dims[rank - 1]],
                 src,
                 s,
-                [p.src_strides[rank - 2], p.src_strides[rank - 1]],
+                [src_strides[rank - 2], src_strides[rank - 1]],
                 dst,
                 d,
-                [p.dst_strides[rank - 2], p.dst_strides[rank - 1]],
+                [dst_strides[rank - 2], dst_strides[rank - 1]],
             );
         }
         let mut k = outer;
@@ -158,14 +194,14 @@ pub fn strided_copy<T: Pod>(isa: Isa, p: &CopyPlan, src: &[T], dst: &mut [T]) {
             }
             k -= 1;
             index[k] += 1;
-            s += p.src_strides[k];
-            d += p.dst_strides[k];
-            if index[k] < p.dims[k] {
+            s += src_strides[k];
+            d += dst_strides[k];
+            if index[k] < dims[k] {
                 break;
             }
             index[k] = 0;
-            s -= p.src_strides[k] * p.dims[k] as isize;
-            d -= p.dst_strides[k] * p.dims[k] as isize;
+            s -= src_strides[k] * dims[k] as isize;
+            d -= dst_strides[k] * dims[k] as isize;
         }
     }
 }
@@ -208,23 +244,34 @@ fn copy_tile2<T: Copy>(dims: [usize; 2], src: &[T], s: isize, ss: [isize; 2], ds
 
 /// `dst[o, j, i] = src[o, idx[j], i]` for `src` `[outer, axis_len, inner]`;
 /// negative indices count from the end. An index out of range is an error.
-pub fn gather<T: Copy>(axis_len: usize, inner: usize, indices: &[i64], src: &[T], dst: &mut [T]) -> Result<()> {
+pub fn gather<T: Copy, I: Copy + Into<i64> + std::fmt::Display>(
+    axis_len: usize,
+    inner: usize,
+    indices: &[I],
+    src: &[T],
+    dst: &mut [T],
+) -> Result<()> {
     let n = indices.len();
-    let mut fixed = Vec::with_capacity(n);
-    for &i in indices {
-        let j = if i < 0 { i + axis_len as i64 } else { i };
-        if j < 0 || j >= axis_len as i64 {
-            return Err(Error::invalid_argument(format!(
-                "Gather index {i} is out of range for an axis of {axis_len}"
-            )));
+    // Checked once up front, resolved again per use: no per-run list.
+    let fixed = |i: I| {
+        let i: i64 = i.into();
+        if i < 0 {
+            i + axis_len as i64
+        } else {
+            i
         }
-        fixed.push(j as usize);
+    };
+    if let Some(i) = indices.iter().find(|&&i| !(0..axis_len as i64).contains(&fixed(i))) {
+        return Err(Error::invalid_argument(format!(
+            "Gather index {i} is out of range for an axis of {axis_len}"
+        )));
     }
     if inner == 0 || n == 0 {
         return Ok(());
     }
     for (s, d) in src.chunks_exact(axis_len * inner).zip(dst.chunks_exact_mut(n * inner)) {
-        for (k, &j) in fixed.iter().enumerate() {
+        for (k, &i) in indices.iter().enumerate() {
+            let j = fixed(i) as usize;
             d[k * inner..(k + 1) * inner].copy_from_slice(&s[j * inner..(j + 1) * inner]);
         }
     }

@@ -18,6 +18,8 @@ pub use norm::NormStep;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use crate::tensor::InlineVec;
+
 pub use crate::kernels::{TensorMut, TensorRef};
 pub use crate::tensor::DType;
 pub use crate::tensor::{AlignedBytes, HugePageBytes, Storage, Weight, STORAGE_ALIGN};
@@ -631,8 +633,9 @@ impl Program {
         let isa = self.check_target(host)?;
         self.check_io(inputs, outputs)?;
         let mut arena = self.scratch.take(self.arena_bytes)?;
-        let ins: Vec<&[u8]> = inputs.iter().map(|t| t.bytes()).collect();
-        let mut outs: Vec<&mut [u8]> = outputs.iter_mut().map(|t| t.bytes_mut()).collect();
+        // Inline lists: a Run allocates nothing in steady state (issue #14).
+        let ins: InlineVec<&[u8], 16> = inputs.iter().map(|t| t.bytes()).collect();
+        let mut outs: InlineVec<&mut [u8], 16> = outputs.iter_mut().map(|t| t.bytes_mut()).collect();
         let result = self.execute(isa, &ins, &mut outs, arena.bytes_mut(), par);
         self.scratch.give(arena);
         result
@@ -904,19 +907,24 @@ impl Memory<'_, '_, '_> {
                 indices,
                 ..
             } => {
-                let idx: Vec<i64> = match idx_dtype {
-                    DType::I64 => src.typed::<i64>(*indices)?.to_vec(),
-                    DType::I32 => src.typed::<i32>(*indices)?.iter().map(|&i| i as i64).collect(),
+                // The indices as they are: no per-run i64 copy.
+                let (idx64, idx32) = match idx_dtype {
+                    DType::I64 => (src.typed::<i64>(*indices)?, &[][..]),
+                    DType::I32 => (&[][..], src.typed::<i32>(*indices)?),
                     _ => return Err(cast_err()),
                 };
                 let s = src.get(*data)?;
                 let size = dtype.size();
                 let want_src = outer * axis_len * inner * size;
-                let want_dst = outer * idx.len() * inner * size;
+                let want_dst = outer * (idx64.len() + idx32.len()) * inner * size;
                 if s.len() != want_src || dst.len() != want_dst {
                     return Err(cast_err());
                 }
-                by_size!(size, s, dst, |s, d| movement::gather(*axis_len, *inner, &idx, s, d))
+                if *idx_dtype == DType::I64 {
+                    by_size!(size, s, dst, |s, d| movement::gather(*axis_len, *inner, idx64, s, d))
+                } else {
+                    by_size!(size, s, dst, |s, d| movement::gather(*axis_len, *inner, idx32, s, d))
+                }
             }
             Step::Cast { from, to, src: s, .. } => cast(*from, *to, src.get(*s)?, dst),
             Step::Where {
@@ -1058,8 +1066,10 @@ fn matmul(
         // per product, each on one thread, instead of splitting each product
         // (a dispatch per product). Same results: a GEMM's results do not
         // depend on its `Parallel`.
-        let outs: Vec<(usize, &mut [f32])> = dst.chunks_mut(block).enumerate().collect();
-        return kernels::parallel::try_for_each_item(par, outs, &|(i, out)| one(*i, out, &kernels::parallel::Serial));
+        let blocks = kernels::parallel::Blocks::new(dst.len(), block, block);
+        return kernels::parallel::try_for_each_block(par, dst, blocks, &|i, out| {
+            one(i, out, &kernels::parallel::Serial)
+        });
     }
     for i in 0..batches {
         one(i, &mut dst[i * block..(i + 1) * block], par)?;

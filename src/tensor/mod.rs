@@ -5,10 +5,12 @@
 
 pub mod dim;
 mod dtype;
+mod inline_vec;
 mod shape;
 mod storage;
 
 pub use dim::{broadcast_dims, numel, Dim};
 pub use dtype::{onnx_type_name, DType};
+pub use inline_vec::InlineVec;
 pub use shape::{broadcast_shapes, DimsDisplay, ShapeDisplay};
 pub use storage::{AlignedBytes, HugePageBytes, Storage, Weight, STORAGE_ALIGN};

@@ -10,6 +10,7 @@ pub(super) use super::pack::{pack_a, pack_b};
 use super::pack::{row_tiles, ASrc, BSrc};
 use super::{put_scratch, size_error, take_scratch, Activation, Bias, Epilogue, Parts, A_SCRATCH};
 use crate::error::Result;
+use crate::kernels::parallel::Parallel;
 
 /// A target's microkernel and blocking.
 #[allow(unsafe_code)] // `tile` is unsafe to call: it needs the target's instructions
@@ -74,6 +75,13 @@ pub(super) struct CView<'a> {
 #[allow(unsafe_code)]
 unsafe impl Send for CView<'_> {}
 
+// SAFETY: through a shared `&CView` one can only read its pointer, stride and
+// ranges, or make views with `sub`, which is private to this module and
+// whose callers keep the views they make disjoint (`part`,
+// `for_each_part`).
+#[allow(unsafe_code)]
+unsafe impl Sync for CView<'_> {}
+
 impl<'a> CView<'a> {
     /// The whole `m x n` matrix in `c` (row stride `ld`), after checking it fits.
     pub fn new(c: &'a mut [f32], m: usize, n: usize, ld: usize) -> Result<CView<'a>> {
@@ -97,17 +105,16 @@ impl<'a> CView<'a> {
         self.cols.clone()
     }
 
-    /// Disjoint views, one per (row part, column part), borrowing `self`.
-    /// Panics unless the parts are inside `self` (they are increasing and
-    /// disjoint by construction).
-    pub fn split(&mut self, rows: Parts, cols: Parts) -> Vec<CView<'_>> {
-        let mut out = Vec::with_capacity(rows.count() * cols.count());
-        for r in rows.iter() {
-            for c in cols.iter() {
-                out.push(self.sub(r.clone(), c));
-            }
-        }
-        out
+    /// Runs `f` on one view per (row part, column part) over `par`, one task
+    /// per pair, the views made by the tasks themselves: nothing allocated.
+    /// Panics unless the parts are inside `self`.
+    pub fn for_each_part(&mut self, rows: Parts, cols: Parts, par: &dyn Parallel, f: &(dyn Fn(&mut CView<'_>) + Sync)) {
+        let (whole, per_row) = (&*self, cols.count());
+        par.for_each(rows.count() * per_row, &|t| {
+            // Disjoint views: the parts are disjoint ranges, `Parallel`'s
+            // contract runs each `t` once, and all within `&mut self`.
+            f(&mut whole.sub(rows.get(t / per_row), cols.get(t % per_row)))
+        });
     }
 
     /// The one view `rows x cols`, inside `self`, borrowing it.
@@ -116,7 +123,7 @@ impl<'a> CView<'a> {
     }
 
     /// A view of `rows x cols` inside `self` (the caller keeps views it
-    /// makes disjoint while they live: `split` and `part` do).
+    /// makes disjoint while they live: `part` and `for_each_part` do).
     fn sub(&self, rows: Range<usize>, cols: Range<usize>) -> CView<'_> {
         let inside =
             |p: &Range<usize>, all: &Range<usize>| all.start <= p.start && p.start <= p.end && p.end <= all.end;

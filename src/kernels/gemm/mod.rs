@@ -44,8 +44,6 @@ use std::cell::Cell;
 use std::ops::Range;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use self::driver::{BPanels, CView, Epi};
 use self::pack::{ASrc, BSrc};
 use super::parallel::Parallel;
@@ -164,6 +162,37 @@ impl PackedB {
         };
         let data = Weight::in_storage(storage, 0, len)?;
         Ok(PackedB { target, k, n, nr, data })
+    }
+
+    /// Packs `b` (`k x n` with row stride `ld`, or its transpose `n x k` if
+    /// `trans_b`) into `out`, laid out as [`PackedB::try_pack`] lays it out:
+    /// `out` has [`PackedB::packed_len`] values (a buffer kept between runs,
+    /// which [`PackedB::from_parts`] then views).
+    #[allow(clippy::too_many_arguments)]
+    pub fn pack_into(
+        target: Target,
+        b: &[f32],
+        ld: usize,
+        k: usize,
+        n: usize,
+        trans_b: bool,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (rows, cols) = if trans_b { (n, k) } else { (k, n) };
+        check_matrix("B", b.len(), rows, cols, ld, false)?;
+        if Self::checked_len(target, k, n) != Some(out.len()) {
+            return Err(size_error(format_args!(
+                "packed B of {k} x {n} does not fit {} values",
+                out.len()
+            )));
+        }
+        let src = BSrc {
+            data: b,
+            ld,
+            trans: trans_b,
+        };
+        pack::pack_b(src, 0..k, 0..n, Blocking::of(target).nr, out);
+        Ok(())
     }
 
     /// Rebuilds a packed B from stored parts. `Err(InvalidGraph)` unless `data`
@@ -519,8 +548,7 @@ fn run_tasks(view: &mut CView<'_>, rows: Parts, cols: Parts, par: &dyn Parallel,
         // One task (one thread, or little work): no views to allocate.
         return f(&mut view.part(rows.get(0), cols.get(0)));
     }
-    let views: Vec<Mutex<CView<'_>>> = view.split(rows, cols).into_iter().map(Mutex::new).collect();
-    par.for_each(views.len(), &|t| f(&mut views[t].lock()));
+    view.for_each_part(rows, cols, par, f);
 }
 
 /// Splits an `m x n` product into row and column parts, one task per pair:
@@ -596,6 +624,7 @@ impl Parts {
         self.start + a..self.start + b
     }
 
+    #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = Range<usize>> + '_ {
         (0..self.count).map(|i| self.get(i))
     }

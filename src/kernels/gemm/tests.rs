@@ -827,19 +827,26 @@ fn activations_match_f64() {
 
 #[test]
 fn c_views_split_disjointly() {
+    for par in [&Serial as &dyn Parallel, &ScopedThreads(3)] {
+        c_views_split_disjointly_over(par);
+    }
+}
+
+fn c_views_split_disjointly_over(par: &dyn Parallel) {
     let mut c = vec![0.0f32; 5 * 7];
     let mut view = CView::new(&mut c, 5, 6, 7).unwrap();
-    // Rows [0..4, 4..5], columns [0..4, 4..6].
-    let mut parts = view.split(Parts::new(5, 2, 2), Parts::new(6, 4, 2));
-    assert_eq!(parts.len(), 4);
-    for (t, v) in parts.iter_mut().enumerate() {
+    // Rows [0..4, 4..5], columns [0..4, 4..6]: task t = 2 * row part + column part.
+    let tasks = std::sync::atomic::AtomicUsize::new(0);
+    view.for_each_part(Parts::new(5, 2, 2), Parts::new(6, 4, 2), par, &|v| {
         let (rows, cols) = (v.rows(), v.cols());
+        let t = 2 * (rows.start >= 4) as usize + (cols.start >= 4) as usize;
         let mut tile = v.tile(rows.clone(), cols.clone());
         for r in 0..rows.len() {
             tile.row(r).fill(t as f32 + 1.0);
         }
-    }
-    drop(parts);
+        tasks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    assert_eq!(tasks.into_inner(), 4);
     let want = |i: usize, j: usize| {
         if j == 6 {
             0.0
