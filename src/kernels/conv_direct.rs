@@ -189,7 +189,9 @@ fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Pa
     let want = if par.threads() > 1 { 4 * par.threads() } else { 1 };
     // Balanced: 14 rows in 8 tasks as 2 2 2 2 2 2 1 1, not 7 tasks of 2
     // (which two threads share 4 : 3).
-    let row_tasks = rows.min(want);
+    // And at least a tile of pixels per task: a 4×6 map in 4 row tasks ran
+    // tiles of 6 (or 4 interior) pixels at a third of the kernel's rate.
+    let row_tasks = rows.min(want).min((rows * w.w.output).div_ceil(mr_max(isa)).max(1));
     let panel_tasks = want.div_ceil(row_tasks).min(panels);
     // Input rows one output row reads, in bytes.
     let row_bytes = (w.h.stride.max(w.h.extent()) * w.w.input * c.in_channels * 4).max(1);
@@ -293,7 +295,7 @@ fn row_block(
     let w = c.window;
     let ci = c.in_channels;
     let row_len = w.w.output * c.out_channels;
-    let (lo, hi) = w.w.interior_outputs();
+    let (lo, hi) = interior_columns(isa, w);
     let cog = c.out_channels / c.groups;
     let nr = packed.first().map_or(1, |p| p.nr());
     let per_group = cog.div_ceil(nr);
@@ -481,6 +483,19 @@ fn balanced(len: usize, max: usize) -> impl Iterator<Item = usize> {
 }
 
 /// Pixels per tile: the target's GEMM tile height (14 on AVX-512, 6 on AVX2).
+/// The output columns a row runs in place: the interior, unless it fills
+/// less than half a tile (the deep layers of small maps: a 7×7 map leaves
+/// 5 interior pixels per row), when every pixel is im2col'd with the
+/// border ones and the block's pixels run in whole tiles across its rows.
+fn interior_columns(isa: Isa, w: &Window) -> (usize, usize) {
+    let (lo, hi) = w.w.interior_outputs();
+    if 2 * (hi - lo) < mr_max(isa) {
+        (0, 0)
+    } else {
+        (lo, hi)
+    }
+}
+
 fn mr_max(isa: Isa) -> usize {
     Blocking::of(isa.target()).mr
 }
