@@ -189,16 +189,22 @@ def test_independent_partitions_are_merged(kiln_dev, tmp_path):
     assert groups == [["mm_a", "mm_b"], ["mm_c"]]
 
 
-@pytest.mark.parametrize("key", real_corpus.wheel_model_keys() + ["light_resnet50", "light_bvlc_alexnet"])
-def test_real_models_keep_only_paying_partitions(key, kiln_dev):
-    """On the corpus, every partition the default rule keeps holds an anchor, and the
-    model still matches the CPU EP."""
+def corpus_case(key):
+    """The corpus model's path, spec and feeds at its first shape (a skip, with the reason, when
+    the model is not in this machine's corpus)."""
     models = real_corpus.all_models(log=lambda *a: None)
     if key not in models:
         pytest.skip(f"{key} is not in the corpus on this machine")
     path = models[key]
     spec = real_corpus.spec(key)
-    feeds = real_corpus.model_feeds(spec, path, spec.variants[0][1])
+    return path, spec, real_corpus.model_feeds(spec, path, spec.variants[0][1])
+
+
+@pytest.mark.parametrize("key", real_corpus.wheel_model_keys() + ["light_resnet50", "light_bvlc_alexnet"])
+def test_real_models_keep_only_paying_partitions(key, kiln_dev):
+    """On the corpus, every partition the default rule keeps holds an anchor, and the
+    model still matches the CPU EP."""
+    path, spec, feeds = corpus_case(key)
     names, want = tu.run_cpu(path, feeds)
     run = tu.run_kiln(path, kiln_dev, feeds, options=COST)
     tu.assert_outputs_close(names, want, run.outputs, rtol=spec.rtol, atol=spec.atol)
@@ -219,12 +225,7 @@ RELU_CNNS = {"light_resnet50", "light_squeezenet", "light_densenet121", "light_i
 def test_gated_cnns_run_in_kiln_and_relu_cnns_in_ort(key, kiln_dev):
     """Rule 4 by default: every convolution of a gated network runs in kiln, in one or two
     partitions; a ReLU network's convolutions stay with ORT, which fuses their activations too."""
-    models = real_corpus.all_models(log=lambda *a: None)
-    if key not in models:
-        pytest.skip(f"{key} is not in the corpus on this machine")
-    path = models[key]
-    spec = real_corpus.spec(key)
-    feeds = real_corpus.model_feeds(spec, path, spec.variants[0][1])
+    path, _, feeds = corpus_case(key)
     run = tu.run_kiln(path, kiln_dev, feeds, options=COST)
     convs = {"Conv", "ConvTranspose"}
     if key in GATED_CNNS:

@@ -173,15 +173,28 @@ fn what_does_not_fold() {
     assert_eq!(fused_ops(&b.g), ["Conv", "Add"]);
 }
 
+/// The outputs of `p` (a specialisation of `d`'s graph, input `x`) and of
+/// a static compile of that graph at `dims`, on the same input.
+fn against_static(d: &crate::ir::tests::D, p: &crate::plan::Program, dims: [i64; 4]) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+    use crate::ir::tests::{run_program, T};
+    use crate::kernels::parallel::Serial;
+    let mut fixed = d.g.clone();
+    fixed.values.get_mut("x").unwrap().dims = Some(dims.to_vec());
+    let st = compile(&import(&fixed, &d.consts).unwrap(), Target::cpu_best()).unwrap();
+    let shape: Vec<usize> = dims.iter().map(|&v| v as usize).collect();
+    let numel = shape.iter().product();
+    let ins = vec![T::new(1, &shape, data(numel, 9).iter().map(|&v| v as f64).collect())];
+    (run_program(p, &ins, &Serial), run_program(&st, &ins, &Serial))
+}
+
 /// A 1-D and a 2-D convolution stack over symbolic sizes: `GenericGraph`
 /// packs every non-depthwise group once, each specialisation uses those
 /// packs (no copy), and computes what a static compile of that size does.
 #[test]
 fn shape_generic_convolutions_pack_once() {
     use super::generic::{GenericGraph, Specializer};
-    use crate::ir::tests::{run_program, D, T};
+    use crate::ir::tests::D;
     use crate::ir::{AttrValue, ValueDesc};
-    use crate::kernels::parallel::Serial;
 
     let mut d = D::new(17);
     let x = d.input("x", 1, &[-1, 4, -1, -1]);
@@ -208,16 +221,8 @@ fn shape_generic_convolutions_pack_once() {
             .filter(|c| packs.contains(&c.data.as_bytes().as_ptr()))
             .count();
         assert_eq!(shared, 3, "{n}x{h}x{w}: a program packs its own weights");
-        let mut fixed = d.g.clone();
-        fixed.values.get_mut("x").unwrap().dims = Some(vec![n, 4, h, w]);
-        let st = compile(&import(&fixed, &d.consts).unwrap(), Target::cpu_best()).unwrap();
-        let numel = (n * 4 * h * w) as usize;
-        let ins = vec![T::new(
-            1,
-            &[n as usize, 4, h as usize, w as usize],
-            data(numel, 9).iter().map(|&v| v as f64).collect(),
-        )];
-        assert_eq!(run_program(&p, &ins, &Serial), run_program(&st, &ins, &Serial));
+        let (got, want) = against_static(&d, &p, [n, 4, h, w]);
+        assert_eq!(got, want);
     }
 }
 
@@ -231,9 +236,8 @@ fn shape_generic_convolutions_pack_once() {
 #[test]
 fn shape_generic_partitions_fold_channel_scales_once() {
     use super::generic::{GenericGraph, Specializer};
-    use crate::ir::tests::{run_program, D, T};
+    use crate::ir::tests::D;
     use crate::ir::AttrValue;
-    use crate::kernels::parallel::Serial;
 
     let mut d = D::new(17);
     let x = d.input("x", 1, &[-1, 4, -1, -1]);
@@ -273,16 +277,7 @@ fn shape_generic_partitions_fold_channel_scales_once() {
             pool,
             "the partition's programs share their scratch"
         );
-        let mut fixed = d.g.clone();
-        fixed.values.get_mut("x").unwrap().dims = Some(vec![n, 4, h, w]);
-        let st = compile(&import(&fixed, &d.consts).unwrap(), Target::cpu_best()).unwrap();
-        let numel = (n * 4 * h * w) as usize;
-        let ins = vec![T::new(
-            1,
-            &[n as usize, 4, h as usize, w as usize],
-            data(numel, 9).iter().map(|&v| v as f64).collect(),
-        )];
-        let (got, want) = (run_program(&p, &ins, &Serial), run_program(&st, &ins, &Serial));
+        let (got, want) = against_static(&d, &p, [n, 4, h, w]);
         for (a, b) in got[0].iter().zip(&want[0]) {
             assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{n}x{h}x{w}: {a} vs {b}");
         }
