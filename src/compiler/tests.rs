@@ -751,15 +751,21 @@ fn refuses_target_newer_than_host_and_invalid_graphs() {
 
 // Activations (issue #13).
 
-/// `MatMul + bias`, then `gate(·)` multiplied by `lhs` (the product itself,
-/// or another value when `other`).
-fn gated_graph(gate: UnaryOp, other: bool) -> Graph {
+/// `s = x [3, 5, 16] · w [16, 24] + bias`: the builder and `s`.
+fn product_with_bias() -> (Builder, ValueId) {
     let mut b = Builder::new();
     let x = b.input("x", &[3, 5, 16]);
     let w = b.constant("w", &[16, 24], data(16 * 24, 2));
     let bias = b.constant("bias", &[24], data(24, 3));
     let mm = matmul(&mut b, x, w, "mm");
     let s = b.bin(BinaryOp::Add, mm, bias, "s");
+    (b, s)
+}
+
+/// `MatMul + bias`, then `gate(·)` multiplied by `lhs` (the product itself,
+/// or another value when `other`).
+fn gated_graph(gate: UnaryOp, other: bool) -> Graph {
+    let (mut b, s) = product_with_bias();
     let z = if other { b.input("z", &[3, 5, 24]) } else { s };
     let g = b.un(gate, z, "g");
     let y = b.bin(BinaryOp::Mul, g, s, "y");
@@ -830,12 +836,7 @@ fn activation_epilogues_match_the_unfused_ops() {
 #[test]
 fn hardswish_written_with_clip_is_recognised() {
     let build = |hi: f32, tail: BinaryOp, by: f32| {
-        let mut b = Builder::new();
-        let x = b.input("x", &[3, 5, 16]);
-        let w = b.constant("w", &[16, 24], data(16 * 24, 2));
-        let bias = b.constant("bias", &[24], data(24, 3));
-        let mm = matmul(&mut b, x, w, "mm");
-        let s = b.bin(BinaryOp::Add, mm, bias, "s");
+        let (mut b, s) = product_with_bias();
         let three = b.scalar("three", 3.0);
         let p = b.bin(BinaryOp::Add, s, three, "p");
         let q = b.un(UnaryOp::Clip(0.0, hi), p, "q");
