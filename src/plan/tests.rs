@@ -374,3 +374,24 @@ fn huge_page_bytes_are_zeroed_aligned_and_writable() {
     let small = crate::kernels::gemm::PackedB::pack(Target::Generic, &w[..8 * n], 8, n, false);
     assert_eq!(&big.data().as_slice()[..8 * 8], &small.data().as_slice()[..8 * 8]);
 }
+
+/// The scratch pool hands back a kept arena large enough, replaces a
+/// smaller one with a quarter of headroom (an input that grows by small
+/// steps reuses it), and maps big arenas with huge pages.
+#[test]
+fn scratch_arenas_are_reused_grown_with_headroom_and_huge_when_big() {
+    let pool = ScratchPool::default();
+    let a = pool.take(1000).unwrap();
+    assert!(matches!(a, Arena::Small(_)) && a.len() == 1000);
+    pool.give(a);
+    let mut b = pool.take(1100).unwrap();
+    assert_eq!(b.len(), 1250, "grown by a quarter");
+    let at = b.bytes_mut().as_ptr();
+    pool.give(b);
+    let mut c = pool.take(1200).unwrap();
+    assert_eq!(c.bytes_mut().as_ptr(), at, "the kept arena fits");
+    pool.give(c);
+    let big = pool.take(HugePageBytes::HUGE_PAGE + 1).unwrap();
+    assert!(matches!(big, Arena::Huge(_)), "a big arena is mapped");
+    assert!(big.len() > HugePageBytes::HUGE_PAGE);
+}
