@@ -83,6 +83,16 @@ def test_symbolic_batch_and_sequence_match_cpu(form, mask, level, kiln_dev, tmp_
                                    err_msg=f"{case.name} at batch {b}, seq {s} ({level})")
 
 
+def assert_whole_kiln_matches_cpu(case: ml.ModelCase, path: str, kiln_dev) -> None:
+    """The model at ``case``'s first feeds, whole on kiln, gives the CPU EP's outputs (both
+    without ORT's graph optimisations)."""
+    feeds = case.feeds(0)
+    names, want = tu.run_cpu(path, feeds, opt_level=LEVELS["raw"])
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds, opt_level=LEVELS["raw"])
+    for name, e, a in zip(names, want, run.outputs):
+        np.testing.assert_allclose(a, e, rtol=case.rtol, atol=case.atol, err_msg=name)
+
+
 def compiled_notes(path: str, kiln_dev) -> str:
     data = tu.compile_model(path, kiln_dev, embed=True, to="bytes")
     notes = [tu.attrs_of(n).get("notes", b"") for n in tu.ep_context_nodes(data)]
@@ -105,11 +115,7 @@ def test_static_encoders_compile_to_fused_attention(form, mask, kiln_dev, tmp_pa
         # the [B,H,S,S] bool mask is gone: the fused op reads [B,1,1,S]
         assert "Expand" not in notes and ("Where x2" in notes) == mask, notes
     # and the fused program computes what the CPU EP does
-    feeds = case.feeds(0)
-    names, want = tu.run_cpu(path, feeds, opt_level=LEVELS["raw"])
-    run = tu.run_fully_on_kiln(path, kiln_dev, feeds, opt_level=LEVELS["raw"])
-    for name, e, a in zip(names, want, run.outputs):
-        np.testing.assert_allclose(a, e, rtol=case.rtol, atol=case.atol, err_msg=name)
+    assert_whole_kiln_matches_cpu(case, path, kiln_dev)
 
 
 def test_a_softmax_read_elsewhere_keeps_attention_unfused(kiln_dev, tmp_path):
@@ -124,11 +130,7 @@ def test_a_softmax_read_elsewhere_keeps_attention_unfused(kiln_dev, tmp_path):
     onnx.save(model, path)
     notes = compiled_notes(path, kiln_dev)
     assert "Attention" not in notes and "Softmax x1" in notes, notes
-    feeds = case.feeds(0)
-    names, want = tu.run_cpu(path, feeds, opt_level=LEVELS["raw"])
-    run = tu.run_fully_on_kiln(path, kiln_dev, feeds, opt_level=LEVELS["raw"])
-    for name, e, a in zip(names, want, run.outputs):
-        np.testing.assert_allclose(a, e, rtol=case.rtol, atol=case.atol, err_msg=name)
+    assert_whole_kiln_matches_cpu(case, path, kiln_dev)
 
 
 def test_a_fill_the_sum_does_not_absorb_keeps_attention_unfused(kiln_dev, tmp_path):
@@ -139,11 +141,7 @@ def test_a_fill_the_sum_does_not_absorb_keeps_attention_unfused(kiln_dev, tmp_pa
     path = case.save(str(tmp_path))
     notes = compiled_notes(path, kiln_dev)
     assert "Attention" not in notes and "Softmax x1" in notes, notes
-    feeds = case.feeds(0)
-    names, want = tu.run_cpu(path, feeds, opt_level=LEVELS["raw"])
-    run = tu.run_fully_on_kiln(path, kiln_dev, feeds, opt_level=LEVELS["raw"])
-    for name, e, a in zip(names, want, run.outputs):
-        np.testing.assert_allclose(a, e, rtol=case.rtol, atol=case.atol, err_msg=name)
+    assert_whole_kiln_matches_cpu(case, path, kiln_dev)
 
 
 @pytest.mark.parametrize("level", list(LEVELS))
