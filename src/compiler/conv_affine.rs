@@ -26,10 +26,8 @@ pub(crate) fn fold(desc: &mut GraphDesc, constants: &mut Vec<NamedConstant>) -> 
     let mut names: HashSet<String> = constants.iter().map(|c| c.name.clone()).collect();
     names.extend(desc.values.keys().cloned());
     let mut folded = 0;
-    while let Some((conv, next, per_channel)) = find(desc, constants) {
-        if !apply(desc, constants, &mut names, conv, next, &per_channel) {
-            break;
-        }
+    while let Some(f) = find(desc, constants) {
+        apply(desc, constants, &mut names, &f);
         folded += 1;
     }
     if folded > 0 {
@@ -39,9 +37,19 @@ pub(crate) fn fold(desc: &mut GraphDesc, constants: &mut Vec<NamedConstant>) -> 
     folded
 }
 
-/// The first convolution followed by a foldable `Mul`/`Add`: its index,
-/// the follower's, and the follower's constant per output channel.
-fn find(desc: &GraphDesc, constants: &[NamedConstant]) -> Option<(usize, usize, Vec<f32>)> {
+/// One fold [`find`] found: the convolution, the `Mul`/`Add` after it,
+/// the convolution's weights and bias (copies of the constants) and the
+/// follower's constant per output channel.
+struct Fold {
+    conv: usize,
+    next: usize,
+    weights: NamedConstant,
+    bias: Option<NamedConstant>,
+    per_channel: Vec<f32>,
+}
+
+/// The first convolution followed by a foldable `Mul`/`Add`.
+fn find(desc: &GraphDesc, constants: &[NamedConstant]) -> Option<Fold> {
     let links = desc.links();
     let constant = |name: &str| constants.iter().find(|c| c.name == name && c.dtype == DType::F32);
     for (i, n) in desc.nodes.iter().enumerate() {
@@ -51,10 +59,8 @@ fn find(desc: &GraphDesc, constants: &[NamedConstant]) -> Option<(usize, usize, 
         let (Some(w), Some(y)) = (n.inputs.get(1).and_then(|w| constant(w)), n.outputs.first()) else {
             continue;
         };
-        let bias_ok = match n.inputs.get(2).filter(|b| !b.is_empty()) {
-            Some(b) => constant(b).is_some_and(|b| b.shape.len() == 1),
-            None => true,
-        };
+        let bias = n.inputs.get(2).filter(|b| !b.is_empty()).map(|b| constant(b));
+        let bias_ok = bias.is_none_or(|b| b.is_some_and(|b| b.shape.len() == 1));
         let (Some(&co), &[j]) = (w.shape.first(), links.consumers_of(y)) else {
             continue;
         };
@@ -73,10 +79,14 @@ fn find(desc: &GraphDesc, constants: &[NamedConstant]) -> Option<(usize, usize, 
         // The output's rank is the weights' ([Co, Ci/g, kernel...]).
         let rank = w.shape.len();
         let per_channel = constant(other).and_then(|c| channel_values(c, co, rank));
-        if other != y {
-            if let Some(v) = per_channel {
-                return Some((i, j, v));
-            }
+        if let (true, Some(per_channel)) = (other != y, per_channel) {
+            return Some(Fold {
+                conv: i,
+                next: j,
+                weights: w.clone(),
+                bias: bias.flatten().cloned(),
+                per_channel,
+            });
         }
     }
     None
@@ -105,23 +115,10 @@ fn channel_values(c: &NamedConstant, co: usize, rank: usize) -> Option<Vec<f32>>
     })
 }
 
-/// Rewrites convolution `conv` to compute what `next` did (false if its
-/// weights are gone, which [`find`] rules out).
-fn apply(
-    desc: &mut GraphDesc,
-    constants: &mut Vec<NamedConstant>,
-    names: &mut HashSet<String>,
-    conv: usize,
-    next: usize,
-    per_channel: &[f32],
-) -> bool {
-    let find = |name: &str| constants.iter().find(|c| c.name == name).cloned();
-    let n = &desc.nodes[conv];
-    let (w, bias) = (
-        find(&n.inputs[1]),
-        n.inputs.get(2).filter(|b| !b.is_empty()).and_then(|b| find(b)),
-    );
-    let Some(w) = w else { return false };
+/// Rewrites the convolution to compute what the follower did.
+fn apply(desc: &mut GraphDesc, constants: &mut Vec<NamedConstant>, names: &mut HashSet<String>, f: &Fold) {
+    let (conv, next, per_channel) = (f.conv, f.next, &f.per_channel[..]);
+    let (w, bias) = (&f.weights, &f.bias);
     let co = per_channel.len();
     let mut new_w = None;
     let new_bias: Vec<f32> = if desc.nodes[next].op_type == "Mul" {
@@ -158,7 +155,6 @@ fn apply(
     let old = std::mem::replace(&mut desc.nodes[conv].outputs[0], out);
     desc.values.remove(&old);
     desc.nodes.remove(next);
-    true
 }
 
 /// A new f32 constant named after `base`, unique in the partition.

@@ -384,16 +384,11 @@ fn reaches_transpose(g: &Graph) -> Vec<bool> {
 /// Per value: whether exactly one node reads it (once) and it is not a
 /// graph output.
 fn single_reader(g: &Graph) -> Vec<bool> {
-    let mut reads = vec![0usize; g.values.len()];
-    for node in &g.nodes {
-        for &v in &node.inputs {
-            reads[v] += 1;
-        }
-    }
+    let mut single: Vec<bool> = g.consumers().iter().map(|c| c.len() == 1).collect();
     for &v in &g.outputs {
-        reads[v] += 2;
+        single[v] = false;
     }
-    reads.into_iter().map(|n| n == 1).collect()
+    single
 }
 
 /// Ops that compute the same thing in any layout once their axes are remapped.
