@@ -588,6 +588,8 @@ fn tile(isa: Isa, mr: usize, nc: usize, t: &TileArgs<'_>, out: &Out<'_>, at: usi
 mod x86 {
     use std::arch::x86_64::*;
 
+    use crate::kernels::avx2;
+
     use super::TileArgs;
 
     fn mask16(n: usize) -> __mmask16 {
@@ -707,13 +709,6 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx2")]
-    fn mask8(n: usize) -> __m256i {
-        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        // Lanes below n: all ones.
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(n.min(8) as i32), idx)
-    }
-
     /// # Safety
     /// AVX2 and FMA available; `tile` checked every A and B offset for
     /// `MR` pixels and `nc <= 16` columns; `c.add(i * ldc + j)`, `i < MR`,
@@ -738,15 +733,12 @@ mod x86 {
                 }
             }
         }
-        let (m0, m1) = (mask8(nc), mask8(nc.saturating_sub(8)));
-        // SAFETY: masked loads and stores touch the first nc values of the
+        let (n0, n1) = (nc, nc.saturating_sub(8));
+        // SAFETY: the loads and stores touch the first nc values of the
         // bias and of each of the MR rows of C (see `tile`).
         unsafe {
             let (bias0, bias1) = match t.bias {
-                Some(b) => (
-                    _mm256_maskload_ps(b.as_ptr(), m0),
-                    _mm256_maskload_ps(b.as_ptr().add(8.min(nc)), m1),
-                ),
+                Some(b) => (avx2::load(b.as_ptr(), n0), avx2::load(b.as_ptr().add(8.min(nc)), n1)),
                 None => (_mm256_setzero_ps(), _mm256_setzero_ps()),
             };
             let (lo, hi) = t.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
@@ -755,16 +747,16 @@ mod x86 {
             let fix = |v: __m256| _mm256_min_ps(hi, _mm256_max_ps(lo, v));
             // The residual's tile rows, as C's (`tile` checked their length).
             let res = t.residual.map(|r| r.as_ptr());
-            let plus = |v: __m256, at: usize, m: __m256i| match res {
-                Some(r) => _mm256_add_ps(v, _mm256_maskload_ps(r.add(at), m)),
+            let plus = |v: __m256, at: usize, n: usize| match res {
+                Some(r) => _mm256_add_ps(v, avx2::load(r.add(at), n)),
                 None => v,
             };
             for (i, acc) in acc.iter().enumerate() {
                 let row = c.add(i * ldc);
-                _mm256_maskstore_ps(row, m0, plus(fix(_mm256_add_ps(acc[0], bias0)), i * ldc, m0));
+                avx2::store(row, n0, plus(fix(_mm256_add_ps(acc[0], bias0)), i * ldc, n0));
                 if nc > 8 {
-                    let v1 = plus(fix(_mm256_add_ps(acc[1], bias1)), i * ldc + 8, m1);
-                    _mm256_maskstore_ps(row.add(8), m1, v1);
+                    let v1 = plus(fix(_mm256_add_ps(acc[1], bias1)), i * ldc + 8, n1);
+                    avx2::store(row.add(8), n1, v1);
                 }
             }
             if let Some((lo, hi)) = t.after {
@@ -785,12 +777,11 @@ mod x86 {
         for i in 0..mr {
             for j in [0, 8] {
                 if nc > j {
-                    let m = mask8(nc - j);
                     // SAFETY: the first nc values of row i (the contract).
                     unsafe {
                         let p = c.add(i * ldc + j);
-                        let v = _mm256_maskload_ps(p, m);
-                        _mm256_maskstore_ps(p, m, _mm256_min_ps(hi, _mm256_max_ps(lo, v)));
+                        let v = avx2::load(p, nc - j);
+                        avx2::store(p, nc - j, _mm256_min_ps(hi, _mm256_max_ps(lo, v)));
                     }
                 }
             }

@@ -11,6 +11,10 @@
 //! ([`gemm`]) parallelises itself.
 
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx2;
+pub mod cache;
 pub mod conv;
 pub mod conv_direct;
 pub mod conv_transpose;

@@ -17,7 +17,6 @@ use crate::kernels::parallel::Parallel;
 pub(super) trait Kernel {
     const MR: usize;
     const NR: usize;
-    const MC: usize;
 
     /// `tile = store(A · B)` for one tile of `tile.rows() <= MR` rows and
     /// `tile.cols() <= NR` columns: `a` is a packed A micro-panel (`kc` groups
@@ -327,7 +326,8 @@ pub(super) fn epilogue_only(view: &mut CView<'_>, epi: &Epi<'_>) {
 }
 
 /// The blocked product over K rows `ks` for the block of C `view` covers,
-/// in K blocks of `kc` rows (see [`super::k_block`]):
+/// in row blocks of at most `mc` rows and K blocks of `kc` rows (see
+/// [`super::k_block`] and [`super::Blocking::host`]):
 /// overwrites C if `first`, else adds to it; applies the epilogue if `last`.
 /// The view's columns start on a panel of `b`.
 ///
@@ -340,18 +340,18 @@ pub(super) unsafe fn blocked<K: Kernel>(
     b: &BPanels<'_>,
     view: &mut CView<'_>,
     ks: Range<usize>,
-    kc: usize,
+    (mc, kc): (usize, usize),
     first: bool,
     last: bool,
     epi: &Epi<'_>,
 ) {
     let (rows, cols) = (view.rows(), view.cols());
     let post = last && epi.has_post();
-    // Equal row blocks of at most MC (whole tiles), not full ones and a
+    // Equal row blocks of at most mc (whole tiles), not full ones and a
     // short rest: every block streams all of B's panels, and a short one
     // (70 rows of 518) does too little work per panel to hide that.
-    let blocks = rows.len().div_ceil(K::MC).max(1);
-    let mc = rows.len().div_ceil(blocks).next_multiple_of(K::MR).min(K::MC);
+    let blocks = rows.len().div_ceil(mc).max(1);
+    let mc = rows.len().div_ceil(blocks).next_multiple_of(K::MR).min(mc);
     let len = rows.len().min(mc) * ks.len().min(kc);
     let mut buf = take_scratch(&A_SCRATCH, len);
     let apack = &mut bytemuck::cast_slice_mut::<u8, f32>(buf.bytes_mut())[..len];

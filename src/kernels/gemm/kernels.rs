@@ -92,7 +92,6 @@ impl Generic {
 impl Kernel for Generic {
     const MR: usize = Blocking::of(Target::Generic).mr;
     const NR: usize = Blocking::of(Target::Generic).nr;
-    const MC: usize = Blocking::of(Target::Generic).mc;
 
     #[inline(always)]
     #[allow(unsafe_code)]
@@ -138,6 +137,7 @@ mod x86 {
 
     use super::super::pack;
     use super::{check_tile, ASrc, BSrc, Blocking, Kernel, Store, Target, Tile};
+    use crate::kernels::avx2;
 
     /// AVX-512: 14 x 32 tiles, 28 zmm accumulators, B rows from two loads,
     /// A values as embedded broadcasts.
@@ -146,7 +146,6 @@ mod x86 {
     impl Kernel for Avx512 {
         const MR: usize = Blocking::of(Target::Avx512).mr;
         const NR: usize = Blocking::of(Target::Avx512).nr;
-        const MC: usize = Blocking::of(Target::Avx512).mc;
 
         #[inline(always)]
         unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
@@ -334,7 +333,6 @@ mod x86 {
     impl Kernel for Avx2 {
         const MR: usize = Blocking::of(Target::Avx2).mr;
         const NR: usize = Blocking::of(Target::Avx2).nr;
-        const MC: usize = Blocking::of(Target::Avx2).mc;
 
         #[inline(always)]
         unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
@@ -365,14 +363,6 @@ mod x86 {
         }
     }
 
-    /// Lane mask for the first `n` (clamped to 0..=8) of 8 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn lanes(n: usize) -> __m256i {
-        let n = n.min(8) as i32;
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
-    }
-
     /// # Safety
     /// AVX2 and FMA available; `a` readable for `kc * MR` values, `b` for
     /// `kc * 16`, `store.bias` has at least `nc <= 16` values, and
@@ -389,35 +379,62 @@ mod x86 {
         store: &Store<'_>,
     ) {
         let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-        for k in 0..kc {
-            // SAFETY: k < kc, so b + 16k .. + 16 and a + MR k .. + MR are readable.
-            let (b0, b1, ak) = unsafe {
-                let bk = b.add(k * 16);
-                (_mm256_loadu_ps(bk), _mm256_loadu_ps(bk.add(8)), a.add(k * MR))
-            };
+        for i in 0..MR {
+            // A hint only: prefetching never faults.
+            _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(i * ld) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(i * ld + 15) as *const i8);
+        }
+        let (mut ap, mut bp) = (a, b);
+        // Four k per iteration: one pointer step and branch per 4 k.
+        for _ in 0..kc / 4 {
+            for u in 0..4 {
+                // SAFETY: fewer than kc k have been consumed, so bp + 16 u .. + 16
+                // and ap + MR u .. + MR are readable.
+                let (b0, b1) = unsafe { (_mm256_loadu_ps(bp.add(16 * u)), _mm256_loadu_ps(bp.add(16 * u + 8))) };
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: i < MR (see above).
+                    let ai = _mm256_broadcast_ss(unsafe { &*ap.add(MR * u + i) });
+                    acc[0] = _mm256_fmadd_ps(ai, b0, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(ai, b1, acc[1]);
+                }
+            }
+            // SAFETY: 4 of the remaining k were consumed; at most one past the end.
+            unsafe {
+                ap = ap.add(4 * MR);
+                bp = bp.add(4 * 16);
+            }
+        }
+        for _ in 0..kc % 4 {
+            // SAFETY: as above, for the last kc % 4 k.
+            let (b0, b1) = unsafe { (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8))) };
             for (i, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: i < MR (see above).
-                let ai = _mm256_set1_ps(unsafe { *ak.add(i) });
+                let ai = _mm256_broadcast_ss(unsafe { &*ap.add(i) });
                 acc[0] = _mm256_fmadd_ps(ai, b0, acc[0]);
                 acc[1] = _mm256_fmadd_ps(ai, b1, acc[1]);
             }
+            // SAFETY: one k consumed; at most one past the end.
+            unsafe {
+                ap = ap.add(MR);
+                bp = bp.add(16);
+            }
         }
-        let (m0, m1) = (lanes(nc), lanes(nc.saturating_sub(8)));
+        let (n0, n1) = (nc, nc.saturating_sub(8));
         let scale = _mm256_set1_ps(store.scale);
-        // SAFETY: masked loads touch only the first nc <= bias.len() values.
+        // SAFETY: the loads touch only the first nc <= bias.len() values.
         let bias = store.bias.map(|bias| unsafe {
             let p = bias.as_ptr();
-            (_mm256_maskload_ps(p, m0), _mm256_maskload_ps(p.wrapping_add(8), m1))
+            (avx2::load(p, n0), avx2::load(p.wrapping_add(8), n1))
         });
         for (i, acc) in acc.iter().enumerate() {
             let row = c.wrapping_add(i * ld);
             let (mut v0, mut v1) = (acc[0], acc[1]);
-            // SAFETY: masked accesses touch only row[j] for j < nc, which the
-            // caller grants (i < MR); masked-off lanes are never accessed.
+            // SAFETY: the loads and stores touch only row[j] for j < nc, which
+            // the caller grants (i < MR).
             unsafe {
                 if store.accumulate {
-                    v0 = _mm256_add_ps(v0, _mm256_maskload_ps(row, m0));
-                    v1 = _mm256_add_ps(v1, _mm256_maskload_ps(row.wrapping_add(8), m1));
+                    v0 = _mm256_add_ps(v0, avx2::load(row, n0));
+                    v1 = _mm256_add_ps(v1, avx2::load(row.wrapping_add(8), n1));
                 }
                 v0 = _mm256_mul_ps(v0, scale);
                 v1 = _mm256_mul_ps(v1, scale);
@@ -425,8 +442,8 @@ mod x86 {
                     v0 = _mm256_add_ps(v0, bias0);
                     v1 = _mm256_add_ps(v1, bias1);
                 }
-                _mm256_maskstore_ps(row, m0, v0);
-                _mm256_maskstore_ps(row.wrapping_add(8), m1, v1);
+                avx2::store(row, n0, v0);
+                avx2::store(row.wrapping_add(8), n1, v1);
             }
         }
     }
@@ -479,7 +496,7 @@ entry!(blocked(
     b: &BPanels<'_>,
     view: &mut CView<'_>,
     ks: Range<usize>,
-    kc: usize,
+    mc_kc: (usize, usize),
     first: bool,
     last: bool,
     epi: &Epi<'_>

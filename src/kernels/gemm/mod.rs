@@ -18,11 +18,16 @@
 //! the epilogue while the tile is in L1 (alpha and a per-column bias in
 //! registers, the rest in a second pass over the tile).
 //!
-//! | target | microkernel (MR x NR) | KC (at most) | MC |
+//! | target | microkernel (MR x NR) | KC (at most) | MC (at most) |
 //! |---|---|---|---|
-//! | `x86_64-avx512` | 14 x 32 (28 zmm accumulators) | 768 | 448 |
-//! | `x86_64-avx2` | 6 x 16 (12 ymm accumulators) | 256 | 120 |
+//! | `x86_64-avx512` | 14 x 32 (28 zmm accumulators) | 768 | L2 / (4 KC), else 448 |
+//! | `x86_64-avx2` | 6 x 16 (12 ymm accumulators) | 768 | L2 / (4 KC), else 168 |
 //! | `x86_64-generic` | 6 x 8 (plain Rust, vectorised for SSE2) | 256 | 120 |
+//!
+//! MC comes from the L2 size the CPU reports ([`Blocking::host`]): the
+//! packed `MC x KC` block of A fills one core's L2, and is read once per B
+//! panel. (On a Zen 3, 512 KiB of L2: 168 rows; 120 and 240 rows ran up to
+//! 8% slower at K = 768 and 3072.)
 //!
 //! `M = 1` runs a dedicated GEMV path (no packing of A, no K blocking).
 //!
@@ -46,6 +51,7 @@ use std::sync::Arc;
 
 use self::driver::{BPanels, CView, Epi};
 use self::pack::{ASrc, BSrc};
+use super::cache;
 use super::parallel::Parallel;
 use super::Isa;
 use crate::error::{Error, Result};
@@ -56,12 +62,13 @@ use crate::tensor::{AlignedBytes, HugePageBytes, Storage, Weight};
 /// packed weight is usable only by a kiln with the same version.
 pub const LAYOUT_VERSION: u32 = 1;
 
-/// Most K rows per block on AVX-512. Larger than the L1-sized 256 that
-/// textbook blocking gives: the 14 x 32 microkernel does 28 FMAs per 184
-/// bytes of A and B, which L2 feeds easily, while every K block more costs
-/// a pass that reloads and stores C (MiniLM's K = 1536 products ran ~10%
-/// slower with 256 than with 768 on an AMD EPYC).
-const KC_AVX512: usize = 768;
+/// Most K rows per block on AVX-512 and AVX2. Larger than the L1-sized 256
+/// that textbook blocking gives: the microkernels do 28 (12) FMAs per 184
+/// (88) bytes of A and B, which L2 feeds easily, while every K block more
+/// costs a pass that reloads and stores C (MiniLM's K = 1536 products ran
+/// ~10% slower with 256 than with 768 on an AMD EPYC with AVX-512; on a Zen 3
+/// with AVX2, BERT's K = 768 and 3072 products 5-8% slower).
+const KC_WIDE: usize = 768;
 
 /// Blocking parameters of one target's kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,14 +89,14 @@ impl Blocking {
             Target::Avx512 => Blocking {
                 mr: 14,
                 nr: 32,
-                kc: KC_AVX512,
+                kc: KC_WIDE,
                 mc: 448,
             },
             Target::Avx2 => Blocking {
                 mr: 6,
                 nr: 16,
-                kc: 256,
-                mc: 120,
+                kc: KC_WIDE,
+                mc: 168,
             },
             Target::Generic => Blocking {
                 mr: 6,
@@ -97,6 +104,30 @@ impl Blocking {
                 kc: 256,
                 mc: 120,
             },
+        }
+    }
+}
+
+impl Blocking {
+    /// [`Blocking::of`] with MC sized to this CPU's L2 ([`cache::host`]):
+    /// the largest multiple of MR whose `MC x KC` packed A fits in the L2,
+    /// at least 4 tiles and at most 448 rows (the largest measured). The
+    /// table's MC where the CPU does not report its caches, and for the
+    /// generic target. MC only groups rows, so results do not depend on it.
+    pub(crate) fn host(target: Target) -> Blocking {
+        let blk = Blocking::of(target);
+        match cache::host() {
+            Some(c) if target != Target::Generic => blk.with_l2(c.l2),
+            _ => blk,
+        }
+    }
+
+    /// This blocking with MC for an L2 of `l2` bytes (see [`Blocking::host`]).
+    fn with_l2(self, l2: usize) -> Blocking {
+        let rows = l2 / (size_of::<f32>() * self.kc) / self.mr * self.mr;
+        Blocking {
+            mc: rows.clamp(4 * self.mr, 448),
+            ..self
         }
     }
 }
@@ -378,7 +409,7 @@ pub fn gemm_packed(
         driver::epilogue_only(&mut view, &epi);
         return Ok(());
     }
-    let blk = Blocking::of(isa.target());
+    let blk = Blocking::host(isa.target());
     let panels = b.panels();
     let gemv = m == 1;
     let kc = k_block(blk, k);
@@ -387,7 +418,7 @@ pub fn gemm_packed(
         if gemv {
             kernels::gemv(isa, a.data, &panels, v, &epi)
         } else {
-            kernels::blocked(isa, a, &panels, v, 0..k, kc, true, true, &epi)
+            kernels::blocked(isa, a, &panels, v, 0..k, (blk.mc, kc), true, true, &epi)
         }
     });
     Ok(())
@@ -438,7 +469,7 @@ pub fn gemm(
         ld: ldb,
         trans: trans_b,
     };
-    let blk = Blocking::of(isa.target());
+    let blk = Blocking::host(isa.target());
     if m == 1 {
         let (rows, cols) = split_work(m, n, k, blk, par.threads(), true);
         run_tasks(&mut view, rows, cols, par, &|v: &mut CView<'_>| {
@@ -473,7 +504,7 @@ pub fn gemm(
                 row_parts,
                 col_parts.shifted(cols.start),
                 par,
-                &|v: &mut CView<'_>| kernels::blocked(isa, a, &panels, v, ks.clone(), kc, first, last, &epi),
+                &|v: &mut CView<'_>| kernels::blocked(isa, a, &panels, v, ks.clone(), (blk.mc, kc), first, last, &epi),
             );
         }
     }

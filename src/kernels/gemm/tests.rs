@@ -265,7 +265,9 @@ impl Problem {
     }
 }
 
-const SIZES: [usize; 13] = [1, 2, 3, 7, 15, 16, 17, 31, 33, 63, 65, 100, 257];
+// 257 and 800: more than one K block on the generic target (KC 256) and on
+// AVX2 / AVX-512 (KC 768); 257 rows are two row blocks where MC is 168.
+const SIZES: [usize; 14] = [1, 2, 3, 7, 15, 16, 17, 31, 33, 63, 65, 100, 257, 800];
 
 /// Each size in each dimension (the others moderate), plus M = 1 against each N and K.
 fn shapes() -> Vec<(usize, usize, usize)> {
@@ -489,6 +491,25 @@ fn k_blocks_are_equal_and_at_most_kc() {
     }
     assert_eq!(super::k_block(Blocking::of(Target::Avx512), 1536), 768);
     assert_eq!(super::k_block(Blocking::of(Target::Avx512), 384), 384);
+}
+
+#[test]
+fn row_blocks_fill_the_l2() {
+    // Zen 3: 512 KiB of L2 and KC 768 on AVX2: 168 rows of A (504 KiB packed).
+    assert_eq!(Blocking::of(Target::Avx2).with_l2(512 << 10).mc, 168);
+    // A 1 MiB L2 (Zen 4/5) with AVX-512: 341 rows, in whole 14-row tiles.
+    assert_eq!(Blocking::of(Target::Avx512).with_l2(1 << 20).mc, 336);
+    // Bounds: at least 4 tiles, at most 448 rows.
+    assert_eq!(Blocking::of(Target::Avx2).with_l2(64 << 10).mc, 24);
+    assert_eq!(Blocking::of(Target::Avx512).with_l2(32 << 20).mc, 448);
+    for t in [Target::Avx512, Target::Avx2, Target::Generic] {
+        let host = Blocking::host(t);
+        assert_eq!(
+            (host.mr, host.nr, host.kc),
+            (Blocking::of(t).mr, Blocking::of(t).nr, Blocking::of(t).kc)
+        );
+        assert!(host.mc.is_multiple_of(host.mr), "{t:?}: {host:?}");
+    }
 }
 
 #[test]
