@@ -385,8 +385,39 @@ mod x86 {
             _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(i * ld + 15) as *const i8);
         }
         let (mut ap, mut bp) = (a, b);
+        if MR == 1 {
+            // One row (GEMV): as on AVX-512, four independent chains (k mod
+            // 4) instead of two accumulators waiting on FMA latency, and B
+            // prefetched ahead since it streams from memory once.
+            let mut chains = [[_mm256_setzero_ps(); 2]; 4];
+            for _ in 0..kc / 4 {
+                for line in 0..4 {
+                    // A hint only: prefetching never faults.
+                    _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(GEMV_PREFETCH + 16 * line) as *const i8);
+                }
+                for (u, chain) in chains.iter_mut().enumerate() {
+                    // SAFETY: as in the loop below.
+                    let (b0, b1) = unsafe { (_mm256_loadu_ps(bp.add(16 * u)), _mm256_loadu_ps(bp.add(16 * u + 8))) };
+                    // SAFETY: MR = 1, u < 4 of the remaining k.
+                    let ai = _mm256_broadcast_ss(unsafe { &*ap.add(u) });
+                    chain[0] = _mm256_fmadd_ps(ai, b0, chain[0]);
+                    chain[1] = _mm256_fmadd_ps(ai, b1, chain[1]);
+                }
+                // SAFETY: 4 of the remaining k were consumed.
+                unsafe {
+                    ap = ap.add(4);
+                    bp = bp.add(4 * 16);
+                }
+            }
+            for h in 0..2 {
+                acc[0][h] = _mm256_add_ps(
+                    _mm256_add_ps(chains[0][h], chains[1][h]),
+                    _mm256_add_ps(chains[2][h], chains[3][h]),
+                );
+            }
+        }
         // Four k per iteration: one pointer step and branch per 4 k.
-        for _ in 0..kc / 4 {
+        for _ in 0..if MR == 1 { 0 } else { kc / 4 } {
             for u in 0..4 {
                 // SAFETY: fewer than kc k have been consumed, so bp + 16 u .. + 16
                 // and ap + MR u .. + MR are readable.
