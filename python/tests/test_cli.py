@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+import kiln_testutil as tu
 import wheel_env
 
 MODELS = os.path.join(wheel_env.REPO_DIR, "models")
@@ -109,10 +110,19 @@ def test_compile_for_a_target_and_for_every_target(installed, work):
     out = work / "all"
     p = ok(kiln(installed, "compile", work / "demo.onnx", "-o", out, "--virtual"))
     assert sorted(os.listdir(out)) == sorted(TARGETS)
-    for t in TARGETS:
+    host = TARGETS.index(tu.host_target())
+    for i, t in enumerate(TARGETS):
         assert sorted(os.listdir(out / t)) == ["demo_ctx.onnx", "demo_kiln.bin"]
-        rep = json.loads(ok(kiln(installed, "inspect", out / t / "demo_ctx.onnx", "--json")).stdout)
+        shown = kiln(installed, "inspect", out / t / "demo_ctx.onnx", "--json")
+        rep = json.loads(shown.stdout)
         assert rep["targets"] == [t]
+        # A target above this CPU's (AVX-512 on an AVX2-only machine) is
+        # reported as not runnable here, with exit status 3.
+        runs_here = i >= host
+        want = (0, True) if runs_here else (3, False)
+        assert (shown.returncode, rep["can_run_here"]) == want, shown.stdout + shown.stderr
+        if not runs_here:
+            assert f"compiled for {t} but the device supports at most {TARGETS[host]}" in rep["kiln_reason"]
     assert "3 model(s) compiled for x86_64-avx512, x86_64-avx2, x86_64-generic" in p.stdout
 
 
