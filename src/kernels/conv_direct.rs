@@ -522,6 +522,7 @@ fn tiles(
     let panel = pb.panel(j0 / nr);
     let pixel_step = c.window.w.stride * c.in_channels;
     let finishes = kernel_finishes(c);
+    let mut buf = [0f32; TILE_MAX];
     let mut ow = cols.start;
     for (i, mr) in balanced(cols.len(), mr_max(isa)).enumerate() {
         let at = row_at + ow * co + col0;
@@ -539,14 +540,70 @@ fn tiles(
         };
         tile(isa, mr, nc, &t, out, at, co);
         if !finishes {
-            for i in 0..mr {
-                // SAFETY: this task's row and panel; the run is dropped at once.
-                #[allow(unsafe_code)]
-                let run = unsafe { out.run(at + i * co, nc) };
-                epilogue(isa, c, run, at + i * co);
-            }
+            tile_epilogue(isa, c, out, at, (mr, nc), &mut buf);
         }
         ow += mr;
+    }
+}
+
+/// Most values of one tile: 14 pixels x 32 channels (AVX-512).
+const TILE_MAX: usize = 14 * 32;
+
+/// [`epilogue`] on a stored tile of `mr` rows of `nc` values from `at` (row
+/// stride: the output channels), run once over a contiguous copy: applied
+/// row by row, a row of 16 values fell to the activation loop's 4-lane
+/// remainder, and HardSwish after each convolution took 12% of PP-LCNet's
+/// time on a Zen 3.
+fn tile_epilogue(
+    isa: Isa,
+    c: &Conv<'_>,
+    out: &Out<'_>,
+    at: usize,
+    (mr, nc): (usize, usize),
+    buf: &mut [f32; TILE_MAX],
+) {
+    let co = c.out_channels;
+    let buf = &mut buf[..mr * nc];
+    let run = |i: usize| {
+        // SAFETY: this task's row and panel; each run is dropped at once.
+        #[allow(unsafe_code)]
+        unsafe {
+            out.run(at + i * co, nc)
+        }
+    };
+    for (i, b) in buf.chunks_exact_mut(nc).enumerate() {
+        copy_run(b, run(i));
+    }
+    if c.activation != Activation::None && clamp_of(c.activation).is_none() {
+        activate_isa(isa, c.activation, buf);
+    }
+    if let Some(res) = c.residual {
+        for (i, b) in buf.chunks_exact_mut(nc).enumerate() {
+            let r = &res[at + i * co..][..nc];
+            b.iter_mut().zip(r).for_each(|(v, &r)| *v += r);
+        }
+    }
+    if c.after != Activation::None {
+        activate_isa(isa, c.after, buf);
+    }
+    for (i, b) in buf.chunks_exact(nc).enumerate() {
+        copy_run(run(i), b);
+    }
+}
+
+/// `dst.copy_from_slice(src)` in 8-value steps of fixed size, which compile
+/// to vector moves: a tile row is 16 or 32 values, too short to pay for a
+/// call to `memcpy`.
+#[inline(always)]
+fn copy_run(dst: &mut [f32], src: &[f32]) {
+    let mut d = dst.chunks_exact_mut(8);
+    let mut s = src.chunks_exact(8);
+    for (d, s) in (&mut d).zip(&mut s) {
+        let s: &[f32; 8] = s.try_into().expect("8 values");
+        d.copy_from_slice(s);
+    }
+    for (d, s) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *d = *s;
     }
 }
 
