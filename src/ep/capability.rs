@@ -42,7 +42,7 @@ pub fn claim(ep: &KilnEp, graph: Graph<'_>, support: &mut SupportInfo) -> Result
     let constants = Constants::of(&graph, &nodes)?;
     let mut verdicts = verdicts(ep, &desc, &constants, &is_context);
     let mut rule = (ep.config.kiln.claim == ClaimPolicy::Cost)
-        .then(|| CostRule::new(&desc, &constants, &ep.config.kiln.force_ops));
+        .then(|| CostRule::new(&desc, &constants, &ep.config.kiln.force_ops, ep.target));
     if let Some(rule) = &rule {
         for (i, v) in verdicts.iter_mut().enumerate() {
             if let (Ok(()), Some(why)) = (&v, rule.quantized(i)) {

