@@ -341,21 +341,21 @@ fn row_block(
     }
 }
 
-/// The activation, residual and activation after it of one tile row
-/// (`at`: its flat index in the output, which the residual shares), after
-/// its store (which applied a clamp activation, and nothing else).
-fn epilogue(isa: Isa, c: &Conv<'_>, run: &mut [f32], at: usize) {
+/// The activation, residual and activation after it of `rows`, tile rows
+/// of `nc` values one after the other (row `i`'s flat index in the output,
+/// which the residual shares, is `at(i)`), after their store (which applied
+/// a clamp activation, and nothing else).
+fn epilogue(isa: Isa, c: &Conv<'_>, rows: &mut [f32], nc: usize, at: impl Fn(usize) -> usize) {
     if c.activation != Activation::None && clamp_of(c.activation).is_none() {
-        activate_isa(isa, c.activation, run);
+        activate_isa(isa, c.activation, rows);
     }
     if let Some(res) = c.residual {
-        let len = run.len();
-        for (v, &r) in run.iter_mut().zip(&res[at..at + len]) {
-            *v += r;
+        for (i, row) in rows.chunks_exact_mut(nc).enumerate() {
+            row.iter_mut().zip(&res[at(i)..][..nc]).for_each(|(v, &r)| *v += r);
         }
     }
     if c.after != Activation::None {
-        activate_isa(isa, c.after, run);
+        activate_isa(isa, c.after, rows);
     }
 }
 
@@ -469,7 +469,7 @@ fn border_tiles(
             #[allow(unsafe_code)]
             let run = unsafe { out.run(pos, nc) };
             run.copy_from_slice(&s.tile[i * nr..][..nc]);
-            epilogue(isa, c, run, pos);
+            epilogue(isa, c, run, nc, |_| pos);
         }
         at += mr;
     }
@@ -522,7 +522,8 @@ fn tiles(
     let panel = pb.panel(j0 / nr);
     let pixel_step = c.window.w.stride * c.in_channels;
     let finishes = kernel_finishes(c);
-    let mut buf = [0f32; TILE_MAX];
+    // A tile's copy for the epilogue, when the kernel's store does not finish it.
+    let mut buf = (!finishes).then_some([0f32; TILE_MAX]);
     let mut ow = cols.start;
     for (i, mr) in balanced(cols.len(), mr_max(isa)).enumerate() {
         let at = row_at + ow * co + col0;
@@ -539,8 +540,8 @@ fn tiles(
             prefetch: if i == 0 { prefetch } else { &[] },
         };
         tile(isa, mr, nc, &t, out, at, co);
-        if !finishes {
-            tile_epilogue(isa, c, out, at, (mr, nc), &mut buf);
+        if let Some(buf) = buf.as_mut() {
+            tile_epilogue(isa, c, out, at, (mr, nc), buf);
         }
         ow += mr;
     }
@@ -550,7 +551,7 @@ fn tiles(
 const TILE_MAX: usize = 14 * 32;
 
 /// [`epilogue`] on a stored tile of `mr` rows of `nc` values from `at` (row
-/// stride: the output channels), run once over a contiguous copy: applied
+/// stride: the output channels), once over a contiguous copy: applied
 /// row by row, a row of 16 values fell to the activation loop's 4-lane
 /// remainder, and HardSwish after each convolution took 12% of PP-LCNet's
 /// time on a Zen 3.
@@ -574,18 +575,7 @@ fn tile_epilogue(
     for (i, b) in buf.chunks_exact_mut(nc).enumerate() {
         copy_run(b, run(i));
     }
-    if c.activation != Activation::None && clamp_of(c.activation).is_none() {
-        activate_isa(isa, c.activation, buf);
-    }
-    if let Some(res) = c.residual {
-        for (i, b) in buf.chunks_exact_mut(nc).enumerate() {
-            let r = &res[at + i * co..][..nc];
-            b.iter_mut().zip(r).for_each(|(v, &r)| *v += r);
-        }
-    }
-    if c.after != Activation::None {
-        activate_isa(isa, c.after, buf);
-    }
+    epilogue(isa, c, buf, nc, |i| at + i * co);
     for (i, b) in buf.chunks_exact(nc).enumerate() {
         copy_run(run(i), b);
     }

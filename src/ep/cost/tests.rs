@@ -280,7 +280,7 @@ fn gated_convolutions_stay_with_ort_on_avx2() {
         let all: Vec<usize> = (0..g.nodes.len()).collect();
         let convs: Vec<usize> = all.iter().copied().filter(|&i| g.nodes[i].op_type == "Conv").collect();
         for target in [Target::Avx2, Target::Generic] {
-            let out = CostRule::new(&g, &c, &[], target).judge(&[all.clone()], &vec![true; g.nodes.len()]);
+            let out = CostRule::new(&g, &c, &[], target).judge(std::slice::from_ref(&all), &vec![true; g.nodes.len()]);
             let left: Vec<usize> = reasons(&out).into_iter().filter(|i| convs.contains(i)).collect();
             assert_eq!(left, convs, "{target:?}: {out:?}");
             let why = &out.iter().find(|(i, _)| *i == convs[0]).expect("a verdict").1;
