@@ -14,9 +14,10 @@
 //! For each task's block of C (see [`Parallel`]): rows in blocks of `MC`,
 //! K in equal blocks of at most `KC` ([`k_block`]; pack A), B panels
 //! (`KC x NR`, from L1/L2), `MR`-row micro-panels of A (from L2): one microkernel call per `MR x NR` tile of C.
-//! The first K block overwrites C, later ones add to it, the last one applies
-//! the epilogue while the tile is in L1 (alpha and a per-column bias in
-//! registers, the rest in a second pass over the tile).
+//! The first K block overwrites C, later ones add to it; the last one applies
+//! alpha and a per-column bias in registers as it stores each tile, and the
+//! rest of the epilogue (activation, other biases, residual) in a pass over
+//! the row block's whole rows once all its tiles are stored.
 //!
 //! | target | microkernel (MR x NR) | KC (at most) | MC (at most) |
 //! |---|---|---|---|
@@ -106,9 +107,7 @@ impl Blocking {
             },
         }
     }
-}
 
-impl Blocking {
     /// [`Blocking::of`] with MC sized to this CPU's L2 ([`cache::host`]):
     /// the largest multiple of MR whose `MC x KC` packed A fits in the L2,
     /// at least 4 tiles and at most 448 rows (the largest measured). The
