@@ -105,6 +105,16 @@ pub(crate) fn exp_with<F: MulAdd>(x: f32) -> f32 {
     }
 }
 
+/// `x`, as a value the compiler must compute: `x + 0`, which is `x` except
+/// that -0 becomes +0 (as in `max(x, 0)`). Given `*v = if c { y } else { *v }`
+/// LLVM stores only where `c` holds, with AVX2's masked store, which is
+/// microcoded on AMD CPUs: Relu ran at 1.7 cycles per value on a Zen 3, 0.3
+/// with `else { stored(*v) }`.
+#[inline(always)]
+pub(crate) fn stored(x: f32) -> f32 {
+    x + 0.0
+}
+
 /// Hyperbolic tangent.
 #[inline(always)]
 pub fn tanh(x: f32) -> f32 {

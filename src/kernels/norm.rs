@@ -336,7 +336,7 @@ pub(super) fn reduce(kind: ReduceKind, len: usize, inner: usize, src: &[f32], ds
             match kind {
                 ReduceKind::Max => {
                     for (o, &x) in d.iter_mut().zip(row) {
-                        *o = max_nan(*o, x);
+                        *o = math::stored(max_nan(*o, x));
                     }
                 }
                 _ => {

@@ -6,7 +6,7 @@
 //! both GELUs within ~4e-7 relative (plus a few 1e-38 absolute near underflow).
 
 use super::Activation;
-use crate::kernels::math::{hard_sigmoid, hard_swish, overflow_doubled};
+use crate::kernels::math::{hard_sigmoid, hard_swish, overflow_doubled, stored};
 pub(crate) use crate::kernels::math::{Fused, MulAdd, Plain};
 
 /// `e^x` for `f32`, Cephes' `expf` polynomial with Cody-Waite range reduction.
@@ -147,9 +147,14 @@ pub(crate) fn activate(act: Activation, row: &mut [f32]) {
 pub(crate) fn activate_with<F: MulAdd>(act: Activation, row: &mut [f32]) {
     match act {
         Activation::None => {}
-        // `x < 0 ? 0 : x` keeps NaN, like ONNX's max(x, 0).
-        Activation::Relu => row.iter_mut().for_each(|v| *v = if *v < 0.0 { 0.0 } else { *v }),
-        Activation::LeakyRelu(alpha) => row.iter_mut().for_each(|v| *v = if *v < 0.0 { alpha * *v } else { *v }),
+        // `x < 0 ? 0 : x` keeps NaN, like ONNX's max(x, 0). `stored` (see
+        // there) keeps these loops from becoming masked stores.
+        Activation::Relu => row
+            .iter_mut()
+            .for_each(|v| *v = if *v < 0.0 { 0.0 } else { stored(*v) }),
+        Activation::LeakyRelu(alpha) => row
+            .iter_mut()
+            .for_each(|v| *v = if *v < 0.0 { alpha * *v } else { stored(*v) }),
         Activation::Sigmoid => row.iter_mut().for_each(|v| *v = sigmoid_with::<F>(*v)),
         Activation::Tanh => row.iter_mut().for_each(|v| *v = tanh_with::<F>(*v)),
         Activation::GeluErf => row.iter_mut().for_each(|v| *v = gelu_erf_with::<F>(*v)),
