@@ -20,7 +20,9 @@ float mask or the [B,1,1,S] one).
 
 That the fusion fires is checked on static-shape copies through the compile
 API: the EPContext node's notes list the compiled program's ops, which must
-show ``Attention+Mask`` (or ``Attention``) once per layer and no ``Softmax``.
+show ``Attention(QKV)+Mask`` (or ``Attention(QKV)``) and ``MatMul(3 weights)``
+(Q, K and V's projections as one product) once per layer and no ``Softmax``;
+at a hidden size that is not whole panels (48) the projections stay three.
 paraphrase-MiniLM-L3-v2 against the CPU EP is ``test_real_models.py``'s.
 
 Fully padded rows (an attention mask row of zeros) are compared against the
@@ -109,12 +111,28 @@ def test_static_encoders_compile_to_fused_attention(form, mask, kiln_dev, tmp_pa
                    **FORMS[form])
     path = case.save(str(tmp_path))
     notes = compiled_notes(path, kiln_dev)
-    op = "Attention+Mask x2" if mask else "Attention x2"
+    # Q, K and V's projections are one product (three packed weights) that
+    # the attention reads packed.
+    op = "Attention(QKV)+Mask x2" if mask else "Attention(QKV) x2"
     assert op in notes and "Softmax" not in notes, notes
+    assert "MatMul(3 weights)+Bias x2" in notes, notes
     if form.startswith("distilbert"):
         # the [B,H,S,S] bool mask is gone: the fused op reads [B,1,1,S]
         assert "Expand" not in notes and ("Where x2" in notes) == mask, notes
     # and the fused program computes what the CPU EP does
+    assert_whole_kiln_matches_cpu(case, path, kiln_dev)
+
+
+@pytest.mark.parametrize("mask", [True, False], ids=["mask", "nomask"])
+def test_projections_stay_three_products_where_a_width_is_not_whole_panels(mask, kiln_dev, tmp_path):
+    """Near miss of the Q/K/V merge: a hidden size of 48 (4 heads of 12) is not a multiple of
+    32, the widest panel, so the projections stay three products and the attention reads
+    Q, K and V as separate values (still fused, still right)."""
+    case = ml.bert(48, 4, 16, 2, 2, mask=mask, ln="op", act="erf", name=f"attention_width48_{mask}")
+    path = case.save(str(tmp_path))
+    notes = compiled_notes(path, kiln_dev)
+    op = "Attention+Mask x2" if mask else "Attention x2"
+    assert op in notes and "QKV" not in notes and "3 weights" not in notes, notes
     assert_whole_kiln_matches_cpu(case, path, kiln_dev)
 
 

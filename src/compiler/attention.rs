@@ -258,6 +258,7 @@ fn finish(
         heads,
         scale: scale as f32,
         mask: mask.is_some(),
+        packed_qkv: false,
     });
     remove.retain(|&k| k != ri);
     Some(Rewrite {

@@ -362,7 +362,14 @@ impl Lowering<'_> {
     fn matmul(&mut self, attrs: &MatMulAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
         let (a_shape, b_shape) = (self.shape(ins[0]).to_vec(), self.shape(ins[1]).to_vec());
         let d = matmul_dims(&a_shape, &b_shape, attrs).map_err(internal)?;
-        let (m, k, n) = (d.m, d.k, d.n);
+        let parts = &ins[1..1 + attrs.b_parts];
+        // Each part's N (2-D parts: checked by the IR).
+        let part_n: Vec<usize> = parts
+            .iter()
+            .map(|&v| self.shape(v)[usize::from(!attrs.trans_b)])
+            .collect();
+        let (m, k) = (d.m, d.k);
+        let n = if attrs.b_parts > 1 { part_n.iter().sum() } else { d.n };
         let a_batch = &a_shape[..a_shape.len() - 2];
         let b_batch = &b_shape[..b_shape.len() - 2];
         let b_single = b_batch.iter().product::<usize>() == 1;
@@ -394,45 +401,37 @@ impl Lowering<'_> {
             (m, batches)
         };
         let b = match self.graph.constant(ins[1]) {
-            Some(w) if b_single && !attrs.trans_a => {
-                let key = (self.rep[ins[1]], attrs.trans_b);
-                let index = match self.packed_index.get(&key) {
-                    Some(&i) => i,
-                    None => {
-                        let data = match self.packs.and_then(|p| p.get(w, attrs.trans_b, k, n)) {
-                            Some(data) => data,
-                            None => PackedB::pack(self.target, w.as_slice(), k, n, attrs.trans_b)
-                                .data()
-                                .clone(),
-                        };
-                        self.constants.push(Constant {
-                            dtype: DType::F32,
-                            shape: vec![k, n].into(),
-                            data,
-                            packing: Packing::GemmB { k, n },
-                        });
-                        self.packed_index.insert(key, self.constants.len() - 1);
-                        self.constants.len() - 1
-                    }
-                };
-                MatB::Packed(index)
+            _ if attrs.b_parts > 1 => {
+                let mut index = [0; 3];
+                if parts.len() != index.len() {
+                    return Err(internal("a product whose B is not three parts"));
+                }
+                for ((slot, &v), &n) in index.iter_mut().zip(parts).zip(&part_n) {
+                    let w = self
+                        .graph
+                        .constant(v)
+                        .ok_or_else(|| internal("a B part is not a constant"))?;
+                    *slot = self.packed_b(v, w, attrs.trans_b, k, n);
+                }
+                MatB::PackedParts(index)
             }
+            Some(w) if b_single && !attrs.trans_a => MatB::Packed(self.packed_b(ins[1], w, attrs.trans_b, k, n)),
             _ => MatB::Buf {
                 buf: self.buf(ins[1])?,
                 trans_b: attrs.trans_b,
             },
         };
-        let mut next = 2;
+        let mut next = 1 + attrs.b_parts;
         let bias = match attrs.bias {
             BiasKind::None => MatBias::None,
             BiasKind::Row => {
                 next += 1;
-                MatBias::Row(self.buf(ins[2])?)
+                MatBias::Row(self.buf(ins[next - 1])?)
             }
             BiasKind::Full { beta } => {
                 next += 1;
                 MatBias::Full {
-                    buf: self.buf(ins[2])?,
+                    buf: self.buf(ins[next - 1])?,
                     beta,
                 }
             }
@@ -732,28 +731,37 @@ impl Lowering<'_> {
     /// Fused attention: Q, K, V read in place; the mask's strides over
     /// `[batch, heads, q_len]` (0 along its broadcast dims).
     fn attention(&mut self, attrs: &AttentionAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
-        let (qs, ks) = (self.shape(ins[0]).to_vec(), self.shape(ins[1]).to_vec());
+        let n = attrs.qkv_inputs();
+        let (qs, ks) = (self.shape(ins[0]).to_vec(), self.shape(ins[n - 1]).to_vec());
+        let width = if attrs.packed_qkv { qs[2] / 3 } else { qs[2] };
         let shape = AttentionShape {
             batch: qs[0],
             heads: attrs.heads,
             q_len: qs[1],
             kv_len: ks[1],
-            head_dim: qs[2] / attrs.heads,
+            head_dim: width / attrs.heads,
             scale: attrs.scale,
         };
         let full = [shape.batch, shape.heads, shape.q_len, shape.kv_len];
-        let (mask, mask_strides) = match ins.get(3) {
+        let (mask, mask_strides) = match ins.get(n) {
             Some(&m) => {
                 let st = broadcast_strides(self.shape(m), &full);
                 (Some(self.buf(m)?), [st[0], st[1], st[2]])
             }
             None => (None, [0; 3]),
         };
+        // Packed: Q, K and V name the one buffer.
+        let [q, k, v] = if attrs.packed_qkv {
+            [ins[0]; 3]
+        } else {
+            [ins[0], ins[1], ins[2]]
+        };
         Ok(Step::Attention(Box::new(AttentionStep {
             shape,
-            q: self.buf(ins[0])?,
-            k: self.buf(ins[1])?,
-            v: self.buf(ins[2])?,
+            packed_qkv: attrs.packed_qkv,
+            q: self.buf(q)?,
+            k: self.buf(k)?,
+            v: self.buf(v)?,
             mask,
             mask_strides,
             dst,
@@ -796,6 +804,28 @@ impl Lowering<'_> {
             bias: if attrs.bias { Some(self.buf(ins[2])?) } else { None },
             dst,
         })))
+    }
+
+    /// The program constant holding constant `v` (data `w`) packed as the
+    /// B of a `k x n` product, packed once however many products read it;
+    /// reuses weights packed once for a shape-generic partition.
+    fn packed_b(&mut self, v: ValueId, w: &Weight, trans_b: bool, k: usize, n: usize) -> usize {
+        let key = (self.rep[v], trans_b);
+        if let Some(&i) = self.packed_index.get(&key) {
+            return i;
+        }
+        let data = match self.packs.and_then(|p| p.get(w, trans_b, k, n)) {
+            Some(data) => data,
+            None => PackedB::pack(self.target, w.as_slice(), k, n, trans_b).data().clone(),
+        };
+        self.constants.push(Constant {
+            dtype: DType::F32,
+            shape: vec![k, n].into(),
+            data,
+            packing: Packing::GemmB { k, n },
+        });
+        self.packed_index.insert(key, self.constants.len() - 1);
+        self.constants.len() - 1
     }
 
     /// Packs `n` rows of `k` values of `w` from element `at` (a `[n, k]`

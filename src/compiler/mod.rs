@@ -34,6 +34,7 @@ mod layout;
 mod lower;
 mod memplan;
 mod patterns;
+mod qkv;
 
 use crate::error::Result;
 use crate::ir::Graph;
@@ -120,6 +121,8 @@ pub fn optimise(graph: &Graph, passes: Passes) -> Result<Graph> {
     // After the epilogues, which fold the scores' scale into the product's alpha.
     if passes.patterns {
         attention::fuse(&mut g);
+        // After the attention fusion, which names Q, K and V.
+        qkv::fuse(&mut g);
     }
     dce::remove_dead(&mut g);
     if cfg!(debug_assertions) {
@@ -142,3 +145,6 @@ mod conv_tests;
 // Attention fusion (issue #14).
 #[cfg(test)]
 mod attention_tests;
+
+#[cfg(test)]
+mod qkv_tests;

@@ -94,9 +94,10 @@ fn step_info(step: &Step) -> proto::StepInfo {
             dst: Some(buf(*dst)),
         }),
         Step::MatMul(m) => {
-            let (b, trans_b, packed_b) = match m.b {
-                MatB::Packed(c) => (None, false, Some(c as u64)),
-                MatB::Buf { buf: r, trans_b } => (Some(buf(r)), trans_b, None),
+            let (b, trans_b, packed_b, packed_b_parts) = match m.b {
+                MatB::Packed(c) => (None, false, Some(c as u64), Vec::new()),
+                MatB::PackedParts(cs) => (None, false, None, cs.map(|c| c as u64).to_vec()),
+                MatB::Buf { buf: r, trans_b } => (Some(buf(r)), trans_b, None, Vec::new()),
             };
             let (bias_kind, bias, beta) = match m.bias {
                 MatBias::None => (proto::BiasKindInfo::NoBias, None, 0.0),
@@ -112,6 +113,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
                 b,
                 trans_b,
                 packed_b,
+                packed_b_parts,
                 batch_offsets: m.batches.iter().flat_map(|[a, b]| [*a as u64, *b as u64]).collect(),
                 alpha: m.alpha,
                 bias_kind: bias_kind as i32,
@@ -337,6 +339,7 @@ fn attention_info(a: &AttentionStep) -> proto::AttentionStep {
         kv_len: sh.kv_len as u64,
         head_dim: sh.head_dim as u64,
         scale: sh.scale,
+        packed_qkv: a.packed_qkv,
         q: Some(buf(a.q)),
         k: Some(buf(a.k)),
         v: Some(buf(a.v)),
@@ -352,6 +355,7 @@ fn attention(a: &proto::AttentionStep) -> Result<AttentionStep> {
         .try_into()
         .map_err(|_| Error::invalid_graph("an Attention step's mask strides are not 3"))?;
     Ok(AttentionStep {
+        packed_qkv: a.packed_qkv,
         shape: AttentionShape {
             batch: usize_of(a.batch, "batch size")?,
             heads: usize_of(a.heads, "head count")?,
@@ -765,13 +769,21 @@ fn step(s: &proto::StepInfo) -> Result<Step> {
 }
 
 fn matmul(m: &proto::MatMulStep) -> Result<MatMulStep> {
-    let b = match (m.packed_b, &m.b) {
-        (Some(c), None) => MatB::Packed(usize_of(c, "packed constant")?),
-        (None, Some(b)) => MatB::Buf {
+    let b = match (m.packed_b, &m.b, &m.packed_b_parts[..]) {
+        (Some(c), None, []) => MatB::Packed(usize_of(c, "packed constant")?),
+        (None, Some(b), []) => MatB::Buf {
             buf: buf_ref(&Some(b.clone()))?,
             trans_b: m.trans_b,
         },
-        _ => crate::bail!(InvalidGraph, "matrix product needs exactly one of b and packed_b"),
+        (None, None, &[q, k, v]) => MatB::PackedParts([
+            usize_of(q, "packed constant")?,
+            usize_of(k, "packed constant")?,
+            usize_of(v, "packed constant")?,
+        ]),
+        _ => crate::bail!(
+            InvalidGraph,
+            "matrix product needs exactly one of b, packed_b and three packed_b_parts"
+        ),
     };
     if !m.batch_offsets.len().is_multiple_of(2) {
         crate::bail!(InvalidGraph, "matrix product batch offsets come in pairs");

@@ -360,6 +360,9 @@ pub struct AttentionStep {
     pub mask_strides: Vec<u64>,
     #[prost(message, optional, tag = "12")]
     pub dst: Option<BufInfo>,
+    /// Format 6: `q` is Q, K and V side by side (`k` and `v` name it too).
+    #[prost(bool, tag = "13")]
+    pub packed_qkv: bool,
 }
 
 /// A channels-last convolution (`plan::ConvStep`).
@@ -615,6 +618,10 @@ pub struct MatMulStep {
     pub residual: Option<BufInfo>,
     #[prost(message, optional, tag = "16")]
     pub dst: Option<BufInfo>,
+    /// Format 6: B as three packed constants side by side (instead of
+    /// `b` or `packed_b`).
+    #[prost(uint64, repeated, tag = "17")]
+    pub packed_b_parts: Vec<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

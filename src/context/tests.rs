@@ -1089,4 +1089,29 @@ fn attention_steps_round_trip_and_bad_ones_are_refused() {
     refused(&with_attention(&|a| a.mask_strides[0] = 1 << 40), "do not allow");
     refused(&with_attention(&|a| a.heads += 1), "do not allow");
     refused(&with_attention(&|a| a.mask_strides.truncate(2)), "mask strides");
+    // Q, K and V's projections are one product over three packed weights and
+    // the attention reads them packed (format 6): both survive the trip,
+    // and a program that reads them otherwise is refused.
+    assert!(
+        p.steps()
+            .iter()
+            .any(|s| matches!(s, Step::Attention(a) if a.packed_qkv)),
+        "{}",
+        p.op_summary()
+    );
+    refused(&with_attention(&|a| a.packed_qkv = false), "do not allow");
+    let with_parts = |f: &dyn Fn(&mut Vec<u64>)| {
+        tamper(&bytes, |m| {
+            let steps = &mut m.graphs[0].program.as_mut().unwrap().steps;
+            for s in steps.iter_mut() {
+                if let Some(proto::step_info::Kind::MatMul(x)) = s.kind.as_mut() {
+                    if !x.packed_b_parts.is_empty() {
+                        f(&mut x.packed_b_parts);
+                    }
+                }
+            }
+        })
+    };
+    refused(&with_parts(&|parts| parts.truncate(2)), "packed_b_parts");
+    refused(&with_parts(&|parts| parts[1] = parts[0] + 100), "packed");
 }

@@ -83,7 +83,7 @@ fn arity(op: &Op, ins: usize, outs: usize) -> Result<(), Why> {
         Op::GroupNorm { .. } => (&[3], 1),
         Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => (&[1], 1),
         Op::ConvTranspose(c) => return exact(op, ins, 2 + usize::from(c.bias), outs, 1),
-        Op::Attention(a) => return exact(op, ins, 3 + usize::from(a.mask), outs, 1),
+        Op::Attention(a) => return exact(op, ins, a.qkv_inputs() + usize::from(a.mask), outs, 1),
         Op::Concat { .. } => {
             if ins == 0 {
                 return Err("Concat needs at least one input".into());
@@ -138,9 +138,11 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
                 expect_dtype(&format!("input {i}"), t, &[DType::F32])?;
             }
             let d = matmul_dims(&ins[0].shape, &ins[1].shape, m)?;
+            let n = matmul_parts_n(ins, m, d.n)?;
             let mut s = d.batch.clone();
-            s.extend([d.m, d.n]);
-            let mut next = 2;
+            s.extend([d.m, n]);
+            let d = MatMulDims { n, ..d };
+            let mut next = 1 + m.b_parts;
             match m.bias {
                 BiasKind::None => {}
                 BiasKind::Row => {
@@ -329,8 +331,36 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
     Ok(vec![out])
 }
 
+/// N of a product whose B is `m.b_parts` constants side by side (`n` for
+/// one): every part 2-D, of the first part's K.
+fn matmul_parts_n(ins: &[&TensorType], m: &MatMulAttrs, n: usize) -> Result<usize, Why> {
+    if m.b_parts == 1 {
+        return Ok(n);
+    }
+    let parts = &ins[1..1 + m.b_parts];
+    let dims: Vec<(usize, usize)> = parts
+        .iter()
+        .filter(|t| t.shape.len() == 2)
+        .map(|t| {
+            if m.trans_b {
+                (t.shape[1], t.shape[0])
+            } else {
+                (t.shape[0], t.shape[1])
+            }
+        })
+        .collect();
+    if dims.len() != parts.len() || dims.iter().any(|d| d.0 != dims[0].0) {
+        let shapes: Vec<String> = parts.iter().map(|t| shape(&t.shape).to_string()).collect();
+        return Err(format!("B's parts {} are not 2-D with one K", shapes.join(", ")));
+    }
+    Ok(dims.iter().map(|d| d.1).sum())
+}
+
 /// Output type of a fused attention (see `Op::Attention`).
 fn infer_attention(a: &crate::ir::AttentionAttrs, ins: &[&TensorType]) -> Result<TensorType, Why> {
+    if a.packed_qkv {
+        return infer_packed_attention(a, ins);
+    }
     let (q, k, v) = (ins[0], ins[1], ins[2]);
     for (what, t) in [("Q", q), ("K", k), ("V", v)] {
         expect_dtype(&format!("attention's {what}"), t, &[DType::F32])?;
@@ -352,21 +382,45 @@ fn infer_attention(a: &crate::ir::AttentionAttrs, ins: &[&TensorType]) -> Result
         ));
     }
     if a.mask {
-        let m = ins[3];
-        expect_dtype("attention's mask", m, &[DType::F32])?;
-        let full = [qs[0], a.heads, qs[1], ks[1]];
-        let fits = m.shape.len() <= 4
-            && m.shape.last() == Some(&ks[1])
-            && broadcast_shapes(&m.shape, &full).as_deref() == Some(&full[..]);
-        if !fits {
-            return Err(format!(
-                "attention's mask {} does not broadcast to {}",
-                shape(&m.shape),
-                shape(&full)
-            ));
-        }
+        check_attention_mask(ins[3], [qs[0], a.heads, qs[1], ks[1]])?;
     }
     Ok(TensorType::f32(qs))
+}
+
+/// [`infer_attention`] for Q, K and V packed in one `[B, S, 3·H·D]` value.
+fn infer_packed_attention(a: &crate::ir::AttentionAttrs, ins: &[&TensorType]) -> Result<TensorType, Why> {
+    let x = ins[0];
+    expect_dtype("attention's packed Q, K and V", x, &[DType::F32])?;
+    let s = &x.shape;
+    let width = s.get(2).map_or(0, |w| w / 3);
+    if s.len() != 3 || !s[2].is_multiple_of(3) || a.heads == 0 || !width.is_multiple_of(a.heads) {
+        return Err(format!(
+            "attention of packed Q, K and V {} with {} heads",
+            shape(s),
+            a.heads
+        ));
+    }
+    if a.mask {
+        check_attention_mask(ins[1], [s[0], a.heads, s[1], s[1]])?;
+    }
+    Ok(TensorType::f32(&[s[0], s[1], width]))
+}
+
+/// An attention mask: f32, broadcasting to `full` (`[B, H, Sq, Sk]`) with
+/// `Sk` its last dim.
+fn check_attention_mask(m: &TensorType, full: [usize; 4]) -> Result<(), Why> {
+    expect_dtype("attention's mask", m, &[DType::F32])?;
+    let fits = m.shape.len() <= 4
+        && m.shape.last() == Some(&full[3])
+        && broadcast_shapes(&m.shape, &full).as_deref() == Some(&full[..]);
+    if !fits {
+        return Err(format!(
+            "attention's mask {} does not broadcast to {}",
+            shape(&m.shape),
+            shape(&full)
+        ));
+    }
+    Ok(())
 }
 
 /// Output type of the normalisation and selection ops (issue #13).

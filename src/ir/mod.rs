@@ -89,10 +89,14 @@ pub enum BiasKind {
 /// `y = act(alpha · op(A) · op(B) + bias) + residual`, `op` transposing the
 /// last two dims when asked. Inputs: `a`, `b`, then the bias when
 /// `bias != None`, then the residual when `residual`.
+///
+/// With `b_parts > 1` (`compiler::qkv`), `b` is that many 2-D constants of
+/// one K, side by side: the product of A with their concatenation along N.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MatMulAttrs {
     pub trans_a: bool,
     pub trans_b: bool,
+    pub b_parts: usize,
     pub alpha: f32,
     pub bias: BiasKind,
     pub activation: Activation,
@@ -104,6 +108,7 @@ impl Default for MatMulAttrs {
         MatMulAttrs {
             trans_a: false,
             trans_b: false,
+            b_parts: 1,
             alpha: 1.0,
             bias: BiasKind::None,
             activation: Activation::None,
@@ -114,7 +119,7 @@ impl Default for MatMulAttrs {
 
 impl MatMulAttrs {
     pub fn num_inputs(&self) -> usize {
-        2 + usize::from(self.bias != BiasKind::None) + usize::from(self.residual)
+        1 + self.b_parts + usize::from(self.bias != BiasKind::None) + usize::from(self.residual)
     }
 
     /// Whether anything beyond a plain product is fused in.
@@ -352,6 +357,8 @@ pub enum Op {
     /// [B, Sq, H·D]`, `k` and `v` `[B, Sk, H·D]`, then an f32 mask
     /// broadcastable to `[B, H, Sq, Sk]` (its last dim `Sk`) when `mask`.
     /// Output `[B, Sq, H·D]`: per head `softmax(scale · Q·Kᵀ + mask) · V`.
+    /// With `packed_qkv` (`compiler::qkv`) the first input is instead one
+    /// `[B, S, 3·H·D]` value, Q, K and V side by side in each row.
     Attention(AttentionAttrs),
 }
 
@@ -361,6 +368,18 @@ pub struct AttentionAttrs {
     pub heads: usize,
     pub scale: f32,
     pub mask: bool,
+    pub packed_qkv: bool,
+}
+
+impl AttentionAttrs {
+    /// Inputs before the mask: Q, K and V, or the one packed value.
+    pub fn qkv_inputs(&self) -> usize {
+        if self.packed_qkv {
+            1
+        } else {
+            3
+        }
+    }
 }
 
 impl Op {
@@ -372,6 +391,9 @@ impl Op {
             Op::Binary(b) => b.onnx_name().into(),
             Op::MatMul(m) => {
                 let mut s = String::from("MatMul");
+                if m.b_parts > 1 {
+                    s.push_str(&format!("({} weights)", m.b_parts));
+                }
                 if m.alpha != 1.0 {
                     s.push_str("+Scale");
                 }
@@ -420,7 +442,10 @@ impl Op {
             Op::ArgReduce { rule, .. } => (if rule.min { "ArgMin" } else { "ArgMax" }).into(),
             Op::TopK { .. } => "TopK".into(),
             Op::ConvTranspose(_) => "ConvTranspose".into(),
-            Op::Attention(a) => (if a.mask { "Attention+Mask" } else { "Attention" }).into(),
+            Op::Attention(a) => {
+                let packed = if a.packed_qkv { "(QKV)" } else { "" };
+                format!("Attention{packed}{}", if a.mask { "+Mask" } else { "" })
+            }
         }
     }
 

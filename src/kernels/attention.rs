@@ -114,21 +114,39 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
+/// Where Q, K and V are read from.
+#[derive(Clone, Copy, Debug)]
+pub enum Qkv<'a> {
+    /// `q` is `[batch, q_len, heads · head_dim]`, `k` and `v` `[batch,
+    /// kv_len, heads · head_dim]`.
+    Separate { q: &'a [f32], k: &'a [f32], v: &'a [f32] },
+    /// One `[batch, len, 3 · heads · head_dim]` tensor, each row Q's, K's and
+    /// V's rows side by side (their projections as one product); `q_len ==
+    /// kv_len`.
+    Packed(&'a [f32]),
+}
+
+/// Q, K and V as row-major matrices with row stride `ld`, each slice from
+/// its first element.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    ld: usize,
+}
+
 /// `dst = softmax(scale · Q·Kᵀ + mask) · V` per batch and head (see the
-/// module doc). `q` and `dst` are `[batch, q_len, heads · head_dim]`, `k`
-/// and `v` `[batch, kv_len, heads · head_dim]`.
-#[allow(clippy::too_many_arguments)]
+/// module doc); `dst` is `[batch, q_len, heads · head_dim]`.
 pub fn attention(
     isa: Isa,
     shape: &AttentionShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    qkv: Qkv<'_>,
     mask: Option<Mask<'_>>,
     dst: &mut [f32],
     par: &dyn Parallel,
 ) -> Result<()> {
-    check(shape, q, k, v, mask, dst)?;
+    let x = check(shape, qkv, mask, dst)?;
     let width = shape.width();
     if dst.is_empty() {
         return Ok(());
@@ -140,13 +158,13 @@ pub fn attention(
     // Many query blocks per batch read the same heads' K and V: pack them
     // once instead of once per block (see [`PREPACK_BLOCKS`]).
     let packed = if per_batch >= PREPACK_BLOCKS {
-        Some(PackedHeads::pack(isa, shape, k, v, par)?)
+        Some(PackedHeads::pack(isa, shape, x, par)?)
     } else {
         None
     };
     let done = try_for_each_block(par, dst, chunks, &|t, out| {
         let (b, row0) = (t / per_batch, t % per_batch * rows);
-        block(isa, shape, b, row0, q, k, v, mask, packed.as_ref(), out)
+        block(isa, shape, b, row0, x, mask, packed.as_ref(), out)
     });
     if let Some(p) = packed {
         p.keep();
@@ -179,9 +197,9 @@ thread_local! {
 
 impl PackedHeads {
     /// Packs every head of `k` and `v` over `par`, one task per head.
-    fn pack(isa: Isa, shape: &AttentionShape, k: &[f32], v: &[f32], par: &dyn Parallel) -> Result<PackedHeads> {
+    fn pack(isa: Isa, shape: &AttentionShape, x: Rows<'_>, par: &dyn Parallel) -> Result<PackedHeads> {
         let target = isa.target();
-        let (width, d, n) = (shape.width(), shape.head_dim, shape.kv_len);
+        let (ld, d, n) = (x.ld, shape.head_dim, shape.kv_len);
         let (k_len, v_len) = (PackedB::packed_len(target, d, n), PackedB::packed_len(target, n, d));
         // Heads start on 64-byte boundaries (16 floats), as weights do.
         let v_at = k_len.next_multiple_of(16);
@@ -200,11 +218,11 @@ impl PackedHeads {
         let bytes = Arc::get_mut(&mut data).ok_or_else(|| Error::runtime("attention: packed heads are shared"))?;
         let floats = &mut bytemuck::cast_slice_mut::<u8, f32>(bytes.bytes_mut())[..stride * count];
         try_for_each_block(par, floats, Blocks::new(stride * count, stride, stride), &|i, head| {
-            let at = (i / shape.heads) * n * width + (i % shape.heads) * d;
+            let at = (i / shape.heads) * n * ld + (i % shape.heads) * d;
             let (kh, vh) = head.split_at_mut(v_at);
             // Kᵀ: K's rows are the keys (B transposed).
-            PackedB::pack_into(target, &k[at..], width, d, n, true, &mut kh[..k_len])?;
-            PackedB::pack_into(target, &v[at..], width, n, d, false, &mut vh[..v_len])
+            PackedB::pack_into(target, &x.k[at..], ld, d, n, true, &mut kh[..k_len])?;
+            PackedB::pack_into(target, &x.v[at..], ld, n, d, false, &mut vh[..v_len])
         })?;
         Ok(PackedHeads {
             data,
@@ -235,7 +253,8 @@ impl PackedHeads {
     }
 }
 
-fn check(shape: &AttentionShape, q: &[f32], k: &[f32], v: &[f32], mask: Option<Mask<'_>>, dst: &[f32]) -> Result<()> {
+/// Checks the sizes of everything against `shape`; Q, K and V as rows.
+fn check<'a>(shape: &AttentionShape, qkv: Qkv<'a>, mask: Option<Mask<'_>>, dst: &[f32]) -> Result<Rows<'a>> {
     let bad = |what: &str, got: usize, want: usize| {
         Err(Error::runtime(format!(
             "attention {shape:?}: {what} has {got} elements, expected {want}"
@@ -244,17 +263,8 @@ fn check(shape: &AttentionShape, q: &[f32], k: &[f32], v: &[f32], mask: Option<M
     if shape.head_dim == 0 || shape.heads == 0 {
         return Err(Error::runtime(format!("attention {shape:?}: no heads")));
     }
-    if q.len() != shape.q_elems() {
-        return bad("Q", q.len(), shape.q_elems());
-    }
     if dst.len() != shape.q_elems() {
         return bad("the output", dst.len(), shape.q_elems());
-    }
-    if k.len() != shape.kv_elems() {
-        return bad("K", k.len(), shape.kv_elems());
-    }
-    if v.len() != shape.kv_elems() {
-        return bad("V", v.len(), shape.kv_elems());
     }
     if let Some(m) = mask {
         let need = mask_extent(shape, m.strides);
@@ -262,7 +272,45 @@ fn check(shape: &AttentionShape, q: &[f32], k: &[f32], v: &[f32], mask: Option<M
             return bad("the mask", m.data.len(), need);
         }
     }
-    Ok(())
+    let width = shape.width();
+    match qkv {
+        Qkv::Separate { q, k, v } => {
+            if q.len() != shape.q_elems() {
+                return bad("Q", q.len(), shape.q_elems());
+            }
+            if k.len() != shape.kv_elems() {
+                return bad("K", k.len(), shape.kv_elems());
+            }
+            if v.len() != shape.kv_elems() {
+                return bad("V", v.len(), shape.kv_elems());
+            }
+            Ok(Rows { q, k, v, ld: width })
+        }
+        Qkv::Packed(x) => {
+            if shape.q_len != shape.kv_len {
+                return Err(Error::runtime(format!(
+                    "attention {shape:?}: packed Q, K and V need as many queries as keys"
+                )));
+            }
+            if x.len() != 3 * shape.q_elems() {
+                return bad("packed Q, K and V", x.len(), 3 * shape.q_elems());
+            }
+            if x.is_empty() {
+                return Ok(Rows {
+                    q: x,
+                    k: x,
+                    v: x,
+                    ld: 3 * width,
+                });
+            }
+            Ok(Rows {
+                q: x,
+                k: &x[width..],
+                v: &x[2 * width..],
+                ld: 3 * width,
+            })
+        }
+    }
 }
 
 /// One task: query rows `row0..` (as many as `out` holds) of batch `b`, all heads.
@@ -272,9 +320,7 @@ fn block(
     shape: &AttentionShape,
     b: usize,
     row0: usize,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    x: Rows<'_>,
     mask: Option<Mask<'_>>,
     packed: Option<&PackedHeads>,
     out: &mut [f32],
@@ -283,7 +329,7 @@ fn block(
     let rows = out.len() / width;
     let mut buf = gemm::take_scratch(&SCORES, 2 * rows * n);
     let (scores, probs) = bytemuck::cast_slice_mut::<u8, f32>(buf.bytes_mut())[..2 * rows * n].split_at_mut(rows * n);
-    let done = heads(isa, shape, b, row0, (q, k, v), mask, packed, scores, probs, out);
+    let done = heads(isa, shape, b, row0, x, mask, packed, scores, probs, out);
     gemm::put_scratch(&SCORES, buf);
     done
 }
@@ -300,7 +346,7 @@ fn heads(
     shape: &AttentionShape,
     b: usize,
     row0: usize,
-    (q, k, v): (&[f32], &[f32], &[f32]),
+    x: Rows<'_>,
     mask: Option<Mask<'_>>,
     packed: Option<&PackedHeads>,
     scores: &mut [f32],
@@ -309,8 +355,8 @@ fn heads(
 ) -> Result<()> {
     let (width, d, n) = (shape.width(), shape.head_dim, shape.kv_len);
     let rows = out.len() / width;
-    let q0 = (b * shape.q_len + row0) * width;
-    let kv0 = b * shape.kv_len * width;
+    let q0 = (b * shape.q_len + row0) * x.ld;
+    let kv0 = b * shape.kv_len * x.ld;
     for h in 0..shape.heads {
         let col = h * d;
         let head = packed.map(|p| p.head(b * shape.heads + h)).transpose()?;
@@ -326,12 +372,12 @@ fn heads(
             ..Epilogue::PLAIN
         };
         // scores = scale · Q_h · K_hᵀ (+ key mask): K's rows are the keys (B transposed).
-        let (qh, kh) = (&q[q0 + col..], &k[kv0 + col..]);
+        let (qh, kh) = (&x.q[q0 + col..], &x.k[kv0 + col..]);
         let qk = Operands {
             a: qh,
-            lda: width,
+            lda: x.ld,
             b: kh,
-            ldb: width,
+            ldb: x.ld,
             trans_b: true,
             packed: head.as_ref().map(|(k, _)| k),
         };
@@ -344,8 +390,8 @@ fn heads(
         let pv = Operands {
             a: probs,
             lda: n,
-            b: &v[kv0 + col..],
-            ldb: width,
+            b: &x.v[kv0 + col..],
+            ldb: x.ld,
             trans_b: false,
             packed: head.as_ref().map(|(_, v)| v),
         };
@@ -468,18 +514,40 @@ mod tests {
         };
         let mask = (mask_kind != 0).then_some(Mask { data: &mdata, strides });
         let want = reference(&shape, &q, &k, &v, mask);
+        let packed = (shape.q_len == shape.kv_len).then(|| pack_rows(&shape, &q, &k, &v));
         for isa in Target::ALL.into_iter().filter_map(Isa::new) {
             for threads in [1, 2] {
+                let par = ScopedThreads(threads);
                 let mut got = vec![f32::NAN; shape.q_elems()];
-                attention(isa, &shape, &q, &k, &v, mask, &mut got, &ScopedThreads(threads)).unwrap();
+                let separate = Qkv::Separate { q: &q, k: &k, v: &v };
+                attention(isa, &shape, separate, mask, &mut got, &par).unwrap();
                 for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         (g - w).abs() <= 1e-5 + 1e-4 * w.abs(),
                         "{shape:?} mask {mask_kind} {isa:?} {threads} threads: [{i}] {g} vs {w}"
                     );
                 }
+                // Q, K and V side by side in each row: the same results, bit for bit.
+                if let Some(x) = &packed {
+                    let mut same = vec![f32::NAN; shape.q_elems()];
+                    attention(isa, &shape, Qkv::Packed(x), mask, &mut same, &par).unwrap();
+                    assert_eq!(
+                        same, got,
+                        "{shape:?} mask {mask_kind} {isa:?} {threads} threads, packed"
+                    );
+                }
             }
         }
+    }
+
+    /// Each row of Q, K and V one after another: `[batch, len, 3 · width]`.
+    fn pack_rows(shape: &AttentionShape, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
+        let w = shape.width();
+        q.chunks(w)
+            .zip(k.chunks(w))
+            .zip(v.chunks(w))
+            .flat_map(|((q, k), v)| [q, k, v].concat())
+            .collect()
     }
 
     #[test]
@@ -559,14 +627,21 @@ mod tests {
         let isa = Isa::new(Target::Generic).unwrap();
         let (q, kv) = (vec![0f32; shape.q_elems()], vec![0f32; shape.kv_elems()]);
         let mut out = vec![0f32; shape.q_elems()];
-        assert!(attention(isa, &shape, &q, &kv, &kv, None, &mut out, &Serial).is_ok());
-        assert!(attention(isa, &shape, &q[1..], &kv, &kv, None, &mut out, &Serial).is_err());
-        assert!(attention(isa, &shape, &q, &kv, &kv[1..], None, &mut out, &Serial).is_err());
+        let sep = |q, k, v| Qkv::Separate { q, k, v };
+        assert!(attention(isa, &shape, sep(&q, &kv, &kv), None, &mut out, &Serial).is_ok());
+        assert!(attention(isa, &shape, sep(&q[1..], &kv, &kv), None, &mut out, &Serial).is_err());
+        assert!(attention(isa, &shape, sep(&q, &kv, &kv[1..]), None, &mut out, &Serial).is_err());
         let short = Mask {
             data: &[0.0; 7],
             strides: [4, 0, 0],
         };
         assert_eq!(mask_extent(&shape, short.strides), 8);
-        assert!(attention(isa, &shape, &q, &kv, &kv, Some(short), &mut out, &Serial).is_err());
+        assert!(attention(isa, &shape, sep(&q, &kv, &kv), Some(short), &mut out, &Serial).is_err());
+        // Packed: as many queries as keys, and exactly three rows' worth.
+        let all = vec![0f32; 3 * shape.q_elems()];
+        assert!(attention(isa, &shape, Qkv::Packed(&all), None, &mut out, &Serial).is_err());
+        let square = AttentionShape { kv_len: 3, ..shape };
+        assert!(attention(isa, &square, Qkv::Packed(&all), None, &mut out, &Serial).is_ok());
+        assert!(attention(isa, &square, Qkv::Packed(&all[1..]), None, &mut out, &Serial).is_err());
     }
 }

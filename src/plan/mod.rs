@@ -25,7 +25,7 @@ pub use crate::tensor::DType;
 pub use crate::tensor::{AlignedBytes, HugePageBytes, Storage, Weight, STORAGE_ALIGN};
 
 use crate::error::{Error, Result};
-pub use crate::kernels::attention::AttentionShape;
+pub use crate::kernels::attention::{AttentionShape, Qkv};
 use crate::kernels::gemm::{self, Activation, Bias, Epilogue, PackedB};
 use crate::kernels::parallel::Parallel;
 use crate::kernels::recurrent::{self, RnnArgs, RnnDims, RnnSpec};
@@ -110,6 +110,10 @@ pub enum BufRef {
 pub enum MatB {
     /// A constant packed at compile time ([`Packing::GemmB`]).
     Packed(usize),
+    /// Three such constants side by side, read as one B of their summed
+    /// width (Q, K and V's projections as one product; see
+    /// `kernels::gemm::gemm_packed_parts`).
+    PackedParts([usize; 3]),
     /// Row-major `[k, n]` blocks (`[n, k]` when `trans_b`).
     Buf { buf: BufRef, trans_b: bool },
 }
@@ -234,10 +238,12 @@ pub struct ConvTransposeStep {
 /// `dst` `[batch, q_len, heads·head_dim]`, `k` and `v` `[batch, kv_len,
 /// heads·head_dim]` (f32), and an optional additive f32 `mask` read with
 /// `mask_strides` (batch, head, query row; keys contiguous: see
-/// `kernels::attention::Mask`).
+/// `kernels::attention::Mask`). With `packed_qkv`, `q` (= `k` = `v`) is
+/// one `[batch, len, 3·heads·head_dim]` tensor: Q, K and V side by side.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionStep {
     pub shape: AttentionShape,
+    pub packed_qkv: bool,
     pub q: BufRef,
     pub k: BufRef,
     pub v: BufRef,
@@ -1022,7 +1028,7 @@ fn matmul(
     let residual = m.residual.map(|r| src.f32(r)).transpose()?;
     let b = match m.b {
         MatB::Buf { buf, .. } => Some(src.f32(buf)?),
-        MatB::Packed(_) => None,
+        MatB::Packed(_) | MatB::PackedParts(_) => None,
     };
     if dst.len() != block * m.batches.len() {
         return Err(cast_err());
@@ -1049,6 +1055,11 @@ fn matmul(
             (MatB::Packed(c), _) => {
                 let pb = packed.get(c).and_then(|p| p.as_deref()).ok_or_else(cast_err)?;
                 gemm::gemm_packed(isa, mm, a_i, lda, pb, out, n, &epi, par)?;
+            }
+            (MatB::PackedParts(cs), _) => {
+                let part = |c: usize| packed.get(c).and_then(|p| p.as_deref()).ok_or_else(cast_err);
+                let parts = [part(cs[0])?, part(cs[1])?, part(cs[2])?];
+                gemm::gemm_packed_parts(isa, mm, a_i, lda, &parts, out, n, &epi, par)?;
             }
             (MatB::Buf { trans_b, .. }, Some(b)) => {
                 let b_i = b.get(bo..bo + k * n).ok_or_else(cast_err)?;
@@ -1087,8 +1098,16 @@ fn attention(isa: Isa, a: &AttentionStep, src: &Sources<'_>, dst: &mut [f32], pa
             })
         })
         .transpose()?;
-    let (q, k, v) = (src.f32(a.q)?, src.f32(a.k)?, src.f32(a.v)?);
-    kernels::attention::attention(isa, &a.shape, q, k, v, mask, dst, par)
+    let qkv = if a.packed_qkv {
+        Qkv::Packed(src.f32(a.q)?)
+    } else {
+        Qkv::Separate {
+            q: src.f32(a.q)?,
+            k: src.f32(a.k)?,
+            v: src.f32(a.v)?,
+        }
+    };
+    kernels::attention::attention(isa, &a.shape, qkv, mask, dst, par)
 }
 
 fn conv_transpose(

@@ -224,6 +224,21 @@ fn matmul_fits(p: &Program, m: &super::MatMulStep, s: &[usize], d: usize) -> Res
             next += 1;
             Some(s[1])
         }
+        MatB::PackedParts(cs) => {
+            let parts: Vec<_> = cs.iter().map(|&c| p.packed.get(c).and_then(|x| x.as_ref())).collect();
+            let fits = parts.iter().all(|pb| pb.is_some_and(|pb| pb.k() == m.k))
+                && parts.iter().flatten().map(|pb| pb.n()).sum::<usize>() == m.n;
+            if !fits || m.trans_a {
+                crate::bail!(
+                    InvalidGraph,
+                    "packed B parts {cs:?} do not fit a {}x{}x{} product",
+                    m.m,
+                    m.k,
+                    m.n
+                );
+            }
+            None
+        }
         MatB::Packed(c) => {
             let packed = p.packed.get(c).and_then(|x| x.as_ref());
             match packed {
@@ -365,13 +380,14 @@ fn attention_fits(a: &super::AttentionStep, s: &[usize], d: usize) -> bool {
             reach.is_some_and(|r| r <= s[3])
         }
     };
-    sh.heads > 0
-        && sh.head_dim > 0
-        && q == Some(d)
-        && q == Some(s[0])
-        && kv == Some(s[1])
-        && kv == Some(s[2])
-        && mask_ok
+    // Packed: Q, K and V are one buffer, each row the three side by side.
+    let inputs_ok = if a.packed_qkv {
+        let all = q.and_then(|q| q.checked_mul(3));
+        sh.q_len == sh.kv_len && a.q == a.k && a.q == a.v && all == Some(s[0])
+    } else {
+        q == Some(s[0]) && kv == Some(s[1]) && kv == Some(s[2])
+    };
+    sh.heads > 0 && sh.head_dim > 0 && q == Some(d) && inputs_ok && mask_ok
 }
 
 /// Largest size, stride or padding a transposed convolution's axis may

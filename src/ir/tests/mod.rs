@@ -814,8 +814,14 @@ fn bert_layer_end_to_end() {
         assert_eq!(p.packed_constants(), 6, "{summary}");
         // Scores, scale, mask, softmax and the product with V are one
         // fused attention (issue #14).
-        let attention = if mask { "Attention+Mask x1" } else { "Attention x1" };
+        // Q, K and V's projections are one product the attention reads packed.
+        let attention = if mask {
+            "Attention(QKV)+Mask x1"
+        } else {
+            "Attention(QKV) x1"
+        };
         assert!(summary.contains(attention), "{summary}");
+        assert!(summary.contains("MatMul(3 weights)+Bias x1"), "{summary}");
         assert!(
             !summary.contains("Softmax") && !summary.contains("MatMul+Scale"),
             "{summary}"

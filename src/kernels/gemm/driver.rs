@@ -200,21 +200,44 @@ impl Tile<'_> {
 }
 
 /// B as panels of `nr` columns for the columns from `col0` and K rows from
-/// `k0`: panel `p` is `height` rows of `nr` values at `p * height * nr`.
+/// `k0`: panel `p` is `height` rows of `nr` values at `p * height * nr` of
+/// its part. B may be several packed matrices side by side (Q, K and V's
+/// weights as one product): part `i` holds panels `i * part_panels ..`,
+/// the last part all panels from there.
 pub(super) struct BPanels<'a> {
-    pub data: &'a [f32],
+    pub parts: [&'a [f32]; MAX_PARTS],
+    pub part_panels: usize,
+    pub last_part: usize,
     pub nr: usize,
     pub col0: usize,
     pub k0: usize,
     pub height: usize,
 }
 
-impl BPanels<'_> {
+/// Most packed matrices one product reads as its B.
+pub(super) const MAX_PARTS: usize = 3;
+
+impl<'a> BPanels<'a> {
+    /// One packed matrix.
+    pub fn one(data: &'a [f32], nr: usize, col0: usize, k0: usize, height: usize) -> BPanels<'a> {
+        BPanels {
+            parts: [data; MAX_PARTS],
+            part_panels: usize::MAX,
+            last_part: 0,
+            nr,
+            col0,
+            k0,
+            height,
+        }
+    }
+
     /// Rows `ks` of the panel that starts at column `j`.
     #[inline(always)]
     fn panel(&self, j: usize, ks: Range<usize>) -> &[f32] {
         let p = (j - self.col0) / self.nr;
-        &self.data[(p * self.height + ks.start - self.k0) * self.nr..][..ks.len() * self.nr]
+        let part = (p / self.part_panels).min(self.last_part);
+        let p = p - part * self.part_panels;
+        &self.parts[part][(p * self.height + ks.start - self.k0) * self.nr..][..ks.len() * self.nr]
     }
 }
 

@@ -281,16 +281,6 @@ impl PackedB {
         let nr = Blocking::of(target).nr;
         n.div_ceil(nr).checked_mul(nr)?.checked_mul(k)
     }
-
-    fn panels(&self) -> BPanels<'_> {
-        BPanels {
-            data: self.data.as_slice(),
-            nr: self.nr,
-            col0: 0,
-            k0: 0,
-            height: self.k,
-        }
-    }
 }
 
 /// An activation applied to each element of C.
@@ -385,14 +375,27 @@ pub fn gemm_packed(
     epi: &Epilogue<'_>,
     par: &dyn Parallel,
 ) -> Result<()> {
-    let (k, n) = (b.k, b.n);
-    if isa.target() != b.target {
-        return Err(size_error(format_args!(
-            "B was packed for {} but the kernel runs for {}",
-            b.target,
-            isa.target()
-        )));
-    }
+    gemm_packed_parts(isa, m, a, lda, &[b], c, ldc, epi, par)
+}
+
+/// [`gemm_packed`] with B made of up to three packed matrices side by side
+/// (the same K; all but the last with whole panels): one product for Q, K
+/// and V's projections, A packed once for all three.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_parts(
+    isa: Isa,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    parts: &[&PackedB],
+    c: &mut [f32],
+    ldc: usize,
+    epi: &Epilogue<'_>,
+    par: &dyn Parallel,
+) -> Result<()> {
+    let panels = parts_panels(isa, parts)?;
+    let k = panels.height;
+    let n = parts.iter().map(|p| p.n).sum();
     check_matrix("A", a.len(), m, k, lda, false)?;
     let mut view = CView::new(c, m, n, ldc).map_err(|e| e.context("gemm output C"))?;
     let epi = Epi::new(epi, m, n)?;
@@ -409,7 +412,6 @@ pub fn gemm_packed(
         return Ok(());
     }
     let blk = Blocking::host(isa.target());
-    let panels = b.panels();
     let gemv = m == 1;
     let kc = k_block(blk, k);
     let (row_parts, col_parts) = split_work(m, n, k, blk, par.threads(), gemv);
@@ -421,6 +423,42 @@ pub fn gemm_packed(
         }
     });
     Ok(())
+}
+
+/// The panels of `parts` as one B, after checking that they fit together:
+/// packed for `isa`'s target, one K, and whole panels in all but the last.
+fn parts_panels<'a>(isa: Isa, parts: &[&'a PackedB]) -> Result<BPanels<'a>> {
+    let Some((first, _)) = parts.split_first() else {
+        return Err(size_error(format_args!("a product without B")));
+    };
+    if parts.len() > driver::MAX_PARTS {
+        return Err(size_error(format_args!("B in {} parts", parts.len())));
+    }
+    for (i, p) in parts.iter().enumerate() {
+        if p.target != isa.target() {
+            return Err(size_error(format_args!(
+                "B was packed for {} but the kernel runs for {}",
+                p.target,
+                isa.target()
+            )));
+        }
+        let inner = i + 1 < parts.len();
+        if p.k != first.k || (inner && (p.n != first.n || p.n == 0 || p.n % p.nr != 0)) {
+            return Err(size_error(format_args!(
+                "B's parts do not fit together ({} x {} after {} x {})",
+                p.k, p.n, first.k, first.n
+            )));
+        }
+    }
+    let mut panels = BPanels::one(first.data.as_slice(), first.nr, 0, 0, first.k);
+    if parts.len() > 1 {
+        panels.part_panels = first.n / first.nr;
+        panels.last_part = parts.len() - 1;
+        for (slot, p) in panels.parts.iter_mut().zip(parts) {
+            *slot = p.data.as_slice();
+        }
+    }
+    Ok(panels)
 }
 
 /// Both operands at run time (attention scores Q·Kᵀ, batched MatMul of
@@ -489,13 +527,7 @@ pub fn gemm(
             let panels = cols.len().div_ceil(blk.nr);
             let packed = &mut scratch[..panels * blk.nr * ks.len()];
             kernels::pack_b(isa, b, ks.clone(), cols.clone(), packed);
-            let panels = BPanels {
-                data: packed,
-                nr: blk.nr,
-                col0: cols.start,
-                k0: ks.start,
-                height: ks.len(),
-            };
+            let panels = BPanels::one(packed, blk.nr, cols.start, ks.start, ks.len());
             let (first, last) = (ks.start == 0, ks.end == k);
             let (row_parts, col_parts) = split_work(m, cols.len(), ks.len(), blk, par.threads(), false);
             run_tasks(

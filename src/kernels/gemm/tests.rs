@@ -899,3 +899,86 @@ fn microkernel_flops_counts_one_full_tile_per_rep() {
         assert_eq!(flops, 2.0 * (blk.mr * blk.nr * 16 * 3) as f64, "{isa:?}");
     }
 }
+
+/// B in three packed parts (Q, K and V's weights) gives, bit for bit, the
+/// product with the three side by side packed as one, at every M (GEMV
+/// included), with the column epilogue, on one and two threads.
+#[test]
+fn packed_parts_equal_one_packed_b() {
+    for isa in isas() {
+        let nr = Blocking::of(isa.target()).nr;
+        for (m, k, last) in [(1, 70, 3 * nr), (5, 33, nr - 3), (37, 300, 2 * nr)] {
+            let widths = [2 * nr, 2 * nr, last];
+            let n: usize = widths.iter().sum();
+            let a = data(m * k, 1);
+            let bs: Vec<Vec<f32>> = widths
+                .iter()
+                .enumerate()
+                .map(|(i, &w)| data(k * w, 2 + i as u64))
+                .collect();
+            // The three side by side: row r is the parts' rows r one after another.
+            let whole: Vec<f32> = (0..k)
+                .flat_map(|r| {
+                    bs.iter()
+                        .zip(widths)
+                        .flat_map(move |(b, w)| b[r * w..(r + 1) * w].to_vec())
+                })
+                .collect();
+            let bias = data(n, 9);
+            let epi = Epilogue {
+                alpha: 0.5,
+                bias: Bias::PerColumn(&bias),
+                activation: Activation::GeluErf,
+                ..Epilogue::PLAIN
+            };
+            let packed = PackedB::pack(isa.target(), &whole, k, n, false);
+            let parts: Vec<PackedB> = bs
+                .iter()
+                .zip(widths)
+                .map(|(b, w)| PackedB::pack(isa.target(), b, k, w, false))
+                .collect();
+            let parts: Vec<&PackedB> = parts.iter().collect();
+            let mut want = vec![0.0; m * n];
+            gemm_packed(isa, m, &a, k, &packed, &mut want, n, &epi, &Serial).unwrap();
+            for threads in [1, 2] {
+                let mut got = vec![f32::NAN; m * n];
+                let par = ScopedThreads(threads);
+                gemm_packed_parts(isa, m, &a, k, &parts, &mut got, n, &epi, &par).unwrap();
+                assert_eq!(got, want, "{isa:?} m {m} k {k} last {last} threads {threads}");
+            }
+        }
+    }
+}
+
+/// Parts that cannot be read as one B are refused: another K, an inner part
+/// with a partial panel or another width, another target, none or too many.
+#[test]
+fn packed_parts_that_do_not_fit_are_errors() {
+    let isa = Isa::new(Target::Generic).unwrap();
+    let nr = Blocking::of(Target::Generic).nr;
+    let (m, k) = (3, 5);
+    let pack = |k: usize, n: usize| PackedB::pack(Target::Generic, &data(k * n, 4), k, n, false);
+    let a = data(m * k, 1);
+    let mut c = vec![0.0; m * 8 * nr];
+    let (w, short, narrow, deep) = (pack(k, 2 * nr), pack(k, nr + 1), pack(k, nr), pack(k + 1, 2 * nr));
+    let plain = Epilogue::PLAIN;
+    let mut runtime = |parts: &[&PackedB]| {
+        let n: usize = parts.iter().map(|p| p.n()).sum();
+        let e = gemm_packed_parts(isa, m, &a, k, parts, &mut c[..m * n], n, &plain, &Serial);
+        assert_eq!(
+            e.unwrap_err().kind,
+            ErrorKind::Runtime,
+            "{:?}",
+            parts.iter().map(|p| (p.k(), p.n())).collect::<Vec<_>>()
+        );
+    };
+    runtime(&[&w, &deep]);
+    runtime(&[&short, &w]);
+    runtime(&[&narrow, &w, &w]);
+    runtime(&[&w, &w, &w, &w]);
+    runtime(&[]);
+    if let Some(other) = Target::ALL.into_iter().find(|&t| t != Target::Generic) {
+        let foreign = PackedB::pack(other, &data(k * 2 * nr, 4), k, 2 * nr, false);
+        runtime(&[&w, &foreign]);
+    }
+}
