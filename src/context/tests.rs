@@ -1114,4 +1114,21 @@ fn attention_steps_round_trip_and_bad_ones_are_refused() {
     };
     refused(&with_parts(&|parts| parts.truncate(2)), "packed_b_parts");
     refused(&with_parts(&|parts| parts[1] = parts[0] + 100), "packed");
+    // A part of another width (the FFN's 32 x 64 weight): the parts no
+    // longer make the product's N.
+    let ffn = tamper(&bytes, |m| {
+        let steps = &mut m.graphs[0].program.as_mut().unwrap().steps;
+        let wide = steps.iter().find_map(|s| match &s.kind {
+            Some(proto::step_info::Kind::MatMul(x)) if x.n == 64 => x.packed_b,
+            _ => None,
+        });
+        for s in steps.iter_mut() {
+            if let Some(proto::step_info::Kind::MatMul(x)) = s.kind.as_mut() {
+                if let (Some(w), false) = (wide, x.packed_b_parts.is_empty()) {
+                    x.packed_b_parts[0] = w;
+                }
+            }
+        }
+    });
+    refused(&ffn, "do not fit");
 }
