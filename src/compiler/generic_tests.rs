@@ -135,3 +135,64 @@ fn placeholder_dim_params_name_nothing() {
     let dims = v.symbolic_dims("x").unwrap();
     assert_ne!(dims[2], dims[3], "two '?' dims are two unknowns");
 }
+
+/// A BERT layer with symbolic batch and sequence: every specialisation
+/// reads Q, K and V's projections as one product over three parts, and the
+/// parts are the weights packed once at build (none packed again, none
+/// concatenated), with the reference's results.
+#[test]
+fn merged_projections_read_the_weights_packed_at_build() {
+    use crate::ir::tests::{bert_layer, Bert};
+    use crate::plan::{MatB, Step};
+    let mut d = bert_layer(Bert {
+        mask: true,
+        fused_layernorm: true,
+    });
+    for name in ["input_ids", "attention_mask"] {
+        d.g.values
+            .insert(name.into(), ValueDesc::named(7, &[-1, -1], &["batch", "seq"]));
+    }
+    let s = specializer(&d, 8);
+    let built: Vec<*const u8> = s.generic().packed.iter().map(|p| p.data.as_bytes().as_ptr()).collect();
+    for (batch, seq) in [(1, 3), (2, 6)] {
+        let (p, _) = s.program_for(&[vec![batch, seq], vec![batch, seq]]).unwrap();
+        let parts = p
+            .steps()
+            .iter()
+            .find_map(|st| match st {
+                Step::MatMul(m) => match m.b {
+                    MatB::PackedParts(cs) => Some(cs),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no merged product: {}", p.op_summary()));
+        for c in parts {
+            let at = p.constants()[c].data.as_bytes().as_ptr();
+            assert!(
+                built.contains(&at),
+                "batch {batch} seq {seq}: part {c} was packed again"
+            );
+        }
+        let (b, n) = (batch as usize, seq as usize);
+        let ids = T::new(7, &[b, n], (0..b * n).map(|i| ((i * 7) % 50) as f64).collect());
+        let mask = T::new(
+            7,
+            &[b, n],
+            (0..b * n)
+                .map(|i| if i % n == n - 1 && n > 3 { 0.0 } else { 1.0 })
+                .collect(),
+        );
+        let mut fixed = d.g.clone();
+        for name in ["input_ids", "attention_mask"] {
+            fixed.values.get_mut(name).unwrap().dims = Some(vec![batch, seq]);
+        }
+        let named: HashMap<String, T> = [
+            ("input_ids".to_string(), ids.clone()),
+            ("attention_mask".to_string(), mask.clone()),
+        ]
+        .into();
+        let want = reference::run(&fixed, &d.consts, &named);
+        compare(&run_program(&p, &[ids, mask], &Serial), &want, 2e-5);
+    }
+}

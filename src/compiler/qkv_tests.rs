@@ -179,6 +179,8 @@ fn the_merged_program_packs_each_weight_once_and_reads_them_as_parts() {
         .filter(|s| matches!(s, crate::plan::Step::MatMul(m) if matches!(m.b, crate::plan::MatB::PackedParts(_))))
         .count();
     assert_eq!(parts, 1);
+    // Wq, Wk, Wv and the output projection's weight, each packed once.
+    assert_eq!(p.packed_constants(), 4);
 }
 
 #[test]
