@@ -67,21 +67,19 @@ fn qkv(v: &View<'_>, ai: usize, g: &mut Graph) -> Option<Rewrite> {
     let weights: Vec<ValueId> = products.iter().map(|(_, p)| p.inputs[1]).collect();
     let w_ty = v.g.ty(weights[0]);
     let n = w_ty.shape.get(usize::from(!mm.trans_b)).copied()?;
-    let fits = weights
-        .iter()
-        .all(|&w| v.g.constant(w).is_some() && v.g.ty(w) == w_ty && w_ty.shape.len() == 2);
+    let fits = w_ty.shape.len() == 2 && weights.iter().all(|&w| v.g.constant(w).is_some() && v.g.ty(w) == w_ty);
     if !fits || n == 0 || n % PANEL_MAX != 0 {
         return None;
     }
+    // The product's output: Q's type with three times its last dim.
+    let mut shape = v.g.ty(q).shape.clone();
+    *shape.last_mut()? *= 3;
     let mut inputs = vec![a];
     inputs.extend(&weights);
     if mm.bias == BiasKind::Row {
         let biases: Vec<ValueId> = products.iter().map(|(_, p)| p.inputs[2]).collect();
         inputs.push(concat_biases(v, g, &biases, &at.name)?);
     }
-    // The product's output: Q's type with three times its last dim.
-    let mut shape = v.g.ty(q).shape.clone();
-    *shape.last_mut()? *= 3;
     let packed = g.fresh_value(&format!("{}_qkv", at.name), TensorType::f32(&shape));
     let product = Node {
         name: format!("{}_qkv", at.name),

@@ -141,13 +141,12 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
             let n = matmul_parts_n(ins, m, d.n)?;
             let mut s = d.batch.clone();
             s.extend([d.m, n]);
-            let d = MatMulDims { n, ..d };
             let mut next = 1 + m.b_parts;
             match m.bias {
                 BiasKind::None => {}
                 BiasKind::Row => {
-                    if ins[next].numel() != d.n {
-                        return Err(format!("bias {} is not a row of {}", shape(&ins[next].shape), d.n));
+                    if ins[next].numel() != n {
+                        return Err(format!("bias {} is not a row of {n}", shape(&ins[next].shape)));
                     }
                     next += 1;
                 }

@@ -295,18 +295,11 @@ fn check<'a>(shape: &AttentionShape, qkv: Qkv<'a>, mask: Option<Mask<'_>>, dst: 
             if x.len() != 3 * shape.q_elems() {
                 return bad("packed Q, K and V", x.len(), 3 * shape.q_elems());
             }
-            if x.is_empty() {
-                return Ok(Rows {
-                    q: x,
-                    k: x,
-                    v: x,
-                    ld: 3 * width,
-                });
-            }
+            // Empty (no rows): K and V are empty too.
             Ok(Rows {
                 q: x,
-                k: &x[width..],
-                v: &x[2 * width..],
+                k: x.get(width..).unwrap_or_default(),
+                v: x.get(2 * width..).unwrap_or_default(),
                 ld: 3 * width,
             })
         }

@@ -1034,6 +1034,7 @@ fn matmul(
         return Err(cast_err());
     }
     let lda = if m.trans_a { mm } else { k };
+    let packed_b = |c: usize| packed.get(c).and_then(|p| p.as_deref()).ok_or_else(cast_err);
     let one = |i: usize, out: &mut [f32], par: &dyn Parallel| -> Result<()> {
         let [ao, bo] = m.batches[i];
         let a_i = a.get(ao..ao + mm * k).ok_or_else(cast_err)?;
@@ -1052,13 +1053,9 @@ fn matmul(
             residual: residual.map(|r| block_of(r, i, block)).transpose()?,
         };
         match (m.b, b) {
-            (MatB::Packed(c), _) => {
-                let pb = packed.get(c).and_then(|p| p.as_deref()).ok_or_else(cast_err)?;
-                gemm::gemm_packed(isa, mm, a_i, lda, pb, out, n, &epi, par)?;
-            }
+            (MatB::Packed(c), _) => gemm::gemm_packed(isa, mm, a_i, lda, packed_b(c)?, out, n, &epi, par)?,
             (MatB::PackedParts(cs), _) => {
-                let part = |c: usize| packed.get(c).and_then(|p| p.as_deref()).ok_or_else(cast_err);
-                let parts = [part(cs[0])?, part(cs[1])?, part(cs[2])?];
+                let parts = [packed_b(cs[0])?, packed_b(cs[1])?, packed_b(cs[2])?];
                 gemm::gemm_packed_parts(isa, mm, a_i, lda, &parts, out, n, &epi, par)?;
             }
             (MatB::Buf { trans_b, .. }, Some(b)) => {

@@ -225,17 +225,14 @@ fn matmul_fits(p: &Program, m: &super::MatMulStep, s: &[usize], d: usize) -> Res
             Some(s[1])
         }
         MatB::PackedParts(cs) => {
-            let parts: Vec<_> = cs.iter().map(|&c| p.packed.get(c).and_then(|x| x.as_ref())).collect();
-            // All of one K, summing to N; all but the last of the first's
-            // width in whole panels (`kernels::gemm::gemm_packed_parts`).
-            let first_n = parts[0].map_or(0, |pb| pb.n());
-            let inner_ok = parts[..2]
-                .iter()
-                .flatten()
-                .all(|pb| pb.n() == first_n && pb.n() > 0 && pb.n().is_multiple_of(pb.nr()));
-            let fits = parts.iter().all(|pb| pb.is_some_and(|pb| pb.k() == m.k))
-                && inner_ok
-                && parts.iter().flatten().map(|pb| pb.n()).sum::<usize>() == m.n;
+            let parts: Option<Vec<&crate::kernels::gemm::PackedB>> =
+                cs.iter().map(|&c| p.packed.get(c).and_then(|x| x.as_deref())).collect();
+            // As the kernel reads them, of the product's K, summing to its N.
+            let fits = parts.is_some_and(|parts| {
+                crate::kernels::gemm::parts_fit(&parts)
+                    && parts[0].k() == m.k
+                    && parts.iter().map(|pb| pb.n()).sum::<usize>() == m.n
+            });
             if !fits || m.trans_a {
                 crate::bail!(
                     InvalidGraph,

@@ -425,30 +425,36 @@ pub fn gemm_packed_parts(
     Ok(())
 }
 
-/// The panels of `parts` as one B, after checking that they fit together:
-/// packed for `isa`'s target, one K, and whole panels in all but the last.
-fn parts_panels<'a>(isa: Isa, parts: &[&'a PackedB]) -> Result<BPanels<'a>> {
+/// Whether `parts` can be read as one B side by side: one to three of
+/// them, packed for one target with one K, all but the last whole panels
+/// of the first's width. (Checked at run time and when a program loads.)
+pub fn parts_fit(parts: &[&PackedB]) -> bool {
     let Some((first, _)) = parts.split_first() else {
-        return Err(size_error(format_args!("a product without B")));
+        return false;
     };
-    if parts.len() > driver::MAX_PARTS {
-        return Err(size_error(format_args!("B in {} parts", parts.len())));
+    let inner_ok = |p: &PackedB| p.n == first.n && p.n > 0 && p.n.is_multiple_of(p.nr);
+    parts.len() <= driver::MAX_PARTS
+        && parts.iter().all(|p| p.target == first.target && p.k == first.k)
+        && parts[..parts.len() - 1].iter().all(|p| inner_ok(p))
+}
+
+/// The panels of `parts` as one B, after checking that they fit together
+/// ([`parts_fit`]) and were packed for `isa`'s target.
+fn parts_panels<'a>(isa: Isa, parts: &[&'a PackedB]) -> Result<BPanels<'a>> {
+    if !parts_fit(parts) {
+        let shapes: Vec<String> = parts.iter().map(|p| format!("{} x {}", p.k, p.n)).collect();
+        return Err(size_error(format_args!(
+            "B's parts [{}] do not fit together",
+            shapes.join(", ")
+        )));
     }
-    for (i, p) in parts.iter().enumerate() {
-        if p.target != isa.target() {
-            return Err(size_error(format_args!(
-                "B was packed for {} but the kernel runs for {}",
-                p.target,
-                isa.target()
-            )));
-        }
-        let inner = i + 1 < parts.len();
-        if p.k != first.k || (inner && (p.n != first.n || p.n == 0 || p.n % p.nr != 0)) {
-            return Err(size_error(format_args!(
-                "B's parts do not fit together ({} x {} after {} x {})",
-                p.k, p.n, first.k, first.n
-            )));
-        }
+    let first = parts[0];
+    if first.target != isa.target() {
+        return Err(size_error(format_args!(
+            "B was packed for {} but the kernel runs for {}",
+            first.target,
+            isa.target()
+        )));
     }
     let mut panels = BPanels::one(first.data.as_slice(), first.nr, 0, 0, first.k);
     if parts.len() > 1 {
