@@ -19,6 +19,8 @@ Families:
   ``LayerNormalization`` as the op or decomposed
   (``ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add``), and GELU as the
   ``Gelu`` op, erf-decomposed or tanh-decomposed.
+* :func:`bert_embeddings` — an HF BERT export's embedding layer (word,
+  token-type and position gathers, adds, LayerNorm).
 * :mod:`fusion <models_lib>` patterns — :func:`fusion_cases`: every pattern
   kiln's compiler fuses, exactly, and near misses that must not be fused.
 
@@ -531,6 +533,98 @@ def _sdpa_mask(b: Builder, m: str, x: str) -> str:
     pad = b.op("Cast", [inv], name="sdpa_mask/Cast_1", to=TensorProto.BOOL)
     return b.op("Where", [pad, b.const(np.array(np.finfo(np.float32).min, dtype=np.float32)), inv],
                 name="sdpa_mask/Where")
+
+
+def bert_embeddings(token_types: Optional[str], ln: str = "op", dynamic: bool = True, batch: int = 2,
+                    seq: int = 8, sum_escapes: bool = False, project: bool = True, hidden: int = 64,
+                    vocab: int = 100, max_pos: int = 512, seed: int = 0) -> onnx.ModelProto:
+    """An HF BERT export's embedding layer as torch.onnx writes it (issue #14):
+    ``input_ids`` [batch, sequence] gathered from the word table; position ids
+    sliced from the ``position_ids`` buffer to the sequence length (``Shape ->
+    Gather -> Unsqueeze -> Slice``) and gathered; token types (``token_types``)
+    a ``token_type_ids`` input ("input"), HF's buffered zeros sliced and
+    ``Expand``-ed to the ids' shape ("buffer") or absent (None, DistilBERT); the
+    terms added in the exporter's order, then ``LayerNormalization`` (``ln``
+    "op") or its decomposed form, and (``project``) a first ``MatMul``.
+    Output ``hidden``; ``sum_escapes`` also outputs the sum as ``embeddings_sum``.
+    ``dynamic``: batch and sequence are symbols."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def const(name, arr):
+        inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def op(kind, ins, name, **attrs):
+        nodes.append(helper.make_node(kind, ins, [name], name=name, **attrs))
+        return name
+
+    def table(name, rows):
+        return const(name, rng.standard_normal((rows, hidden)).astype(np.float32) * 0.5)
+
+    bdim, sdim = ("batch", "sequence") if dynamic else (batch, seq)
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [bdim, sdim])]
+    word = op("Gather", [table("word_embeddings", vocab), "input_ids"], "word/Gather")
+    shape = op("Shape", ["input_ids"], "Shape")
+    seq_len = op("Gather", [shape, const("one", np.array(1, np.int64))], "Shape/Gather_1")
+    seq_end = op("Unsqueeze", [seq_len, const("axes0", np.array([0], np.int64))], "Unsqueeze")
+    zero, axis1 = const("zero", np.array([0], np.int64)), const("axis1", np.array([1], np.int64))
+    x = word
+    if token_types == "input":
+        inputs.append(helper.make_tensor_value_info("token_type_ids", TensorProto.INT64, [bdim, sdim]))
+        types = "token_type_ids"
+    elif token_types == "buffer":
+        buffered = const("buffered_token_type_ids", np.zeros((1, max_pos), np.int64))
+        types = op("Slice", [buffered, zero, seq_end, axis1], "token_type/Slice")
+        types = op("Expand", [types, shape], "token_type/Expand")
+    if token_types is not None:
+        seg = op("Gather", [table("token_type_embeddings", 2), types], "token_type/Gather")
+        x = op("Add", [x, seg], "embeddings/Add")
+    pos_ids = const("position_ids", np.arange(max_pos, dtype=np.int64)[None, :])
+    pos_ids = op("Slice", [pos_ids, zero, seq_end, axis1], "position/Slice")
+    pos = op("Gather", [table("position_embeddings", max_pos), pos_ids], "position/Gather")
+    x = op("Add", [x, pos], "embeddings/Add_1")
+    gamma = const("ln_weight", (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+    beta = const("ln_bias", (0.1 * rng.standard_normal(hidden)).astype(np.float32))
+    if ln == "op":
+        y = op("LayerNormalization", [x, gamma, beta], "LayerNorm", axis=-1, epsilon=1e-12)
+    else:
+        mu = op("ReduceMean", [x], "ln/ReduceMean", axes=[-1])
+        d = op("Sub", [x, mu], "ln/Sub")
+        var = op("ReduceMean", [op("Pow", [d, const("two", np.float32(2.0))], "ln/Pow")], "ln/ReduceMean_1",
+                 axes=[-1])
+        sd = op("Sqrt", [op("Add", [var, const("eps", np.float32(1e-12))], "ln/Add")], "ln/Sqrt")
+        y = op("Add", [op("Mul", [op("Div", [d, sd], "ln/Div"), gamma], "ln/Mul"), beta], "ln/Add_1")
+    if project:
+        w = const("query_weight", rng.standard_normal((hidden, hidden)).astype(np.float32) * 0.1)
+        y = op("MatMul", [y, w], "query/MatMul")
+    nodes.append(helper.make_node("Identity", [y], ["hidden"], name="hidden"))
+    outputs = [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [bdim, sdim, hidden])]
+    if sum_escapes:
+        nodes.append(helper.make_node("Identity", [x], ["embeddings_sum"], name="embeddings_sum"))
+        outputs.append(helper.make_tensor_value_info("embeddings_sum", TensorProto.FLOAT, [bdim, sdim, hidden]))
+    graph = helper.make_graph(nodes, "bert_embeddings", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+
+def bert_embeddings_feeds(model: onnx.ModelProto, batch: int, seq: int, seed: int, vocab: int = 100,
+                          bad_id: Optional[int] = None) -> Dict[str, np.ndarray]:
+    """Ids for :func:`bert_embeddings` (one negative: ``Gather`` counts it from the
+    end; ``bad_id`` last), and token types when the model takes them."""
+    rng = np.random.default_rng(100 + seed)
+    ids = rng.integers(0, vocab, (batch, seq), dtype=np.int64)
+    ids[0, 0] = -1  # Gather counts a negative index from the end
+    if bad_id is not None:
+        ids[-1, -1] = bad_id
+    f = {"input_ids": ids}
+    if any(i.name == "token_type_ids" for i in model.graph.input):
+        f["token_type_ids"] = (rng.random((batch, seq)) < 0.4).astype(np.int64)
+    return f
+
 
 
 # --------------------------------------------------------------------------

@@ -13,8 +13,8 @@ use super::generic::PackedWeights;
 use super::memplan::{plan_arena, Lifetime};
 use crate::error::{Error, Result};
 use crate::ir::{
-    matmul_dims, AttentionAttrs, BiasKind, ConvAttrs, ConvTransposeAttrs, DType, Graph, MatMulAttrs, Node, Op,
-    RnnAttrs, ValueId,
+    matmul_dims, AttentionAttrs, BiasKind, ConvAttrs, ConvTransposeAttrs, DType, EmbedAttrs, EmbedTerm, Graph,
+    MatMulAttrs, Node, Op, RnnAttrs, ValueId,
 };
 use crate::kernels::channel_norm::GroupNormDims;
 use crate::kernels::conv;
@@ -26,8 +26,9 @@ use crate::kernels::recurrent::RnnDims;
 use crate::kernels::select::Lanes;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
-    AttentionShape, AttentionStep, BufRef, Constant, ConvStep, ConvTransposeStep, ConvWeightsRef, IndexStep, MatB,
-    MatBias, MatMulStep, NormStep, Packing, PoolStep, Program, ProgramParts, RnnStep, Step, TensorSpec, Weight,
+    AttentionShape, AttentionStep, BufRef, Constant, ConvStep, ConvTransposeStep, ConvWeightsRef, EmbedSrc, EmbedStep,
+    EmbedTermStep, IndexStep, MatB, MatBias, MatMulStep, NormStep, Packing, PoolStep, Program, ProgramParts, RnnStep,
+    Step, TensorSpec, Weight,
 };
 use crate::target::Target;
 
@@ -352,6 +353,7 @@ impl Lowering<'_> {
             }
             Op::ConvTranspose(attrs) => self.conv_transpose(attrs, ins, dst)?,
             Op::Attention(attrs) => self.attention(attrs, ins, dst)?,
+            Op::EmbedLayerNorm(attrs) => self.embed(attrs, ins, out, dst)?,
             Op::Reshape => return Err(internal("an alias reached lowering")),
             Op::Shape { .. } => return Err(internal("Shape was not folded")),
         };
@@ -730,6 +732,50 @@ impl Lowering<'_> {
     /// B (`[ci / groups, kh · kw · co / groups]`, tap-major columns).
     /// Fused attention: Q, K, V read in place; the mask's strides over
     /// `[batch, heads, q_len]` (0 along its broadcast dims).
+    /// Each term's row strides over the output's leading dims: its row shape
+    /// (a gathered term's indices, an added term's dims but the last)
+    /// broadcast to them.
+    fn embed(&mut self, attrs: &EmbedAttrs, ins: &[ValueId], out: ValueId, dst: BufRef) -> Result<Step> {
+        let shape = self.shape(out);
+        let (lead, width) = match shape.split_last() {
+            Some((&w, lead)) => (lead.to_vec(), w),
+            None => return Err(internal("an embedding layer norm of a scalar")),
+        };
+        let (norm, mut rest) = ins.split_at(attrs.norm_inputs());
+        let mut terms = Vec::with_capacity(attrs.terms.len());
+        for term in &attrs.terms {
+            let (now, later) = rest.split_at(term.inputs());
+            rest = later;
+            let (src, rows) = match term {
+                EmbedTerm::Gathered => (
+                    EmbedSrc::Gathered {
+                        table: self.buf(now[0])?,
+                        indices: self.buf(now[1])?,
+                        idx_dtype: self.dtype(now[1]),
+                    },
+                    self.shape(now[1]).to_vec(),
+                ),
+                EmbedTerm::Added => {
+                    let s = self.shape(now[0]);
+                    let rows = s[..s.len().saturating_sub(1)].to_vec();
+                    (EmbedSrc::Added(self.buf(now[0])?), rows)
+                }
+            };
+            let strides = broadcast_strides(&rows, &lead);
+            terms.push(EmbedTermStep { src, strides });
+        }
+        Ok(Step::EmbedLayerNorm(Box::new(EmbedStep {
+            lead,
+            width,
+            epsilon: attrs.epsilon,
+            decomposed: attrs.decomposed,
+            scale: self.buf(norm[0])?,
+            bias: norm.get(1).map(|&b| self.buf(b)).transpose()?,
+            terms,
+            dst,
+        })))
+    }
+
     fn attention(&mut self, attrs: &AttentionAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
         let n = attrs.qkv_inputs();
         let (qs, ks) = (self.shape(ins[0]).to_vec(), self.shape(ins[n - 1]).to_vec());

@@ -10,7 +10,8 @@
 //! 5. [`epilogue`] — fuse scale, bias, activation and residual into GEMMs;
 //!    [`conv_fusion`] — per-channel scale/shift, activation and residual
 //!    into convolutions; then (with `patterns`) [`attention`] — multi-head
-//!    attention into one fused op.
+//!    attention into one fused op, [`qkv`] — its Q, K and V projections
+//!    into one product, and [`embed`] — embeddings + LayerNorm into one op.
 //! 6. [`dce`] — drop nodes whose results reach no graph output.
 //! 7. [`alias`] — layout-only ops become buffer aliases.
 //! 8. [`lower`] — pick kernels and layouts, pack constant GEMM weights for
@@ -25,6 +26,8 @@ mod attention;
 mod conv_affine;
 mod conv_fusion;
 mod dce;
+// Embeddings + LayerNorm (issue #14).
+mod embed;
 mod epilogue;
 mod fold;
 pub mod generic;
@@ -123,6 +126,7 @@ pub fn optimise(graph: &Graph, passes: Passes) -> Result<Graph> {
         attention::fuse(&mut g);
         // After the attention fusion, which names Q, K and V.
         qkv::fuse(&mut g);
+        embed::fuse(&mut g);
     }
     dce::remove_dead(&mut g);
     if cfg!(debug_assertions) {
@@ -148,3 +152,6 @@ mod attention_tests;
 
 #[cfg(test)]
 mod qkv_tests;
+
+#[cfg(test)]
+mod embed_tests;

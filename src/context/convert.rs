@@ -9,8 +9,8 @@ use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDims, RnnDirection, R
 use crate::kernels::spatial::{Axis, Window};
 use crate::kernels::{BinaryOp, CopyPlan, Layout, ReduceKind, Strided, UnaryOp, Where3};
 use crate::plan::{
-    AttentionShape, AttentionStep, BufRef, Constant, ConvStep, ConvTransposeStep, ConvWeightsRef, MatB, MatBias,
-    MatMulStep, Program, ProgramParts, RnnStep, Step, TensorSpec,
+    AttentionShape, AttentionStep, BufRef, Constant, ConvStep, ConvTransposeStep, ConvWeightsRef, EmbedSrc, EmbedStep,
+    EmbedTermStep, MatB, MatBias, MatMulStep, Program, ProgramParts, RnnStep, Step, TensorSpec,
 };
 use crate::target::Target;
 
@@ -233,6 +233,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
         Step::Norm(x) => super::convert_norm::norm_info(x),
         Step::ConvTranspose(c) => K::ConvTranspose(conv_transpose_info(c)),
         Step::Attention(a) => K::Attention(attention_info(a)),
+        Step::EmbedLayerNorm(e) => K::EmbedLayerNorm(embed_info(e)),
     };
     proto::StepInfo { kind: Some(kind) }
 }
@@ -370,6 +371,64 @@ fn attention(a: &proto::AttentionStep) -> Result<AttentionStep> {
         mask: a.mask.as_ref().map(|m| buf_ref(&Some(m.clone()))).transpose()?,
         mask_strides,
         dst: buf_ref(&a.dst)?,
+    })
+}
+
+// Embeddings + LayerNorm (issue #14).
+fn embed_info(e: &EmbedStep) -> proto::EmbedLayerNormStep {
+    let term = |t: &EmbedTermStep| {
+        let (src, table, idx_dtype) = match t.src {
+            EmbedSrc::Gathered {
+                table,
+                indices,
+                idx_dtype,
+            } => (indices, Some(buf(table)), idx_dtype.onnx_code()),
+            EmbedSrc::Added(b) => (b, None, 0),
+        };
+        proto::EmbedTermInfo {
+            src: Some(buf(src)),
+            table,
+            idx_dtype,
+            strides: dims(&t.strides),
+        }
+    };
+    proto::EmbedLayerNormStep {
+        lead: dims(&e.lead),
+        width: e.width as u64,
+        epsilon: e.epsilon,
+        decomposed: e.decomposed,
+        scale: Some(buf(e.scale)),
+        bias: e.bias.map(buf),
+        terms: e.terms.iter().map(term).collect(),
+        dst: Some(buf(e.dst)),
+    }
+}
+
+fn embed(e: &proto::EmbedLayerNormStep) -> Result<EmbedStep> {
+    let term = |t: &proto::EmbedTermInfo| -> Result<EmbedTermStep> {
+        let src = buf_ref(&t.src)?;
+        let src = match &t.table {
+            Some(table) => EmbedSrc::Gathered {
+                table: buf_ref(&Some(table.clone()))?,
+                indices: src,
+                idx_dtype: dtype(t.idx_dtype)?,
+            },
+            None => EmbedSrc::Added(src),
+        };
+        Ok(EmbedTermStep {
+            src,
+            strides: shape(&t.strides)?,
+        })
+    };
+    Ok(EmbedStep {
+        lead: shape(&e.lead)?,
+        width: usize_of(e.width, "row width")?,
+        epsilon: e.epsilon,
+        decomposed: e.decomposed,
+        scale: buf_ref(&e.scale)?,
+        bias: e.bias.as_ref().map(|b| buf_ref(&Some(b.clone()))).transpose()?,
+        terms: e.terms.iter().map(term).collect::<Result<_>>()?,
+        dst: buf_ref(&e.dst)?,
     })
 }
 
@@ -765,6 +824,7 @@ fn step(s: &proto::StepInfo) -> Result<Step> {
         K::Conv(c) => Step::Conv(Box::new(conv(c)?)),
         K::ConvTranspose(c) => Step::ConvTranspose(Box::new(conv_transpose(c)?)),
         K::Attention(a) => Step::Attention(Box::new(attention(a)?)),
+        K::EmbedLayerNorm(e) => Step::EmbedLayerNorm(Box::new(embed(e)?)),
     })
 }
 

@@ -261,7 +261,7 @@ pub struct OpCount {
 pub struct StepInfo {
     #[prost(
         oneof = "step_info::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50, 65, 66, 75, 76, 77, 78, 55, 85"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50, 65, 66, 75, 76, 77, 78, 55, 85, 86"
     )]
     pub kind: Option<step_info::Kind>,
 }
@@ -328,7 +328,51 @@ pub mod step_info {
         // Fused attention (issue #14, format 4): tags 85-89.
         #[prost(message, tag = "85")]
         Attention(super::AttentionStep),
+        // Embeddings + LayerNorm (issue #14, format 7).
+        #[prost(message, tag = "86")]
+        EmbedLayerNorm(super::EmbedLayerNormStep),
     }
+}
+
+/// Embeddings summed and layer-normalised (`plan::EmbedStep`, format 7).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct EmbedLayerNormStep {
+    /// The output's dims but the last.
+    #[prost(uint64, repeated, tag = "1")]
+    pub lead: Vec<u64>,
+    #[prost(uint64, tag = "2")]
+    pub width: u64,
+    #[prost(float, tag = "3")]
+    pub epsilon: f32,
+    #[prost(bool, tag = "4")]
+    pub decomposed: bool,
+    #[prost(message, optional, tag = "5")]
+    pub scale: Option<BufInfo>,
+    /// Absent: no bias.
+    #[prost(message, optional, tag = "6")]
+    pub bias: Option<BufInfo>,
+    /// In the order they are added.
+    #[prost(message, repeated, tag = "7")]
+    pub terms: Vec<EmbedTermInfo>,
+    #[prost(message, optional, tag = "8")]
+    pub dst: Option<BufInfo>,
+}
+
+/// One summand of an [`EmbedLayerNormStep`]: a table's rows at indices
+/// (`table` present), or an added value's rows (`src` alone).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct EmbedTermInfo {
+    /// The indices, or the added value.
+    #[prost(message, optional, tag = "1")]
+    pub src: Option<BufInfo>,
+    #[prost(message, optional, tag = "2")]
+    pub table: Option<BufInfo>,
+    /// The indices' element type (ONNX code); 0 for an added value.
+    #[prost(int32, tag = "3")]
+    pub idx_dtype: i32,
+    /// Per dim of `lead`, the step between rows (0: broadcast).
+    #[prost(uint64, repeated, tag = "4")]
+    pub strides: Vec<u64>,
 }
 
 /// Fused multi-head attention (`plan::AttentionStep`).

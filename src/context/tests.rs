@@ -1132,3 +1132,53 @@ fn attention_steps_round_trip_and_bad_ones_are_refused() {
     });
     refused(&ffn, "do not fit");
 }
+
+// Embeddings + LayerNorm (issue #14, format 7).
+#[test]
+fn embed_layer_norm_steps_round_trip_and_bad_ones_are_refused() {
+    use crate::ir::tests::{bert_layer, Bert};
+    use crate::plan::Step;
+    let d = bert_layer(Bert {
+        mask: false,
+        fused_layernorm: true,
+    });
+    let p = compile(&crate::compiler::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap();
+    assert!(
+        p.steps().iter().any(|s| matches!(s, Step::EmbedLayerNorm(_))),
+        "{}",
+        p.op_summary()
+    );
+    let mut b = ContextBuilder::new(Target::Generic);
+    b.add_graph("bert", &p).unwrap();
+    let bytes = b.to_bytes().unwrap();
+    let ctx = ContextBinary::parse(storage(&bytes)).unwrap();
+    assert_eq!(ctx.program("bert").unwrap().unwrap().steps(), p.steps());
+    let with_embed = |f: &dyn Fn(&mut proto::EmbedLayerNormStep)| {
+        tamper(&bytes, |m| {
+            let steps = &mut m.graphs[0].program.as_mut().unwrap().steps;
+            for s in steps.iter_mut() {
+                if let Some(proto::step_info::Kind::EmbedLayerNorm(e)) = s.kind.as_mut() {
+                    f(e);
+                }
+            }
+        })
+    };
+    // A stride reaching past its term, a stride list of the wrong rank, no
+    // terms, float indices, a wider row than the scale, a lost table.
+    refused(&with_embed(&|e| e.terms[1].strides[0] = 1 << 40), "do not allow");
+    refused(
+        &with_embed(&|e| e.terms[0].strides.pop().map(drop).unwrap_or(())),
+        "do not allow",
+    );
+    refused(&with_embed(&|e| e.terms.clear()), "do not allow");
+    refused(
+        &with_embed(&|e| {
+            for t in e.terms.iter_mut().filter(|t| t.table.is_some()) {
+                t.idx_dtype = 1;
+            }
+        }),
+        "holds int64, as float",
+    );
+    refused(&with_embed(&|e| e.width += 1), "do not allow");
+    refused(&with_embed(&|e| e.terms[0].src = None), "missing");
+}

@@ -2,7 +2,10 @@
 //! produces. `Graph::validate` checks each node with [`check`]; `import`
 //! and the passes compute output types with [`infer`].
 
-use super::{broadcast_shapes, BiasKind, DType, MatMulAttrs, Op, ScatterReduction, ShapeDisplay, TensorType};
+use super::{
+    broadcast_shapes, BiasKind, DType, EmbedAttrs, EmbedTerm, MatMulAttrs, Op, ScatterReduction, ShapeDisplay,
+    TensorType,
+};
 
 type Why = String;
 
@@ -84,6 +87,7 @@ fn arity(op: &Op, ins: usize, outs: usize) -> Result<(), Why> {
         Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => (&[1], 1),
         Op::ConvTranspose(c) => return exact(op, ins, 2 + usize::from(c.bias), outs, 1),
         Op::Attention(a) => return exact(op, ins, a.qkv_inputs() + usize::from(a.mask), outs, 1),
+        Op::EmbedLayerNorm(e) => return exact(op, ins, e.num_inputs(), outs, 1),
         Op::Concat { .. } => {
             if ins == 0 {
                 return Err("Concat needs at least one input".into());
@@ -326,8 +330,64 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
         Op::GroupNorm { .. } | Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => infer_norm(op, ins)?,
         Op::ConvTranspose(c) => infer_conv_transpose(c, ins)?,
         Op::Attention(a) => infer_attention(a, ins)?,
+        Op::EmbedLayerNorm(e) => infer_embed(e, ins)?,
     };
     Ok(vec![out])
+}
+
+/// The broadcast of the terms' shapes (a gathered term's: its indices' shape
+/// and the table's width), each of whose last dim is the scale's length.
+fn infer_embed(e: &EmbedAttrs, ins: &[&TensorType]) -> Result<TensorType, Why> {
+    if e.terms.is_empty() {
+        return Err("EmbedLayerNorm needs a term".into());
+    }
+    let (norm, mut rest) = ins.split_at(e.norm_inputs());
+    for (i, t) in norm.iter().enumerate() {
+        expect_dtype(if i == 0 { "the scale" } else { "the bias" }, t, &[DType::F32])?;
+    }
+    let width = norm[0].numel();
+    if norm.iter().any(|t| t.shape.len() != 1 || t.numel() != width) {
+        return Err(format!(
+            "scale/bias {} are not one row of one length",
+            shape(&norm[0].shape)
+        ));
+    }
+    let mut out: Option<Vec<usize>> = None;
+    for (k, term) in e.terms.iter().enumerate() {
+        let (now, later) = rest.split_at(term.inputs());
+        rest = later;
+        let s = match term {
+            EmbedTerm::Gathered => {
+                let (table, idx) = (now[0], now[1]);
+                expect_dtype(&format!("term {k}'s table"), table, &[DType::F32])?;
+                expect_dtype(&format!("term {k}'s indices"), idx, &[DType::I64, DType::I32])?;
+                if table.shape.len() != 2 {
+                    return Err(format!("term {k}'s table {} is not 2-D", shape(&table.shape)));
+                }
+                let mut s = idx.shape.clone();
+                s.push(table.shape[1]);
+                s
+            }
+            EmbedTerm::Added => {
+                expect_dtype(&format!("term {k}"), now[0], &[DType::F32])?;
+                now[0].shape.clone()
+            }
+        };
+        if s.last() != Some(&width) {
+            return Err(format!(
+                "term {k} {} does not end in the scale's length {width}",
+                shape(&s)
+            ));
+        }
+        out = match out {
+            None => Some(s),
+            Some(o) => Some(
+                broadcast_shapes(&o, &s)
+                    .ok_or_else(|| format!("term {k} {} does not broadcast to {}", shape(&s), shape(&o)))?,
+            ),
+        };
+    }
+    Ok(TensorType::f32(&out.unwrap_or_default()))
 }
 
 /// N of a product whose B is `m.b_parts` constants side by side (`n` for

@@ -360,6 +360,54 @@ pub enum Op {
     /// With `packed_qkv` (`compiler::qkv`) the first input is instead one
     /// `[B, S, 3·H·D]` value, Q, K and V side by side in each row.
     Attention(AttentionAttrs),
+    /// Embeddings summed and layer-normalised (issue #14, `compiler::embed`):
+    /// inputs `scale [W]`, `bias [W]` when `bias`, then per term a table
+    /// `[V, W]` and its indices (int64/int32) for [`EmbedTerm::Gathered`],
+    /// or one f32 value whose last dim is `W` for [`EmbedTerm::Added`].
+    /// Terms broadcast to the output like `Add`s; the output is
+    /// `LayerNorm(((t0 + t1) + t2) …)` over its last axis, `W`.
+    EmbedLayerNorm(EmbedAttrs),
+}
+
+/// See [`Op::EmbedLayerNorm`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmbedAttrs {
+    pub epsilon: f32,
+    /// As `Op::LayerNorm`'s: the decomposed ops' statistics.
+    pub decomposed: bool,
+    pub bias: bool,
+    /// In the order they are added.
+    pub terms: Vec<EmbedTerm>,
+}
+
+/// One summand of [`Op::EmbedLayerNorm`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmbedTerm {
+    /// Rows of a table picked by indices (a `Gather` on axis 0).
+    Gathered,
+    /// A value added as it is.
+    Added,
+}
+
+impl EmbedTerm {
+    /// Inputs the term takes.
+    pub fn inputs(self) -> usize {
+        match self {
+            EmbedTerm::Gathered => 2,
+            EmbedTerm::Added => 1,
+        }
+    }
+}
+
+impl EmbedAttrs {
+    /// Inputs before the terms': scale and the optional bias.
+    pub fn norm_inputs(&self) -> usize {
+        1 + usize::from(self.bias)
+    }
+
+    pub fn num_inputs(&self) -> usize {
+        self.norm_inputs() + self.terms.iter().map(|t| t.inputs()).sum::<usize>()
+    }
 }
 
 /// See [`Op::Attention`].
@@ -446,6 +494,7 @@ impl Op {
                 let packed = if a.packed_qkv { "(QKV)" } else { "" };
                 format!("Attention{packed}{}", if a.mask { "+Mask" } else { "" })
             }
+            Op::EmbedLayerNorm(e) => format!("EmbedLayerNormalization({} terms)", e.terms.len()),
         }
     }
 

@@ -19,7 +19,9 @@ pub mod conv;
 pub mod conv_direct;
 pub mod conv_transpose;
 pub mod depthwise;
+// Embeddings + LayerNorm (issue #14).
 mod elementwise;
+pub mod embed;
 pub mod gemm;
 pub mod half;
 pub mod index;
@@ -481,6 +483,7 @@ isa_kernels! {
     // build ran SiLU at a third of a convolution's speed.
     fn activate_isa(act: gemm::Activation, row: &mut [f32]) => gemm::activate_with::<Madd>;
     fn softmax_isa(len: usize, inner: usize, shift: bool, src: &[f32], dst: &mut [f32]) => norm::softmax::<Madd>;
+    fn embed_rows_isa(shape: &embed::EmbedShape<'_>, terms: &[embed::Term<'_>], scale: &[f32], bias: Option<&[f32]>, first: usize, dst: &mut [f32]) => embed::embed_rows;
     fn layer_norm_isa(len: usize, epsilon: f32, decomposed: bool, src: &[f32], scale: &[f32], bias: Option<&[f32]>, dst: &mut [f32]) => norm::layer_norm;
     fn reduce_isa(kind: ReduceKind, len: usize, inner: usize, src: &[f32], dst: &mut [f32]) => norm::reduce;
     fn rnn_gate_isa(f: recurrent::RnnActivation, clip: Option<f32>, x: &mut [f32]) => recurrent::gate;
@@ -752,6 +755,35 @@ pub fn layer_norm(
             )
         });
     }
+    Ok(())
+}
+
+/// Embedding rows summed and layer-normalised (see [`embed`]): `dst` is
+/// `[lead.., width]`.
+pub fn embed_layer_norm(
+    isa: Isa,
+    shape: &embed::EmbedShape<'_>,
+    terms: &[embed::Term<'_>],
+    scale: &[f32],
+    bias: Option<&[f32]>,
+    dst: &mut [f32],
+    par: &dyn Parallel,
+) -> Result<()> {
+    let rows = shape.rows();
+    if rows.checked_mul(shape.width) != Some(dst.len()) {
+        return Err(length_error(format_args!(
+            "embedding layer norm of {rows} rows of {} into {}",
+            shape.width,
+            dst.len()
+        )));
+    }
+    embed::check(shape, terms, scale, bias)?;
+    if shape.width == 0 {
+        return Ok(());
+    }
+    par_rows(par, rows, shape.width, dst, &|r, d| {
+        embed_rows_isa(isa, shape, terms, scale, bias, r.start, d)
+    });
     Ok(())
 }
 

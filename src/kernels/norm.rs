@@ -225,18 +225,23 @@ pub(super) fn softmax<F: MulAdd>(len: usize, inner: usize, shift: bool, src: &[f
     }
 }
 
-/// Rows shorter than this get ORT's short-row statistics (see [`row_stats`]).
+/// Rows shorter than this get ORT's short-row statistics (see [`row_mean`]).
 const LN_SHORT_ROW: usize = 8;
 
-/// The variance of one row as ORT 1.31's CPU EP computes it for
-/// `LayerNormalization` (measured against it, see `python/tests/test_nonfinite.py`);
-/// `dev` receives `x - mean`. Rows of 8 or more take the mean from an f64 sum
-/// (so a row of 1e38 has mean 1e38, not inf) and the variance as the f32 mean of
-/// squared deviations; shorter rows use Welford's running update in f32. Both
+/// The mean of one row, and its variance where the rule computes it along
+/// the way. `decomposed`: the decomposed ops' statistics (an f32 sum divided
+/// by the length). Otherwise as ORT 1.31's CPU EP computes them for
+/// `LayerNormalization` (measured against it, see `python/tests/test_nonfinite.py`):
+/// rows of 8 or more take the mean from an f64 sum (so a row of 1e38 has
+/// mean 1e38, not inf), and their variance is then the f32 mean of squared
+/// deviations; shorter rows use Welford's running update in f32. Both
 /// overflow (to NaN, or to an infinite variance and outputs of 0) where ORT's do.
 #[inline(always)]
-fn row_stats(s: &[f32], dev: &mut [f32]) -> f32 {
+fn row_mean(s: &[f32], decomposed: bool) -> (f32, Option<f32>) {
     let n = s.len() as f32;
+    if decomposed {
+        return (sum(s) / n, None);
+    }
     if s.len() < LN_SHORT_ROW {
         let (mut mean, mut m2) = (0f32, 0f32);
         for (k, &x) in s.iter().enumerate() {
@@ -244,16 +249,29 @@ fn row_stats(s: &[f32], dev: &mut [f32]) -> f32 {
             mean += d / (k + 1) as f32;
             m2 += d * (x - mean);
         }
-        for (o, &x) in dev.iter_mut().zip(s) {
-            *o = x - mean;
+        return (mean, Some(m2 / n));
+    }
+    ((sum_f64(s) / s.len() as f64) as f32, None)
+}
+
+/// `dev = (x - mean) / sqrt(var + eps) * scale + bias` in place, with `var`
+/// the mean of `dev`'s squares unless the statistics gave it.
+#[inline(always)]
+fn normalise(dev: &mut [f32], var: Option<f32>, epsilon: f32, scale: &[f32], bias: Option<&[f32]>) {
+    let var = var.unwrap_or_else(|| sum_squares(dev) / dev.len() as f32);
+    let rstd = 1.0 / (var + epsilon).sqrt();
+    match bias {
+        Some(b) => {
+            for ((o, &g), &b) in dev.iter_mut().zip(scale).zip(b) {
+                *o = *o * rstd * g + b;
+            }
         }
-        return m2 / n;
+        None => {
+            for (o, &g) in dev.iter_mut().zip(scale) {
+                *o = *o * rstd * g;
+            }
+        }
     }
-    let mean = (sum_f64(s) / s.len() as f64) as f32;
-    for (o, &x) in dev.iter_mut().zip(s) {
-        *o = x - mean;
-    }
-    sum_squares(dev) / n
 }
 
 /// Layer normalisation of rows of `len`: `(x - mean) / sqrt(var + eps) * scale + bias`.
@@ -275,31 +293,24 @@ pub(super) fn layer_norm(
     if len == 0 {
         return;
     }
-    let n = len as f32;
     for (s, d) in src.chunks_exact(len).zip(dst.chunks_exact_mut(len)) {
-        let var = if decomposed {
-            let mean = sum(s) / n;
-            for (o, &x) in d.iter_mut().zip(s) {
-                *o = x - mean;
-            }
-            sum_squares(d) / n
-        } else {
-            row_stats(s, d)
-        };
-        let rstd = 1.0 / (var + epsilon).sqrt();
-        match bias {
-            Some(b) => {
-                for ((o, &g), &b) in d.iter_mut().zip(scale).zip(b) {
-                    *o = *o * rstd * g + b;
-                }
-            }
-            None => {
-                for (o, &g) in d.iter_mut().zip(scale) {
-                    *o = *o * rstd * g;
-                }
-            }
+        let (mean, var) = row_mean(s, decomposed);
+        for (o, &x) in d.iter_mut().zip(s) {
+            *o = x - mean;
         }
+        normalise(d, var, epsilon, scale, bias);
     }
+}
+
+/// [`layer_norm`] of one non-empty row in place: the same operations, so the
+/// same results.
+#[inline(always)]
+pub(super) fn layer_norm_row(row: &mut [f32], epsilon: f32, decomposed: bool, scale: &[f32], bias: Option<&[f32]>) {
+    let (mean, var) = row_mean(row, decomposed);
+    for o in row.iter_mut() {
+        *o -= mean;
+    }
+    normalise(row, var, epsilon, scale, bias);
 }
 
 /// Reduces `[outer, len, inner]` along `len` into `[outer, inner]`. An empty

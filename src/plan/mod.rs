@@ -252,6 +252,43 @@ pub struct AttentionStep {
     pub dst: BufRef,
 }
 
+/// Embeddings summed and layer-normalised (`kernels::embed`, issue #14):
+/// `dst` is `[lead.., width]` (f32); each row the sum of its terms' rows in
+/// order, normalised with `scale` and `bias` (`width` values each).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmbedStep {
+    pub lead: Vec<usize>,
+    pub width: usize,
+    pub epsilon: f32,
+    /// As `Step::LayerNorm`'s.
+    pub decomposed: bool,
+    pub scale: BufRef,
+    pub bias: Option<BufRef>,
+    pub terms: Vec<EmbedTermStep>,
+    pub dst: BufRef,
+}
+
+/// One summand of an [`EmbedStep`]: where its rows come from, and per dim
+/// of `lead` the step between them in rows (0 where it broadcasts).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmbedTermStep {
+    pub src: EmbedSrc,
+    pub strides: Vec<usize>,
+}
+
+/// See [`EmbedTermStep`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EmbedSrc {
+    /// Rows of `table` (`[rows, width]` f32) at `indices` (`idx_dtype`).
+    Gathered {
+        table: BufRef,
+        indices: BufRef,
+        idx_dtype: DType,
+    },
+    /// Rows of an f32 value.
+    Added(BufRef),
+}
+
 /// One instruction of a program.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
@@ -356,6 +393,8 @@ pub enum Step {
     ConvTranspose(Box<ConvTransposeStep>),
     /// Fused attention (issue #14).
     Attention(Box<AttentionStep>),
+    /// Embeddings + LayerNorm (issue #14).
+    EmbedLayerNorm(Box<EmbedStep>),
 }
 
 impl Step {
@@ -379,6 +418,7 @@ impl Step {
             Step::Norm(x) => x.dst(),
             Step::ConvTranspose(c) => c.dst,
             Step::Attention(a) => a.dst,
+            Step::EmbedLayerNorm(e) => e.dst,
         }
     }
 
@@ -449,6 +489,21 @@ impl Step {
                 v.extend(a.mask.map(|m| (m, Some(F32))));
                 v
             }
+            Step::EmbedLayerNorm(e) => {
+                let mut v = vec![(e.scale, Some(F32))];
+                v.extend(e.bias.map(|b| (b, Some(F32))));
+                for t in &e.terms {
+                    match t.src {
+                        EmbedSrc::Gathered {
+                            table,
+                            indices,
+                            idx_dtype,
+                        } => v.extend([(table, Some(F32)), (indices, Some(idx_dtype))]),
+                        EmbedSrc::Added(b) => v.push((b, Some(F32))),
+                    }
+                }
+                v
+            }
         }
     }
 
@@ -464,7 +519,8 @@ impl Step {
             | Step::Rnn(_)
             | Step::Conv(_)
             | Step::ConvTranspose(_)
-            | Step::Attention(_) => Some(DType::F32),
+            | Step::Attention(_)
+            | Step::EmbedLayerNorm(_) => Some(DType::F32),
             Step::Strided { dtype, .. } | Step::Gather { dtype, .. } | Step::Where { dtype, .. } => Some(*dtype),
             Step::Cast { to, .. } => Some(*to),
             Step::Copy { .. } => None,
@@ -495,6 +551,7 @@ impl Step {
             Step::Norm(x) => x.kind().into(),
             Step::ConvTranspose(_) => "ConvTranspose".into(),
             Step::Attention(_) => "Attention".into(),
+            Step::EmbedLayerNorm(_) => "EmbedLayerNorm".into(),
         }
     }
 }
@@ -961,6 +1018,7 @@ impl Memory<'_, '_, '_> {
             Step::Norm(x) => x.run(&src, dst, par),
             Step::ConvTranspose(c) => conv_transpose(isa, c, &src, packed, as_f32_mut(dst)?, par),
             Step::Attention(a) => attention(isa, a, &src, as_f32_mut(dst)?, par),
+            Step::EmbedLayerNorm(e) => embed_layer_norm(isa, e, &src, as_f32_mut(dst)?, par),
         }
     }
 
@@ -1105,6 +1163,44 @@ fn attention(isa: Isa, a: &AttentionStep, src: &Sources<'_>, dst: &mut [f32], pa
         }
     };
     kernels::attention::attention(isa, &a.shape, qkv, mask, dst, par)
+}
+
+fn embed_layer_norm(isa: Isa, e: &EmbedStep, src: &Sources<'_>, dst: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    use kernels::embed::{Indices, Rows, Term};
+    // Inline: no allocation per run for up to four terms.
+    let mut terms: InlineVec<Term<'_>, 4> = InlineVec::default();
+    for t in &e.terms {
+        let rows = match t.src {
+            EmbedSrc::Gathered {
+                table,
+                indices,
+                idx_dtype,
+            } => {
+                let indices = match idx_dtype {
+                    DType::I64 => Indices::I64(src.typed(indices)?),
+                    DType::I32 => Indices::I32(src.typed(indices)?),
+                    _ => return Err(cast_err()),
+                };
+                Rows::Gathered {
+                    table: src.f32(table)?,
+                    indices,
+                }
+            }
+            EmbedSrc::Added(b) => Rows::Added(src.f32(b)?),
+        };
+        terms.push(Term {
+            rows,
+            strides: &t.strides,
+        });
+    }
+    let shape = kernels::embed::EmbedShape {
+        lead: &e.lead,
+        width: e.width,
+        epsilon: e.epsilon,
+        decomposed: e.decomposed,
+    };
+    let bias = e.bias.map(|b| src.f32(b)).transpose()?;
+    kernels::embed_layer_norm(isa, &shape, &terms, src.f32(e.scale)?, bias, dst, par)
 }
 
 fn conv_transpose(

@@ -707,7 +707,7 @@ pub(crate) struct Bert {
 }
 
 /// One BERT encoder layer (hidden 32, 4 heads, FFN 64) over [2, 6] tokens,
-/// with an embedding lookup in front, written as exporters write it.
+/// with word and position embeddings in front, written as exporters write it.
 pub(crate) fn bert_layer(opts: Bert) -> D {
     let (b, s, h, heads, ffn) = (2i64, 6i64, 32i64, 4i64, 64i64);
     let hd = h / heads;
@@ -715,6 +715,19 @@ pub(crate) fn bert_layer(opts: Bert) -> D {
     let ids = d.input("input_ids", 7, &[b, s]);
     let emb = d.f32s("word_embeddings", &[50, h as usize], 1);
     let x = d.node("Gather", &[&emb, &ids], vec![]);
+    // Position embeddings as HF exports them: a slice of a position-id
+    // buffer as long as the sequence, gathered and added.
+    // 64 positions: more than the sizes the support check probes unknown dims at.
+    let pos_table = d.f32s("position_embeddings", &[64, h as usize], 2);
+    let all_pos: Vec<i64> = (0..64).collect();
+    let all_pos = d.init("position_ids", tv_i64(&[1, 64], &all_pos));
+    let shape = d.node("Shape", &[&ids], vec![]);
+    let seq_axis = d.i64s("seq_axis", &[1]);
+    let seq = d.node("Gather", &[&shape, &seq_axis], vec![]);
+    let (start, axis) = (d.i64s("pos_start", &[0]), d.i64s("pos_axis", &[1]));
+    let pos = d.node("Slice", &[&all_pos, &start, &seq, &axis], vec![]);
+    let pos = d.node("Gather", &[&pos_table, &pos], vec![]);
+    let x = d.node("Add", &[&x, &pos], vec![]);
     let x = layer_norm(&mut d, &x, h as usize, opts.fused_layernorm, 10);
     let proj = |d: &mut D, x: &str, seed: usize| {
         let w = d.f32s(&format!("w{seed}"), &[h as usize, h as usize], seed);
@@ -805,7 +818,10 @@ fn bert_layer_end_to_end() {
         let inputs = random_inputs(&d, 50);
         let p = check_and_run(&d, &inputs, 2e-5);
         let summary = p.op_summary();
-        assert!(summary.contains("LayerNormalization x3"), "{summary}");
+        // The embeddings' sum and norm are one op (issue #14).
+        assert!(summary.contains("LayerNormalization x2"), "{summary}");
+        assert!(summary.contains("EmbedLayerNormalization(2 terms) x1"), "{summary}");
+        assert!(!summary.contains("Gather") && !summary.contains("Add "), "{summary}");
         assert!(
             summary.contains("Gelu+Residual") || summary.contains("Gelu"),
             "{summary}"
