@@ -126,7 +126,9 @@ fn add_read_by(v: &View<'_>, x: ValueId, user: usize) -> Option<(usize, ValueId,
 /// reads it: (node, table, indices).
 fn gathered(v: &View<'_>, leaf: ValueId, user: usize) -> Option<(usize, ValueId, ValueId)> {
     let (gi, gather) = v.producer(leaf)?;
-    let table = gather.inputs[0];
+    let [table, indices] = gather.inputs[..] else {
+        return None;
+    };
     let ok = gather.op == (Op::Gather { axis: 0 }) && v.g.ty(table).shape.len() == 2 && v.sole_use(leaf) == Some(user);
-    ok.then_some((gi, table, gather.inputs[1]))
+    ok.then_some((gi, table, indices))
 }

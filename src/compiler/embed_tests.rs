@@ -28,6 +28,8 @@ struct Miss {
     narrow_term: bool,
     /// No bias on the norm (still fused).
     no_bias: bool,
+    /// A Relu of a `[B, S, W]` input is added too (still fused, added as it is).
+    made_term: bool,
 }
 
 fn index_input(b: &mut Builder, name: &str, dtype: DType) -> ValueId {
@@ -57,6 +59,11 @@ fn graph(m: Miss) -> Graph {
     if m.narrow_term {
         let n = b.input("narrow", &[B, S, 1]);
         x = b.bin(BinaryOp::Add, x, n, "xn");
+    }
+    if m.made_term {
+        let e = b.input("extra", &[B, S, W]);
+        let r = b.un(UnaryOp::Relu, e, "relu");
+        x = b.bin(BinaryOp::Add, r, x, "xr");
     }
     let norm = if m.two_axes { vec![S, W] } else { vec![W] };
     let numel = norm.iter().product();
@@ -94,10 +101,10 @@ fn index_data(bad: Option<i64>) -> (Vec<i64>, Vec<i32>) {
 
 fn run(p: &Program, bad: Option<i64>, par: &dyn Parallel) -> crate::error::Result<Vec<Vec<f32>>> {
     let (ids, types) = index_data(bad);
-    let narrow = data(B * S, 6);
+    let extra = p.inputs().get(2).map(|s| data(s.numel(), 6)).unwrap_or_default();
     let mut ins = vec![TensorRef::I64(&ids), TensorRef::I32(&types)];
     if p.inputs().len() == 3 {
-        ins.push(TensorRef::F32(&narrow));
+        ins.push(TensorRef::F32(&extra));
     }
     let mut outs: Vec<Vec<f32>> = p.outputs().iter().map(|s| vec![f32::NAN; s.numel()]).collect();
     let mut views: Vec<TensorMut<'_>> = outs.iter_mut().map(|v| TensorMut::F32(v)).collect();
@@ -212,6 +219,14 @@ fn variants_still_fuse_and_near_misses_are_left_alone() {
                 ..Miss::default()
             },
             Some(vec![Gathered, Gathered, Added]),
+        ),
+        // A term another op makes (a one-input node) is added as it is.
+        (
+            Miss {
+                made_term: true,
+                ..Miss::default()
+            },
+            Some(vec![Gathered, Gathered, Added, Added]),
         ),
         // Left alone: the sum is needed elsewhere, the norm is not over the
         // last axis alone, a term is not a whole row.
