@@ -1054,33 +1054,45 @@ fn conv_transpose_step_round_trips() {
     assert!(err.to_string().contains("ConvTranspose"), "{err}");
 }
 
-// Fused attention (issue #14, format 4).
-#[test]
-fn attention_steps_round_trip_and_bad_ones_are_refused() {
-    use crate::ir::tests::{bert_layer, Bert};
-    use crate::plan::Step;
-    let d = bert_layer(Bert {
-        mask: true,
-        fused_layernorm: false,
-    });
+/// The BERT layer compiled for the generic target and written to a binary
+/// that reads back to the same steps; one of them must be what `has` wants.
+fn bert_binary(opts: crate::ir::tests::Bert, has: fn(&crate::plan::Step) -> bool) -> (Program, Vec<u8>) {
+    let d = crate::ir::tests::bert_layer(opts);
     let p = compile(&crate::compiler::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap();
-    assert!(
-        p.steps().iter().any(|s| matches!(s, Step::Attention(_))),
-        "{}",
-        p.op_summary()
-    );
+    assert!(p.steps().iter().any(has), "{}", p.op_summary());
     let mut b = ContextBuilder::new(Target::Generic);
     b.add_graph("bert", &p).unwrap();
     let bytes = b.to_bytes().unwrap();
     let ctx = ContextBinary::parse(storage(&bytes)).unwrap();
     assert_eq!(ctx.program("bert").unwrap().unwrap().steps(), p.steps());
+    (p, bytes)
+}
+
+/// `bytes` with `f` applied to the kind of every step of the first graph.
+fn tamper_steps(bytes: &[u8], f: impl Fn(&mut proto::step_info::Kind)) -> Vec<u8> {
+    tamper(bytes, |m| {
+        for s in &mut m.graphs[0].program.as_mut().unwrap().steps {
+            if let Some(k) = s.kind.as_mut() {
+                f(k);
+            }
+        }
+    })
+}
+
+// Fused attention (issue #14, format 4).
+#[test]
+fn attention_steps_round_trip_and_bad_ones_are_refused() {
+    use crate::ir::tests::Bert;
+    use crate::plan::Step;
+    let opts = Bert {
+        mask: true,
+        fused_layernorm: false,
+    };
+    let (p, bytes) = bert_binary(opts, |s| matches!(s, Step::Attention(_)));
     let with_attention = |f: &dyn Fn(&mut proto::AttentionStep)| {
-        tamper(&bytes, |m| {
-            let steps = &mut m.graphs[0].program.as_mut().unwrap().steps;
-            for s in steps.iter_mut() {
-                if let Some(proto::step_info::Kind::Attention(a)) = s.kind.as_mut() {
-                    f(a);
-                }
+        tamper_steps(&bytes, |k| {
+            if let proto::step_info::Kind::Attention(a) = k {
+                f(a);
             }
         })
     };
@@ -1101,15 +1113,9 @@ fn attention_steps_round_trip_and_bad_ones_are_refused() {
     );
     refused(&with_attention(&|a| a.packed_qkv = false), "do not allow");
     let with_parts = |f: &dyn Fn(&mut Vec<u64>)| {
-        tamper(&bytes, |m| {
-            let steps = &mut m.graphs[0].program.as_mut().unwrap().steps;
-            for s in steps.iter_mut() {
-                if let Some(proto::step_info::Kind::MatMul(x)) = s.kind.as_mut() {
-                    if !x.packed_b_parts.is_empty() {
-                        f(&mut x.packed_b_parts);
-                    }
-                }
-            }
+        tamper_steps(&bytes, |k| match k {
+            proto::step_info::Kind::MatMul(x) if !x.packed_b_parts.is_empty() => f(&mut x.packed_b_parts),
+            _ => {}
         })
     };
     refused(&with_parts(&|parts| parts.truncate(2)), "packed_b_parts");
@@ -1136,30 +1142,17 @@ fn attention_steps_round_trip_and_bad_ones_are_refused() {
 // Embeddings + LayerNorm (issue #14, format 7).
 #[test]
 fn embed_layer_norm_steps_round_trip_and_bad_ones_are_refused() {
-    use crate::ir::tests::{bert_layer, Bert};
+    use crate::ir::tests::Bert;
     use crate::plan::Step;
-    let d = bert_layer(Bert {
+    let opts = Bert {
         mask: false,
         fused_layernorm: true,
-    });
-    let p = compile(&crate::compiler::import(&d.g, &d.consts).unwrap(), Target::Generic).unwrap();
-    assert!(
-        p.steps().iter().any(|s| matches!(s, Step::EmbedLayerNorm(_))),
-        "{}",
-        p.op_summary()
-    );
-    let mut b = ContextBuilder::new(Target::Generic);
-    b.add_graph("bert", &p).unwrap();
-    let bytes = b.to_bytes().unwrap();
-    let ctx = ContextBinary::parse(storage(&bytes)).unwrap();
-    assert_eq!(ctx.program("bert").unwrap().unwrap().steps(), p.steps());
+    };
+    let (_, bytes) = bert_binary(opts, |s| matches!(s, Step::EmbedLayerNorm(_)));
     let with_embed = |f: &dyn Fn(&mut proto::EmbedLayerNormStep)| {
-        tamper(&bytes, |m| {
-            let steps = &mut m.graphs[0].program.as_mut().unwrap().steps;
-            for s in steps.iter_mut() {
-                if let Some(proto::step_info::Kind::EmbedLayerNorm(e)) = s.kind.as_mut() {
-                    f(e);
-                }
+        tamper_steps(&bytes, |k| {
+            if let proto::step_info::Kind::EmbedLayerNorm(e) = k {
+                f(e);
             }
         })
     };
