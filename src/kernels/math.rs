@@ -27,12 +27,32 @@
 
 #![allow(clippy::excessive_precision)] // coefficients as published (Cephes, Numerical Recipes)
 
-const LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// `ln 2` split so that `n * LN2_HI` is exact for |n| < 2^9.
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
+pub(crate) const LN2_HI: f32 = 0.693_359_4;
+pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
 /// 1.5 · 2^23: adding it rounds to an integer held in the low mantissa bits.
-const MAGIC: f32 = 12_582_912.0;
+pub(crate) const MAGIC: f32 = 12_582_912.0;
+/// `exp`'s polynomial in the reduced argument, highest power first (Cephes).
+pub(crate) const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5.000_000_1e-1,
+];
+/// Above this `e^x` is infinite in f32, below the other 0.
+pub(crate) const EXP_INF_ABOVE: f32 = 88.722_84;
+pub(crate) const EXP_ZERO_BELOW: f32 = -103.972_08;
+/// `tanh(x) / x - 1` below 0.625 as a polynomial in `x²` (times `x²`), highest power first.
+pub(crate) const TANH_POLY: [f32; 5] = [
+    -5.704_988_7e-3,
+    2.063_908_9e-2,
+    -5.373_971_6e-2,
+    1.333_144_2e-1,
+    -3.333_328_2e-1,
+];
 
 /// How polynomials evaluate `a * b + c`: [`Plain`] (a multiply and an add,
 /// for targets without FMA) or [`Fused`] (one FMA; only inside code compiled
@@ -83,22 +103,14 @@ pub(crate) fn exp_with<F: MulAdd>(x: f32) -> f32 {
     let n = t - MAGIC;
     let ni = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
     let r = F::madd(-n, LN2_LO, F::madd(-n, LN2_HI, xc));
-    let p = [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        5.000_000_1e-1,
-    ]
-    .iter()
-    .fold(1.987_569_1e-4, |p, &c| F::madd(p, r, c));
+    let p = EXP_POLY[1..].iter().fold(EXP_POLY[0], |p, &c| F::madd(p, r, c));
     let p = F::madd(p * r, r, r) + 1.0;
     // 2^n in two factors so that results down to the subnormals are right.
     let n1 = ni >> 1;
     let y = p * pow2i(n1) * pow2i(ni - n1);
-    if x > 88.722_84 {
+    if x > EXP_INF_ABOVE {
         f32::INFINITY
-    } else if x < -103.972_08 {
+    } else if x < EXP_ZERO_BELOW {
         0.0
     } else {
         y
@@ -120,11 +132,8 @@ pub(crate) fn stored(x: f32) -> f32 {
 pub fn tanh(x: f32) -> f32 {
     let a = x.abs();
     let z = x * x;
-    let small = ((((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1) * z
-        - 3.333_328_2e-1)
-        * z
-        * x
-        + x;
+    let q = TANH_POLY[1..].iter().fold(TANH_POLY[0], |q, &c| q * z + c);
+    let small = q * z * x + x;
     let e = exp(2.0 * a);
     let big = (1.0 - 2.0 / (e + 1.0)).copysign(x);
     if a < 0.625 {

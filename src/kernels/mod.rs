@@ -14,6 +14,9 @@ pub mod attention;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx2_math;
 pub mod cache;
 pub mod conv;
 pub mod conv_direct;
@@ -526,8 +529,45 @@ pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32], par: &dyn Para
             dst.len()
         )));
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(f) = avx2_fun(op) {
+        par_rows(par, dst.len(), 1, dst, &|r, d| {
+            if !avx2_math::map(isa, f, &src[r.clone()], d) {
+                unary_isa(isa, op, &src[r], d)
+            }
+        });
+        return Ok(());
+    }
     par_rows(par, dst.len(), 1, dst, &|r, d| unary_isa(isa, op, &src[r], d));
     Ok(())
+}
+
+/// The ops `avx2_math` runs two vectors at a time on the AVX2 target.
+#[cfg(target_arch = "x86_64")]
+fn avx2_fun(op: UnaryOp) -> Option<avx2_math::Fun> {
+    match op {
+        UnaryOp::Exp => Some(avx2_math::Fun::Exp),
+        UnaryOp::Sigmoid => Some(avx2_math::Fun::Sigmoid),
+        UnaryOp::Tanh => Some(avx2_math::Fun::Tanh),
+        UnaryOp::Silu => Some(avx2_math::Fun::Silu),
+        _ => None,
+    }
+}
+
+/// A recurrent gate's activation over `x`, clipped first (`recurrent::gate`).
+pub(crate) fn rnn_gate(isa: Isa, f: recurrent::RnnActivation, clip: Option<f32>, x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if clip.is_none() {
+        let fun = match f {
+            recurrent::RnnActivation::Sigmoid => Some(avx2_math::Fun::Sigmoid),
+            recurrent::RnnActivation::Tanh => Some(avx2_math::Fun::Tanh),
+            _ => None,
+        };
+        if fun.is_some_and(|fun| avx2_math::map_in_place(isa, fun, x)) {
+            return;
+        }
+    }
+    rnn_gate_isa(isa, f, clip, x)
 }
 
 /// `dst[i] = op(src[i])` for the f32 tests (IsNaN, IsInf), bool results.

@@ -471,7 +471,7 @@ impl Direction<'_> {
 
     /// `f` over a gate's pre-activations, clipped first.
     fn activate(&self, k: usize, x: &mut [f32]) {
-        super::rnn_gate_isa(self.isa, self.act(k), self.spec.clip, x);
+        super::rnn_gate(self.isa, self.act(k), self.spec.clip, x);
     }
 
     fn lstm_step(&self, t: usize, hs: &mut [f32], cs: &mut [f32], gates: &mut [f32], par: &dyn Parallel) -> Result<()> {
@@ -519,7 +519,7 @@ impl Direction<'_> {
             self.activate(0, o);
             // h(C) into the spent candidate gate, then H = o ⊙ h(C).
             c.copy_from_slice(c_prev);
-            super::rnn_gate_isa(self.isa, self.act(2), None, c);
+            super::rnn_gate(self.isa, self.act(2), None, c);
             for (hj, (oj, cj)) in hs[b * h..(b + 1) * h].iter_mut().zip(o.iter().zip(c.iter())) {
                 *hj = oj * cj;
             }
