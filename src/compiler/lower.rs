@@ -728,13 +728,9 @@ impl Lowering<'_> {
         })))
     }
 
-    /// A transposed convolution: the weights packed per group as the GEMM's
-    /// B (`[ci / groups, kh · kw · co / groups]`, tap-major columns).
-    /// Fused attention: Q, K, V read in place; the mask's strides over
-    /// `[batch, heads, q_len]` (0 along its broadcast dims).
-    /// Each term's row strides over the output's leading dims: its row shape
-    /// (a gathered term's indices, an added term's dims but the last)
-    /// broadcast to them.
+    /// Embeddings + LayerNorm. Each term's row strides over the output's
+    /// leading dims: its row shape (a gathered term's indices, an added
+    /// term's dims but the last) broadcast to them.
     fn embed(&mut self, attrs: &EmbedAttrs, ins: &[ValueId], out: ValueId, dst: BufRef) -> Result<Step> {
         let shape = self.shape(out);
         let (lead, width) = match shape.split_last() {
@@ -776,6 +772,8 @@ impl Lowering<'_> {
         })))
     }
 
+    /// Fused attention: Q, K, V read in place; the mask's strides over
+    /// `[batch, heads, q_len]` (0 along its broadcast dims).
     fn attention(&mut self, attrs: &AttentionAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
         let n = attrs.qkv_inputs();
         let (qs, ks) = (self.shape(ins[0]).to_vec(), self.shape(ins[n - 1]).to_vec());
@@ -814,6 +812,8 @@ impl Lowering<'_> {
         })))
     }
 
+    /// A transposed convolution: the weights packed per group as the GEMM's
+    /// B (`[ci / groups, kh · kw · co / groups]`, tap-major columns).
     fn conv_transpose(&mut self, attrs: &ConvTransposeAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
         let [batch, _, _, ci] = self.shape(ins[0])[..] else {
             return Err(internal("ConvTranspose x is not 4-D"));

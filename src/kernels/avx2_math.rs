@@ -120,7 +120,7 @@ unsafe fn tanh8(x: __m256) -> __m256 {
 #[inline(always)]
 unsafe fn rows(src: *const f32, dst: *mut f32, n: usize, f: impl Fn(__m256) -> __m256) {
     let mut i = 0;
-    // SAFETY (every load and store below): i + 32 (or + 8) <= n, which the
+    // SAFETY (every load and store below): i + 16 (or + 8) <= n, which the
     // caller grants for src and dst; each value is read before its store.
     while i + 16 <= n {
         unsafe {

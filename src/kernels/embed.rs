@@ -5,8 +5,9 @@
 //! instead of a gather per table, an add per term and the norm, each
 //! writing the whole `[rows, width]` tensor.
 
+use super::index::fix_index;
 use super::norm;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Where a term's row for each output row comes from.
 #[derive(Clone, Copy, Debug)]
@@ -79,14 +80,24 @@ impl EmbedShape<'_> {
         }
         off
     }
+}
 
-    /// The largest offset any output row reads from a term with `strides`.
-    fn last_offset(&self, strides: &[usize]) -> usize {
-        // Saturating: a bad stride (a tampered binary) fails `check`, not here.
-        self.lead.iter().zip(strides).fold(0usize, |acc, (&d, &s)| {
-            acc.saturating_add(d.saturating_sub(1).saturating_mul(s))
-        })
+/// Whether a term of `len` rows holds every row that the output's rows
+/// (`lead`) read through `strides`: one stride per dim, and (unless there
+/// are no rows) the last row read below `len`. The kernel's run-time check
+/// and a loaded program's validation both use it.
+pub fn reads_fit(lead: &[usize], strides: &[usize], len: usize) -> bool {
+    if strides.len() != lead.len() {
+        return false;
     }
+    if lead.contains(&0) {
+        return true;
+    }
+    let last = lead
+        .iter()
+        .zip(strides)
+        .try_fold(0usize, |acc, (&d, &s)| (d - 1).checked_mul(s)?.checked_add(acc));
+    last.is_some_and(|l| l < len)
 }
 
 /// Checks that every term's reads stay inside it and every index is in its
@@ -105,44 +116,23 @@ pub(super) fn check(shape: &EmbedShape<'_>, terms: &[Term<'_>], scale: &[f32], b
         return Ok(());
     }
     for (k, t) in terms.iter().enumerate() {
-        if t.strides.len() != shape.lead.len() {
+        let (whole, len) = match t.rows {
+            Rows::Added(v) => (v.len().is_multiple_of(w), v.len() / w),
+            Rows::Gathered { table, indices } => (table.len().is_multiple_of(w), indices.len()),
+        };
+        if !whole || !reads_fit(shape.lead, t.strides, len) {
             return bad(format!(
-                "term {k} has {} strides for {} dims",
-                t.strides.len(),
-                shape.lead.len()
+                "term {k} of {len} rows read through strides {:?} over {:?}",
+                t.strides, shape.lead
             ));
         }
-        let last = shape.last_offset(t.strides);
-        match t.rows {
-            Rows::Added(v) => {
-                if v.len() % w != 0 || last >= v.len() / w {
-                    return bad(format!("term {k} of {} values read at row {last}", v.len()));
-                }
-            }
-            Rows::Gathered { table, indices } => {
-                if table.len() % w != 0 || last >= indices.len() {
-                    return bad(format!("term {k} of {} indices read at {last}", indices.len()));
-                }
-                let rows = table.len() / w;
-                if let Some(i) = (0..indices.len())
-                    .map(|a| indices.get(a))
-                    .find(|&i| fix(i, rows).is_none())
-                {
-                    return Err(Error::invalid_argument(format!(
-                        "Gather index {i} is out of range for an axis of {rows}"
-                    )));
-                }
+        if let Rows::Gathered { table, indices } = t.rows {
+            for at in 0..indices.len() {
+                fix_index("Gather", indices.get(at), table.len() / w)?;
             }
         }
     }
     Ok(())
-}
-
-/// Index `i` into `rows` rows, negative from the end, if in range.
-#[inline]
-fn fix(i: i64, rows: usize) -> Option<usize> {
-    let j = if i < 0 { i.checked_add(rows as i64)? } else { i };
-    (0..rows as i64).contains(&j).then_some(j as usize)
 }
 
 /// Output rows `first..` into `dst` (whole rows), after [`check`].
@@ -164,7 +154,7 @@ pub(super) fn embed_rows(
                 Rows::Added(v) => &v[at * w..(at + 1) * w],
                 Rows::Gathered { table, indices } => {
                     // In range: `check` saw every index.
-                    let j = fix(indices.get(at), table.len() / w).unwrap_or(0);
+                    let j = fix_index("Gather", indices.get(at), table.len() / w).unwrap_or(0);
                     &table[j * w..(j + 1) * w]
                 }
             };

@@ -62,7 +62,7 @@ int_num!(i64);
 int_num!(i32);
 
 /// Index `i` (negative counts from the end) into an axis of `len`.
-fn fix_index(op: &str, i: i64, len: usize) -> Result<usize> {
+pub(super) fn fix_index(op: &str, i: i64, len: usize) -> Result<usize> {
     let j = if i < 0 { i.saturating_add(len as i64) } else { i };
     if j < 0 || j >= len as i64 {
         return Err(Error::invalid_argument(format!(

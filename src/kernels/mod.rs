@@ -22,8 +22,8 @@ pub mod conv;
 pub mod conv_direct;
 pub mod conv_transpose;
 pub mod depthwise;
-// Embeddings + LayerNorm (issue #14).
 mod elementwise;
+// Embeddings + LayerNorm (issue #14).
 pub mod embed;
 pub mod gemm;
 pub mod half;
@@ -529,28 +529,32 @@ pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32], par: &dyn Para
             dst.len()
         )));
     }
-    #[cfg(target_arch = "x86_64")]
-    if let Some(f) = avx2_fun(op) {
-        par_rows(par, dst.len(), 1, dst, &|r, d| {
-            if !avx2_math::map(isa, f, &src[r.clone()], d) {
-                unary_isa(isa, op, &src[r], d)
-            }
-        });
-        return Ok(());
-    }
-    par_rows(par, dst.len(), 1, dst, &|r, d| unary_isa(isa, op, &src[r], d));
+    par_rows(par, dst.len(), 1, dst, &|r, d| {
+        if !unary_avx2(isa, op, &src[r.clone()], d) {
+            unary_isa(isa, op, &src[r], d)
+        }
+    });
     Ok(())
 }
 
-/// The ops `avx2_math` runs two vectors at a time on the AVX2 target.
-#[cfg(target_arch = "x86_64")]
-fn avx2_fun(op: UnaryOp) -> Option<avx2_math::Fun> {
-    match op {
-        UnaryOp::Exp => Some(avx2_math::Fun::Exp),
-        UnaryOp::Sigmoid => Some(avx2_math::Fun::Sigmoid),
-        UnaryOp::Tanh => Some(avx2_math::Fun::Tanh),
-        UnaryOp::Silu => Some(avx2_math::Fun::Silu),
-        _ => None,
+/// `op` by `avx2_math` (two vectors at a time) if it has the op and `isa`
+/// is the AVX2 target; false (nothing written) otherwise.
+fn unary_avx2(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let f = match op {
+            UnaryOp::Exp => avx2_math::Fun::Exp,
+            UnaryOp::Sigmoid => avx2_math::Fun::Sigmoid,
+            UnaryOp::Tanh => avx2_math::Fun::Tanh,
+            UnaryOp::Silu => avx2_math::Fun::Silu,
+            _ => return false,
+        };
+        avx2_math::map(isa, f, src, dst)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, op, src, dst);
+        false
     }
 }
 

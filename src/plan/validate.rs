@@ -363,48 +363,40 @@ fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
     weights_ok && after_ok && bias_ok && residual_ok && Some(s[0]) == len(w.input_pixels(), ci) && Some(d) == out
 }
 
-/// A fused attention: Q, K, V and the output of their shape's sizes (no
-/// product overflows), a mask that holds every element its strides reach.
-/// `s` as `typed_srcs` lists them: scale, bias, then each term's buffers.
-/// Every row a term's strides reach is inside it; a table holds whole rows.
+/// An embedding layer norm: `s` as `typed_srcs` lists them (scale, bias,
+/// then each term's buffers); the kernel's rule for which rows a term's
+/// strides reach ([`crate::kernels::embed::reads_fit`]); tables of whole rows.
 fn embed_fits(e: &super::EmbedStep, s: &[usize], d: usize) -> bool {
     let w = e.width;
     let rows = e.lead.iter().try_fold(1usize, |acc, &n| acc.checked_mul(n));
     let out_ok = rows.and_then(|r| r.checked_mul(w)) == Some(d);
     let bias = usize::from(e.bias.is_some());
     let norm_ok = s[0] == w && (bias == 0 || s[1] == w);
-    // The last row any output row reads, or None if nothing is read.
-    let reach = |strides: &[usize]| -> Option<Option<usize>> {
-        if strides.len() != e.lead.len() {
-            return None;
-        }
-        if rows == Some(0) || w == 0 {
-            return Some(None);
-        }
-        let last = e.lead.iter().zip(strides).try_fold(0usize, |acc, (&n, &st)| {
-            n.saturating_sub(1).checked_mul(st)?.checked_add(acc)
-        })?;
-        Some(Some(last))
+    // Rows of `len` hold what the strides reach (trivially with empty rows).
+    let fits = |strides: &[usize], len: usize| {
+        strides.len() == e.lead.len() && (w == 0 || crate::kernels::embed::reads_fit(&e.lead, strides, len))
     };
     let mut at = 1 + bias;
     let mut terms_ok = !e.terms.is_empty();
     for t in &e.terms {
-        let Some(last) = reach(&t.strides) else { return false };
-        let inside = |len: usize| last.is_none_or(|l| l < len);
         terms_ok &= match t.src {
             super::EmbedSrc::Gathered { idx_dtype, .. } => {
                 at += 2;
-                matches!(idx_dtype, DType::I64 | DType::I32) && s[at - 2].is_multiple_of(w.max(1)) && inside(s[at - 1])
+                matches!(idx_dtype, DType::I64 | DType::I32)
+                    && s[at - 2].is_multiple_of(w.max(1))
+                    && fits(&t.strides, s[at - 1])
             }
             super::EmbedSrc::Added(_) => {
                 at += 1;
-                s[at - 1].is_multiple_of(w.max(1)) && (w == 0 || inside(s[at - 1] / w))
+                s[at - 1].is_multiple_of(w.max(1)) && fits(&t.strides, s[at - 1] / w.max(1))
             }
         };
     }
     out_ok && norm_ok && terms_ok
 }
 
+/// A fused attention: Q, K, V and the output of their shape's sizes (no
+/// product overflows), a mask that holds every element its strides reach.
 fn attention_fits(a: &super::AttentionStep, s: &[usize], d: usize) -> bool {
     let sh = &a.shape;
     let elems = |len: usize| {
