@@ -520,6 +520,42 @@ fn panic_in_compile_fails_session_creation_cleanly() {
     assert!(err.message.contains("kiln panicked in Compile"), "{}", err.message);
 }
 
+/// With `intra_op_num_threads=1`, ORT runs every ParallelFor task on the
+/// caller: kiln learns that from its first calls, then plans its kernels for
+/// one thread and stops calling ParallelFor (`ffi::compute::PoolProbe`).
+#[test]
+fn one_thread_sessions_stop_calling_parallel_for() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_one_thread");
+    let x = Tensor::pattern(&[256, 512], 21);
+    let session = SessionOptions::new()
+        .threads(1)
+        .config("session.disable_cpu_ep_fallback", "1")
+        .with_devices(env(), &[&host_device()], &[])
+        .unwrap()
+        .session(env(), &model("attrs.onnx"))
+        .unwrap();
+    let want = cpu_session("attrs.onnx").run(&[("X", &x)], &["Y"]).unwrap();
+    let calls = || kiln_stats().parallel_for_calls;
+    let start = calls();
+    // Enough Runs for the probe's calls (16), however many a Run makes.
+    let mut runs = 0;
+    while calls() - start < 16 {
+        runs += 1;
+        assert!(
+            runs <= 16,
+            "a Run of attrs.onnx called ParallelFor: {} calls in {runs} Runs",
+            calls() - start
+        );
+        assert_close(&session.run(&[("X", &x)], &["Y"]).unwrap()[0], &want[0]);
+    }
+    let learnt = calls();
+    for _ in 0..4 {
+        assert_close(&session.run(&[("X", &x)], &["Y"]).unwrap()[0], &want[0]);
+    }
+    assert_eq!(calls(), learnt, "kiln still cuts work for a pool of one thread");
+}
+
 #[test]
 fn attributes_of_every_kind_and_ort_thread_pool() {
     let _s = serial();

@@ -13,7 +13,7 @@ use crate::compiler;
 use crate::compiler::generic::{Executable, GenericGraph, Specializer};
 use crate::context::StoredGraph;
 use crate::error::{Error, Result};
-use crate::ffi::compute::{ComputeImpl, KernelContext, RawInput};
+use crate::ffi::compute::{ComputeImpl, KernelContext, PoolProbe, RawInput};
 use crate::ffi::ep::{Compiled, Partition};
 use crate::ffi::graph::{Graph, Node, ValueInfo};
 use crate::ir;
@@ -87,6 +87,7 @@ pub fn compile_all(ep: &KilnEp, partitions: &[Partition<'_>]) -> Result<Vec<Comp
                 kernel_inputs: fused_inputs.len(),
                 inputs,
                 outputs,
+                pool: PoolProbe::default(),
             }),
             ep_context,
         });
@@ -320,6 +321,8 @@ struct Runner {
     inputs: Vec<usize>,
     /// Kernel output i is program output `outputs[i]` (see `output_order`).
     outputs: Vec<usize>,
+    /// The session's intra-op pool, as far as Runs have shown it.
+    pool: PoolProbe,
 }
 
 impl ComputeImpl for Runner {
@@ -343,7 +346,7 @@ impl Runner {
             "injected panic in Compute ({})",
             super::INJECT_PANIC_ENV
         );
-        let par = ctx.parallel();
+        let par = ctx.parallel(&self.pool);
         let given = ctx.input_count()?;
         if given != self.kernel_inputs {
             return Err(Error::invalid_argument(format!(

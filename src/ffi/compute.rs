@@ -1,6 +1,7 @@
 //! `OrtNodeComputeInfo` (one per compiled partition) and the kernel context
 //! ORT passes to Compute.
 
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use super::api::{ort, Api};
@@ -137,12 +138,67 @@ impl<'a> KernelContext<'a> {
         Ok(unsafe { std::slice::from_raw_parts_mut(non_null_mut(data.cast::<u8>(), "output data")?, len) })
     }
 
-    /// ORT's intra-op thread pool for this call, as kiln's `Parallel`.
-    pub fn parallel(&self) -> OrtParallel<'a> {
+    /// ORT's intra-op thread pool for this call, as kiln's `Parallel`;
+    /// `pool` is what the partition has learnt of it so far.
+    pub fn parallel<'p>(&self, pool: &'p PoolProbe) -> OrtParallel<'p>
+    where
+        'a: 'p,
+    {
         OrtParallel {
             ctx: self.ptr,
-            threads: host_threads(),
-            _life: std::marker::PhantomData,
+            threads: pool.threads(host_threads()),
+            pool,
+        }
+    }
+}
+
+/// What a partition has learnt of its session's intra-op pool. ORT does not
+/// tell an EP how many threads `intra_op_num_threads` gave it, and with 1 it
+/// runs every `ParallelFor` task on the caller: kernels that cut their work
+/// for two threads then ran it serially in small pieces (a 3×3 convolution
+/// at 7×7, cut into one task per output row, streamed its 9 MiB of weights
+/// once per row: 25% slower than one task). So the first `ParallelFor` calls
+/// note which threads run their tasks: a task on another thread proves a
+/// pool; [`POOL_PROBES`] calls run on the caller alone say there is none, and
+/// from then on kernels plan for one thread. Kernels give the same results
+/// however they cut their work, so what is learnt changes speed only.
+#[derive(Debug, Default)]
+pub struct PoolProbe(AtomicU32);
+
+/// Calls of `ParallelFor` whose tasks all ran on the caller before kiln
+/// takes the pool to have one thread. A pool's thread, woken by each call,
+/// misses the first few only when the tasks are tiny and the caller ends
+/// them first.
+pub const POOL_PROBES: u32 = 16;
+
+/// The probe's state once a task ran on a pool thread.
+const POOL_FOUND: u32 = u32::MAX;
+
+impl PoolProbe {
+    /// The threads to plan for: the host's until the pool is known to have
+    /// one thread.
+    pub fn threads(&self, host: usize) -> usize {
+        match self.0.load(Ordering::Relaxed) {
+            n if n != POOL_FOUND && n >= POOL_PROBES => 1,
+            _ => host,
+        }
+    }
+
+    /// Whether calls still need watching.
+    fn learning(&self) -> bool {
+        let n = self.0.load(Ordering::Relaxed);
+        n != POOL_FOUND && n < POOL_PROBES
+    }
+
+    /// One call's finding: whether a task ran on a thread other than the caller.
+    fn observe(&self, foreign: bool) {
+        if foreign {
+            self.0.store(POOL_FOUND, Ordering::Relaxed);
+        } else {
+            // Concurrent Runs: count only while still learning.
+            let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n != POOL_FOUND && n < POOL_PROBES).then_some(n + 1)
+            });
         }
     }
 }
@@ -158,10 +214,9 @@ fn host_threads() -> usize {
 /// pool, so kiln respects `intra_op_num_threads` and owns no threads.
 pub struct OrtParallel<'a> {
     ctx: *mut sys::OrtKernelContext,
-    /// An upper bound: ORT does not tell an EP its pool size, and with
-    /// `intra_op_num_threads=1` ORT simply runs every task on the caller.
+    /// The host's CPUs, or 1 once `pool` has found no pool threads.
     threads: usize,
-    _life: std::marker::PhantomData<&'a ()>,
+    pool: &'a PoolProbe,
 }
 
 // SAFETY: ORT's ParallelFor may be called from the Compute thread only, and
@@ -171,13 +226,23 @@ unsafe impl Sync for OrtParallel<'_> {}
 struct Task<'f> {
     f: &'f (dyn Fn(usize) + Sync),
     panic: parking_lot::Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    /// While the pool is being learnt: the calling thread, and whether a
+    /// task ran on another.
+    caller: Option<std::thread::ThreadId>,
+    foreign: AtomicBool,
 }
 
 unsafe extern "C" fn run_task(user: *mut std::ffi::c_void, index: usize) {
     // SAFETY: `user` is the Task that for_each passed, alive until ParallelFor returns.
     let task = unsafe { &*(user as *const Task<'_>) };
+    let run = || {
+        if task.caller.is_some_and(|c| c != std::thread::current().id()) {
+            task.foreign.store(true, Ordering::Relaxed);
+        }
+        (task.f)(index)
+    };
     // Never unwind into ORT's thread pool: keep the panic, re-raise it after.
-    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (task.f)(index))) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
         task.panic.lock().get_or_insert(p);
     }
 }
@@ -194,9 +259,12 @@ unsafe impl crate::kernels::parallel::Parallel for OrtParallel<'_> {
         if n <= 1 || self.threads <= 1 {
             return (0..n).for_each(f);
         }
+        let learning = self.pool.learning();
         let task = Task {
             f,
             panic: parking_lot::Mutex::new(None),
+            caller: learning.then(|| std::thread::current().id()),
+            foreign: AtomicBool::new(false),
         };
         // SAFETY: live context; ORT runs run_task(&task, i) for every i < n and
         // returns only when all have finished (facts sheet 9.1).
@@ -218,6 +286,9 @@ unsafe impl crate::kernels::parallel::Parallel for OrtParallel<'_> {
             return (0..n).for_each(f);
         }
         crate::stats::parallel_for_called();
+        if learning {
+            self.pool.observe(task.foreign.load(Ordering::Relaxed));
+        }
         if let Some(p) = task.panic.into_inner() {
             std::panic::resume_unwind(p);
         }
@@ -297,4 +368,36 @@ unsafe extern "C" fn compute(
 
 unsafe extern "C" fn release_state(_this: *mut sys::OrtNodeComputeInfo, _state: *mut std::ffi::c_void) {
     guard_or("ReleaseState", None, (), || Ok(()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PoolProbe, POOL_PROBES};
+
+    #[test]
+    fn calls_on_the_caller_alone_teach_one_thread() {
+        let pool = PoolProbe::default();
+        for _ in 0..POOL_PROBES - 1 {
+            pool.observe(false);
+            assert_eq!(pool.threads(2), 2, "still learning: plan for the host");
+            assert!(pool.learning());
+        }
+        pool.observe(false);
+        assert_eq!(pool.threads(2), 1);
+        assert!(!pool.learning());
+    }
+
+    #[test]
+    fn a_task_on_a_pool_thread_settles_it() {
+        let pool = PoolProbe::default();
+        for _ in 0..POOL_PROBES - 1 {
+            pool.observe(false);
+        }
+        pool.observe(true);
+        assert!(!pool.learning());
+        for _ in 0..2 * POOL_PROBES {
+            pool.observe(false);
+        }
+        assert_eq!(pool.threads(2), 2);
+    }
 }

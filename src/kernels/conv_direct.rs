@@ -337,7 +337,9 @@ fn row_block(
                 );
             }
         }
-        border_tiles(isa, c, g, pb, j0, rows.start, s, out);
+        // Without an interior (small maps), the border tiles fetch it.
+        let next = if lo < hi { &[][..] } else { next };
+        border_tiles(isa, c, (g, pb, j0), rows.start, s, out, next);
     }
 }
 
@@ -411,17 +413,16 @@ fn border_patches(c: &Conv<'_>, rows: Range<usize>, (lo, hi): (usize, usize), s:
 }
 
 /// Group `g`'s panel from `j0` for the border pixels: tiles of their
-/// patches into `s.tile`, scattered to their places in `out`.
-#[allow(clippy::too_many_arguments)]
+/// patches into `s.tile`, scattered to their places in `out`; `next` (the
+/// next panel, when no interior tile fetches it) into L2, a share per tile.
 fn border_tiles(
     isa: Isa,
     c: &Conv<'_>,
-    g: usize,
-    pb: &PackedB,
-    j0: usize,
+    (g, pb, j0): (usize, &PackedB, usize),
     first_row: usize,
     s: &mut Scratch,
     out: &Out<'_>,
+    next: &[f32],
 ) {
     if s.border.is_empty() {
         return;
@@ -449,7 +450,9 @@ fn border_tiles(
     s.tile.resize(mr_max(isa) * nr, 0.0);
     let row_len = w.w.output * co;
     let mut at = 0;
-    for mr in balanced(s.border.len(), mr_max(isa)) {
+    let tiles = s.border.len().div_ceil(mr_max(isa));
+    let share = next.len().div_ceil(tiles);
+    for (i, mr) in balanced(s.border.len(), mr_max(isa)).enumerate() {
         let t = TileArgs {
             segs: &s.segs,
             image: &s.patches,
@@ -460,7 +463,7 @@ fn border_tiles(
             clamp: clamp_of(c.activation),
             residual: None,
             after: None,
-            prefetch: &[],
+            prefetch: &next[(i * share).min(next.len())..((i + 1) * share).min(next.len())],
         };
         tile(isa, mr, nc, &t, &Out::new(&mut s.tile), 0, nr);
         for (i, &(r, ow)) in s.border[at..at + mr].iter().enumerate() {
@@ -764,6 +767,9 @@ mod x86 {
     pub(super) unsafe fn avx2<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, c: *mut f32) {
         let mut acc = [[_mm256_setzero_ps(); 2]; MR];
         let (img, panel) = (t.image.as_ptr(), t.panel.as_ptr());
+        // The next panel's share, one line per four K rows (two registers:
+        // a counter per line, as in the AVX-512 kernel, made LLVM spill).
+        let (mut pf, pf_end) = (t.prefetch.as_ptr(), t.prefetch.as_ptr_range().end);
         for s in t.segs {
             // SAFETY: in bounds, see `tile` (b rows of 16).
             unsafe {
@@ -783,6 +789,11 @@ mod x86 {
                 // own instructions no longer hold back the FMAs.
                 let whole = s.len / 4 * 4;
                 for k in (0..whole).step_by(4) {
+                    if pf < pf_end {
+                        // A hint only: prefetching never faults.
+                        _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                        pf = pf.wrapping_add(16);
+                    }
                     for u in 0..4 {
                         step(k + u, &mut acc);
                     }
