@@ -554,6 +554,9 @@ mod tests {
             case(1, 16, 24, 1, axis(13, 3, 2, 1, (1, 1)), axis(9, 3, 2, 1, (1, 1))),
             // Fewer rows than tasks: tasks split the weight panels too.
             case(1, 16, 100, 1, axis(3, 3, 1, 1, (1, 1)), axis(7, 3, 1, 1, (1, 1))),
+            // Weights outweigh the input (a deep layer on a small map): on two
+            // threads, tasks split the panels only.
+            case(1, 64, 96, 1, axis(7, 3, 1, 1, (1, 1)), axis(7, 3, 1, 1, (1, 1))),
             // Several row blocks per task (each block runs every panel).
             case(1, 128, 16, 1, axis(16, 3, 1, 1, (1, 1)), axis(40, 3, 1, 1, (1, 1))),
         ];

@@ -184,17 +184,9 @@ fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Pa
     if row_len == 0 || rows == 0 || panels == 0 {
         return Ok(());
     }
-    // About 4 tasks per thread; rows first, and panels too when there are
-    // few rows (7×7 maps, pointwise rests), so that both threads work.
-    let want = if par.threads() > 1 { 4 * par.threads() } else { 1 };
-    // Balanced: 14 rows in 8 tasks as 2 2 2 2 2 2 1 1, not 7 tasks of 2
-    // (which two threads share 4 : 3).
-    // And at least a tile of pixels per task: a 4×6 map in 4 row tasks ran
-    // tiles of 6 (or 4 interior) pixels at a third of the kernel's rate.
-    let row_tasks = rows.min(want).min((rows * w.w.output).div_ceil(mr_max(isa)).max(1));
-    let panel_tasks = want.div_ceil(row_tasks).min(panels);
     // Input rows one output row reads, in bytes.
     let row_bytes = (w.h.stride.max(w.h.extent()) * w.w.input * c.in_channels * 4).max(1);
+    let (row_tasks, panel_tasks) = split(isa, c, packed, (rows, panels), row_bytes, par.threads());
     let block = (BLOCK_INPUT_BYTES / row_bytes).clamp(1, rows.div_ceil(row_tasks));
     let out = Out::new(y);
     par.for_each(row_tasks * panel_tasks, &|t| {
@@ -215,6 +207,43 @@ fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Pa
         });
     });
     Ok(())
+}
+
+/// Tasks as (row parts, panel parts) for `threads`: one task for one
+/// thread; else about 4 per thread, cut the way that moves the fewest bytes.
+/// Every row part streams all its panels' weights, and every panel part
+/// reads its rows' input and builds their border patches: a deep layer's
+/// weights (9 MiB for 3×3 512→512 at 7×7) are cut by panels, a wide map's
+/// input by rows.
+fn split(
+    isa: Isa,
+    c: &Conv<'_>,
+    packed: &[&PackedB],
+    (rows, panels): (usize, usize),
+    row_bytes: usize,
+    threads: usize,
+) -> (usize, usize) {
+    if threads <= 1 {
+        return (1, 1);
+    }
+    let want = 4 * threads;
+    let w = c.window;
+    // Balanced: 14 rows in 8 tasks as 2 2 2 2 2 2 1 1, not 7 tasks of 2
+    // (which two threads share 4 : 3).
+    // And at least a tile of pixels per task: a 4×6 map in 4 row tasks ran
+    // tiles of 6 (or 4 interior) pixels at a third of the kernel's rate.
+    let max_rows = rows.min(want).min((rows * w.w.output).div_ceil(mr_max(isa)).max(1));
+    let weights: usize = packed.iter().map(|p| p.data().byte_len()).sum();
+    let (lo, hi) = interior_columns(isa, w);
+    let patches = rows * (w.w.output - (hi - lo)) * w.taps() * c.in_channels * 4;
+    // Building a patch writes and reads it again: counted twice.
+    let input = rows * row_bytes + 2 * patches;
+    let enough = want.min(max_rows * panels) / 2;
+    (1..=max_rows)
+        .map(|r| (r, want.div_ceil(r).min(panels)))
+        .filter(|&(r, p)| r * p >= enough)
+        .min_by_key(|&(r, p)| r * weights + p * input)
+        .unwrap_or((max_rows, want.div_ceil(max_rows).min(panels)))
 }
 
 /// Part `i` of `n` near-equal parts of `0..len`.
@@ -856,5 +885,61 @@ mod x86 {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::conv::{pack_groups, ConvWeights};
+    use crate::kernels::spatial::output_len;
+
+    /// The tasks `split` cuts a `size`² 3×3 convolution `ci` → `co` into.
+    fn tasks(size: usize, ci: usize, co: usize, threads: usize) -> Option<(usize, usize)> {
+        let target = Target::detect_host().ok().filter(|t| *t != Target::Generic)?;
+        let isa = Isa::new(target)?;
+        let axis = Axis {
+            input: size,
+            output: output_len(size, 3, 1, 1, (1, 1), false).unwrap(),
+            kernel: 3,
+            stride: 1,
+            dilation: 1,
+            pad_begin: 1,
+            pad_end: 1,
+        };
+        let window = Window { h: axis, w: axis };
+        let w = vec![0.0; co * ci * 9];
+        let packs = pack_groups(target, &w, co, ci, 9, 1).unwrap();
+        let refs: Vec<&PackedB> = packs.iter().collect();
+        let c = Conv {
+            window: &window,
+            batch: 1,
+            in_channels: ci,
+            out_channels: co,
+            groups: 1,
+            x: &[],
+            weights: ConvWeights::Packed(&refs),
+            bias: None,
+            activation: Activation::None,
+            residual: None,
+            after: Activation::None,
+        };
+        let panels = co.div_ceil(refs[0].nr());
+        let row_bytes = 3 * size * ci * 4;
+        Some(split(isa, &c, &refs, (size, panels), row_bytes, threads))
+    }
+
+    #[test]
+    fn tasks_cut_whatever_moves_fewer_bytes() {
+        let Some(one) = tasks(7, 512, 512, 1) else { return };
+        assert_eq!(one, (1, 1), "one thread, one task");
+        // ResNet-50's last 3×3: 9 MiB of weights, 100 KiB of input.
+        let (rows, panels) = tasks(7, 512, 512, 2).unwrap();
+        assert_eq!(rows, 1, "weights streamed once: {rows} x {panels}");
+        assert!(panels >= 4);
+        // Its first: 147 KiB of weights, a 56×56 map.
+        let (rows, panels) = tasks(56, 64, 64, 2).unwrap();
+        assert_eq!(panels, 1, "input read once: {rows} x {panels}");
+        assert!(rows >= 4);
     }
 }
