@@ -544,6 +544,8 @@ mod tests {
             case(1, 24, 72, 2, axis(15, 1, 1, 1, (0, 0)), axis(16, 1, 1, 1, (0, 0))),
             // No divisor of 229 pixels in 28..=224: rows of 112 and a rest.
             case(1, 8, 12, 1, unit, axis(229, 1, 1, 1, (0, 0))),
+            // 337 = 3 · 112 + 1: a rest of one pixel, which runs as a border patch.
+            case(1, 8, 40, 1, unit, axis(337, 1, 1, 1, (0, 0))),
             // Interior tiles of 14, 14 and a rest between border columns;
             // dilation and stride; a 7×7 stem-like window on 3 channels.
             case(1, 24, 48, 1, axis(5, 3, 1, 1, (1, 1)), axis(33, 3, 1, 1, (1, 1))),
