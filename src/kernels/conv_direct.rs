@@ -795,41 +795,15 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn avx2<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, c: *mut f32) {
         let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-        let (img, panel) = (t.image.as_ptr(), t.panel.as_ptr());
-        // The next panel's share, one line per four K rows (two registers:
-        // a counter per line, as in the AVX-512 kernel, made LLVM spill).
-        let (mut pf, pf_end) = (t.prefetch.as_ptr(), t.prefetch.as_ptr_range().end);
-        for s in t.segs {
-            // SAFETY: in bounds, see `tile` (b rows of 16).
-            unsafe {
-                let a = img.add(t.a0 + s.a);
-                let rows: [*const f32; MR] = std::array::from_fn(|i| a.add(i * t.pixel_step));
-                let b = panel.add(s.b);
-                let step = |k: usize, acc: &mut [[__m256; 2]; MR]| {
-                    let b0 = _mm256_loadu_ps(b.add(16 * k));
-                    let b1 = _mm256_loadu_ps(b.add(16 * k + 8));
-                    for (row, acc) in rows.iter().zip(acc.iter_mut()) {
-                        let ai = _mm256_broadcast_ss(&*row.add(k));
-                        acc[0] = _mm256_fmadd_ps(ai, b0, acc[0]);
-                        acc[1] = _mm256_fmadd_ps(ai, b1, acc[1]);
-                    }
-                };
-                // Four k per iteration, as in the GEMM microkernel: the loop's
-                // own instructions no longer hold back the FMAs.
-                let whole = s.len / 4 * 4;
-                for k in (0..whole).step_by(4) {
-                    if pf < pf_end {
-                        // A hint only: prefetching never faults.
-                        _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
-                        pf = pf.wrapping_add(16);
-                    }
-                    for u in 0..4 {
-                        step(k + u, &mut acc);
-                    }
-                }
-                for k in whole..s.len {
-                    step(k, &mut acc);
-                }
+        // A half panel (the last 8 of 24, 40, 72 or 120 channels, common
+        // in MobileNets and PP-OCR) accumulates one vector per pixel, not
+        // two of which one is thrown away.
+        // SAFETY: `tile` checked every offset either loop reads.
+        unsafe {
+            if nc > 8 {
+                accumulate_avx2::<MR, 2>(t, &mut acc);
+            } else {
+                accumulate_avx2::<MR, 1>(t, &mut acc);
             }
         }
         let (n0, n1) = (nc, nc.saturating_sub(8));
@@ -860,6 +834,53 @@ mod x86 {
             }
             if let Some((lo, hi)) = t.after {
                 clamp_avx2(MR, nc, ldc, c, lo, hi);
+            }
+        }
+    }
+
+    /// The K loop of [`avx2`]: every segment into `acc`, `V` vectors of
+    /// each B row (2: all 16 columns; 1: the first 8).
+    ///
+    /// # Safety
+    /// As [`avx2`]'s.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn accumulate_avx2<const MR: usize, const V: usize>(t: &TileArgs<'_>, acc: &mut [[__m256; 2]; MR]) {
+        let (img, panel) = (t.image.as_ptr(), t.panel.as_ptr());
+        // The next panel's share, one line per four K rows (two registers:
+        // a counter per line, as in the AVX-512 kernel, made LLVM spill).
+        let (mut pf, pf_end) = (t.prefetch.as_ptr(), t.prefetch.as_ptr_range().end);
+        for s in t.segs {
+            // SAFETY: in bounds, see `tile` (b rows of 16).
+            unsafe {
+                let a = img.add(t.a0 + s.a);
+                let rows: [*const f32; MR] = std::array::from_fn(|i| a.add(i * t.pixel_step));
+                let b = panel.add(s.b);
+                let step = |k: usize, acc: &mut [[__m256; 2]; MR]| {
+                    let bk: [__m256; V] = std::array::from_fn(|v| _mm256_loadu_ps(b.add(16 * k + 8 * v)));
+                    for (row, acc) in rows.iter().zip(acc.iter_mut()) {
+                        let ai = _mm256_broadcast_ss(&*row.add(k));
+                        for v in 0..V {
+                            acc[v] = _mm256_fmadd_ps(ai, bk[v], acc[v]);
+                        }
+                    }
+                };
+                // Four k per iteration, as in the GEMM microkernel: the loop's
+                // own instructions no longer hold back the FMAs.
+                let whole = s.len / 4 * 4;
+                for k in (0..whole).step_by(4) {
+                    if pf < pf_end {
+                        // A hint only: prefetching never faults.
+                        _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                        pf = pf.wrapping_add(16);
+                    }
+                    for u in 0..4 {
+                        step(k + u, acc);
+                    }
+                }
+                for k in whole..s.len {
+                    step(k, acc);
+                }
             }
         }
     }
