@@ -467,6 +467,9 @@ mod tests {
             (true, Activation::None, Activation::Relu),
             (true, Activation::Relu, Activation::Clip(0.5, 6.0)),
             (true, Activation::None, Activation::Silu),
+            // Applied in the direct kernels' registers too.
+            (true, Activation::HardSwish, Activation::None),
+            (true, Activation::HardSigmoid(0.2, 0.5), Activation::Relu),
         ] {
             let base = Conv {
                 window: w,

@@ -20,8 +20,9 @@
 //! the kernel's speed. Rows are processed in blocks whose input stays in
 //! L2, one weight panel after the other.
 //!
-//! The bias, a Relu/Clip clamp and the residual are applied in registers
-//! at the store; other activations run over each tile right after it.
+//! The bias, a Relu/Clip clamp, HardSigmoid or HardSwish, and the residual
+//! are applied in registers at the store; other activations run over each
+//! tile right after it.
 //!
 //! Measured on an AMD EPYC (Zen 4/5 class, AVX-512), one thread, `cargo bench
 //! --bench conv_kernels`: 3×3 convolutions at ResNet-50 shapes (56² to 7²)
@@ -72,8 +73,8 @@ struct TileArgs<'a> {
     /// The B panel: `K` rows of `NR`.
     panel: &'a [f32],
     bias: Option<&'a [f32]>,
-    /// The activation, when it is a clamp the kernel applies in registers.
-    clamp: Option<(f32, f32)>,
+    /// The activation, when the kernel applies it in registers.
+    act: Option<RegAct>,
     /// The residual's rows for the tile (row stride as C's), when the
     /// kernel adds it: after the clamp, or with no activation.
     residual: Option<&'a [f32]>,
@@ -85,15 +86,41 @@ struct TileArgs<'a> {
 }
 
 /// Whether the kernel's store can finish the epilogue: no activation but
-/// clamps, before and after the residual, so the residual may be added in
-/// registers too.
-fn kernel_finishes(c: &Conv<'_>) -> bool {
-    let clamp = |act: Activation| act == Activation::None || clamp_of(act).is_some();
-    clamp(c.activation) && clamp(c.after)
+/// one it applies in registers, and a clamp or nothing after the residual,
+/// so the residual may be added in registers too.
+fn kernel_finishes(isa: Isa, c: &Conv<'_>) -> bool {
+    (c.activation == Activation::None || in_registers(isa, c.activation).is_some())
+        && (c.after == Activation::None || clamp_of(c.after).is_some())
+}
+
+/// An activation the kernels apply to each vector before they store it,
+/// with the same roundings as `gemm::activate` (so every path gives the
+/// same bits): cheap ones, of a few instructions and no table or `exp`.
+/// Others run over the stored tile.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum RegAct {
+    /// `min(hi, max(lo, v))`, NaN staying NaN: Relu and Clip.
+    Clamp(f32, f32),
+    /// `max(0, min(1, alpha·v + beta))`, the product rounded before the sum.
+    HardSigmoid(f32, f32),
+    /// `v · HardSigmoid(1/6, 1/2)(v)`: MobileNetV3's and PP-LCNet's
+    /// activation, until now a pass over each stored tile.
+    HardSwish,
+}
+
+/// `act` as the kernels of `isa` apply it in registers, if they do. The
+/// AVX-512 kernel keeps clamps only, its epilogue as measured: HardSigmoid
+/// and HardSwish there are unmeasured (no AVX-512 machine since).
+fn in_registers(isa: Isa, act: Activation) -> Option<RegAct> {
+    match act {
+        Activation::HardSigmoid(alpha, beta) if isa.target() == Target::Avx2 => Some(RegAct::HardSigmoid(alpha, beta)),
+        Activation::HardSwish if isa.target() == Target::Avx2 => Some(RegAct::HardSwish),
+        _ => clamp_of(act).map(|(lo, hi)| RegAct::Clamp(lo, hi)),
+    }
 }
 
 /// Relu and Clip as the `[lo, hi]` clamp the kernels apply before they
-/// store (NaN stays NaN, as in `gemm::activate`); other activations run after.
+/// store (NaN stays NaN, as in `gemm::activate`).
 fn clamp_of(act: Activation) -> Option<(f32, f32)> {
     match act {
         Activation::Relu => Some((0.0, f32::INFINITY)),
@@ -375,9 +402,9 @@ fn row_block(
 /// The activation, residual and activation after it of `rows`, tile rows
 /// of `nc` values one after the other (row `i`'s flat index in the output,
 /// which the residual shares, is `at(i)`), after their store (which applied
-/// a clamp activation, and nothing else).
+/// an activation of [`in_registers`], and nothing else).
 fn epilogue(isa: Isa, c: &Conv<'_>, rows: &mut [f32], nc: usize, at: impl Fn(usize) -> usize) {
-    if c.activation != Activation::None && clamp_of(c.activation).is_none() {
+    if c.activation != Activation::None && in_registers(isa, c.activation).is_none() {
         activate_isa(isa, c.activation, rows);
     }
     if let Some(res) = c.residual {
@@ -489,7 +516,7 @@ fn border_tiles(
             pixel_step: patch,
             panel,
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
-            clamp: clamp_of(c.activation),
+            act: in_registers(isa, c.activation),
             residual: None,
             after: None,
             prefetch: &next[(i * share).min(next.len())..((i + 1) * share).min(next.len())],
@@ -553,7 +580,7 @@ fn tiles(
     let (nc, col0) = (nr.min(cog - j0), g * cog + j0);
     let panel = pb.panel(j0 / nr);
     let pixel_step = c.window.w.stride * c.in_channels;
-    let finishes = kernel_finishes(c);
+    let finishes = kernel_finishes(isa, c);
     // A tile's copy for the epilogue, when the kernel's store does not finish it.
     let mut buf = (!finishes).then_some([0f32; TILE_MAX]);
     let mut ow = cols.start;
@@ -566,7 +593,7 @@ fn tiles(
             pixel_step,
             panel,
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
-            clamp: clamp_of(c.activation),
+            act: in_registers(isa, c.activation),
             residual: c.residual.filter(|_| finishes).map(|r| &r[at..at + (mr - 1) * co + nc]),
             after: clamp_of(c.after).filter(|_| finishes),
             prefetch: if i == 0 { prefetch } else { &[] },
@@ -669,7 +696,7 @@ mod x86 {
 
     use crate::kernels::avx2;
 
-    use super::TileArgs;
+    use super::{RegAct, TileArgs};
 
     fn mask16(n: usize) -> __mmask16 {
         if n >= 16 {
@@ -738,7 +765,11 @@ mod x86 {
                 ),
                 None => (_mm512_setzero_ps(), _mm512_setzero_ps()),
             };
-            let (lo, hi) = t.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+            // Clamps only (`in_registers`): the epilogue as it was measured.
+            let (lo, hi) = match t.act {
+                Some(RegAct::Clamp(lo, hi)) => (lo, hi),
+                _ => (f32::NEG_INFINITY, f32::INFINITY),
+            };
             let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
             // max(lo, v), min(hi, v): the second operand (v) when either is NaN.
             let fix = |v: __m512| _mm512_min_ps(hi, _mm512_max_ps(lo, v));
@@ -794,18 +825,38 @@ mod x86 {
     /// `j < nc`, is the caller's to write and nothing else refers to it.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn avx2<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, c: *mut f32) {
-        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
         // A half panel (the last 8 of 24, 40, 72 or 120 channels, common
         // in MobileNets and PP-OCR) accumulates one vector per pixel, not
         // two of which one is thrown away.
         // SAFETY: `tile` checked every offset either loop reads.
-        unsafe {
+        // The accumulators are returned by value: by reference, LLVM kept
+        // them in memory through the K loop (4x slower).
+        let acc = unsafe {
             if nc > 8 {
-                accumulate_avx2::<MR, 2>(t, &mut acc);
+                accumulate_avx2::<MR, 2>(t)
             } else {
-                accumulate_avx2::<MR, 1>(t, &mut acc);
+                accumulate_avx2::<MR, 1>(t)
             }
-        }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { store_avx2::<MR>(t, acc, nc, ldc, c) };
+    }
+
+    /// The tile's epilogue and store, out of line: LLVM allocates the K
+    /// loop's registers apart from the activations' constants (inline, the
+    /// HardSwish epilogue made it spill accumulators: PP-LCNet 2x slower).
+    ///
+    /// # Safety
+    /// As [`avx2`]'s.
+    #[inline(never)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn store_avx2<const MR: usize>(
+        t: &TileArgs<'_>,
+        acc: [[__m256; 2]; MR],
+        nc: usize,
+        ldc: usize,
+        c: *mut f32,
+    ) {
         let (n0, n1) = (nc, nc.saturating_sub(8));
         // SAFETY: the loads and stores touch the first nc values of the
         // bias and of each of the MR rows of C (see `tile`).
@@ -814,10 +865,19 @@ mod x86 {
                 Some(b) => (avx2::load(b.as_ptr(), n0), avx2::load(b.as_ptr().add(8.min(nc)), n1)),
                 None => (_mm256_setzero_ps(), _mm256_setzero_ps()),
             };
-            let (lo, hi) = t.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
-            let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
             // max(lo, v), min(hi, v): the second operand (v) when either is NaN.
-            let fix = |v: __m256| _mm256_min_ps(hi, _mm256_max_ps(lo, v));
+            let clamp =
+                |v: __m256, lo: f32, hi: f32| _mm256_min_ps(_mm256_set1_ps(hi), _mm256_max_ps(_mm256_set1_ps(lo), v));
+            let hard_sigmoid = |v: __m256, alpha: f32, beta: f32| {
+                let y = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(alpha), v), _mm256_set1_ps(beta));
+                clamp(y, 0.0, 1.0)
+            };
+            let fix = |v: __m256| match t.act {
+                None => v,
+                Some(RegAct::Clamp(lo, hi)) => clamp(v, lo, hi),
+                Some(RegAct::HardSigmoid(alpha, beta)) => hard_sigmoid(v, alpha, beta),
+                Some(RegAct::HardSwish) => _mm256_mul_ps(v, hard_sigmoid(v, 1.0 / 6.0, 0.5)),
+            };
             // The residual's tile rows, as C's (`tile` checked their length).
             let res = t.residual.map(|r| r.as_ptr());
             let plus = |v: __m256, at: usize, n: usize| match res {
@@ -845,7 +905,8 @@ mod x86 {
     /// As [`avx2`]'s.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn accumulate_avx2<const MR: usize, const V: usize>(t: &TileArgs<'_>, acc: &mut [[__m256; 2]; MR]) {
+    unsafe fn accumulate_avx2<const MR: usize, const V: usize>(t: &TileArgs<'_>) -> [[__m256; 2]; MR] {
+        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
         let (img, panel) = (t.image.as_ptr(), t.panel.as_ptr());
         // The next panel's share, one line per four K rows (two registers:
         // a counter per line, as in the AVX-512 kernel, made LLVM spill).
@@ -875,14 +936,15 @@ mod x86 {
                         pf = pf.wrapping_add(16);
                     }
                     for u in 0..4 {
-                        step(k + u, acc);
+                        step(k + u, &mut acc);
                     }
                 }
                 for k in whole..s.len {
-                    step(k, acc);
+                    step(k, &mut acc);
                 }
             }
         }
+        acc
     }
 
     /// The AVX2 build of [`clamp_avx512`].
