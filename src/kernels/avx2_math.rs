@@ -113,6 +113,27 @@ unsafe fn tanh8(x: __m256) -> __m256 {
     }
 }
 
+/// SiLU of one vector, as `Fun::Silu` computes it, for a kernel's epilogue
+/// (the direct convolution's store).
+///
+/// # Safety
+/// AVX2 and FMA available.
+#[inline(always)]
+pub(super) unsafe fn silu8(x: __m256) -> __m256 {
+    // SAFETY: the caller's CPU.
+    unsafe { over_one_plus_exp_neg(x, x) }
+}
+
+/// Sigmoid of one vector, as `Fun::Sigmoid` computes it.
+///
+/// # Safety
+/// AVX2 and FMA available.
+#[inline(always)]
+pub(super) unsafe fn sigmoid8(x: __m256) -> __m256 {
+    // SAFETY: the caller's CPU.
+    unsafe { over_one_plus_exp_neg(splat(1.0), x) }
+}
+
 /// `dst[i] = f(src[i])` for `i < n`, two vectors per iteration; `src` may be `dst`.
 ///
 /// # Safety

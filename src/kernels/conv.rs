@@ -470,6 +470,7 @@ mod tests {
             // Applied in the direct kernels' registers too.
             (true, Activation::HardSwish, Activation::None),
             (true, Activation::HardSigmoid(0.2, 0.5), Activation::Relu),
+            (true, Activation::Sigmoid, Activation::None),
         ] {
             let base = Conv {
                 window: w,

@@ -106,6 +106,10 @@ enum RegAct {
     /// `v · HardSigmoid(1/6, 1/2)(v)`: MobileNetV3's and PP-LCNet's
     /// activation, until now a pass over each stored tile.
     HardSwish,
+    /// `v / (1 + e^-v)` and `1 / (1 + e^-v)`, as the AVX2 unary kernels
+    /// compute them (`avx2_math`): YOLO's SiLU after every convolution.
+    Silu,
+    Sigmoid,
 }
 
 /// `act` as the kernels of `isa` apply it in registers, if they do. The
@@ -115,6 +119,8 @@ fn in_registers(isa: Isa, act: Activation) -> Option<RegAct> {
     match act {
         Activation::HardSigmoid(alpha, beta) if isa.target() == Target::Avx2 => Some(RegAct::HardSigmoid(alpha, beta)),
         Activation::HardSwish if isa.target() == Target::Avx2 => Some(RegAct::HardSwish),
+        Activation::Silu if isa.target() == Target::Avx2 => Some(RegAct::Silu),
+        Activation::Sigmoid if isa.target() == Target::Avx2 => Some(RegAct::Sigmoid),
         _ => clamp_of(act).map(|(lo, hi)| RegAct::Clamp(lo, hi)),
     }
 }
@@ -694,7 +700,7 @@ fn tile(isa: Isa, mr: usize, nc: usize, t: &TileArgs<'_>, out: &Out<'_>, at: usi
 mod x86 {
     use std::arch::x86_64::*;
 
-    use crate::kernels::avx2;
+    use crate::kernels::{avx2, avx2_math};
 
     use super::{RegAct, TileArgs};
 
@@ -877,6 +883,8 @@ mod x86 {
                 Some(RegAct::Clamp(lo, hi)) => clamp(v, lo, hi),
                 Some(RegAct::HardSigmoid(alpha, beta)) => hard_sigmoid(v, alpha, beta),
                 Some(RegAct::HardSwish) => _mm256_mul_ps(v, hard_sigmoid(v, 1.0 / 6.0, 0.5)),
+                Some(RegAct::Silu) => avx2_math::silu8(v),
+                Some(RegAct::Sigmoid) => avx2_math::sigmoid8(v),
             };
             // The residual's tile rows, as C's (`tile` checked their length).
             let res = t.residual.map(|r| r.as_ptr());
