@@ -845,18 +845,42 @@ mod x86 {
             }
         };
         // SAFETY: the caller's contract.
-        unsafe { store_avx2::<MR>(t, acc, nc, ldc, c) };
+        unsafe {
+            match t.act {
+                None | Some(RegAct::Clamp(..)) => store_avx2::<MR, false>(t, acc, nc, ldc, c),
+                _ => store_any_avx2::<MR>(t, acc, nc, ldc, c),
+            }
+        }
     }
 
-    /// The tile's epilogue and store, out of line: LLVM allocates the K
-    /// loop's registers apart from the activations' constants (inline, the
-    /// HardSwish epilogue made it spill accumulators: PP-LCNet 2x slower).
+    /// [`store_avx2`] for the activations other than clamps, out of line:
+    /// inline, their constants changed how LLVM compiled the K loop
+    /// (PP-LCNet 2x slower); out of line for every tile, the call cost
+    /// short-K tiles 10-15% (MobileNet's 16→96, 24→144).
     ///
     /// # Safety
     /// As [`avx2`]'s.
     #[inline(never)]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn store_avx2<const MR: usize>(
+    unsafe fn store_any_avx2<const MR: usize>(
+        t: &TileArgs<'_>,
+        acc: [[__m256; 2]; MR],
+        nc: usize,
+        ldc: usize,
+        c: *mut f32,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { store_avx2::<MR, true>(t, acc, nc, ldc, c) }
+    }
+
+    /// The tile's epilogue and store: bias, the activation (`ANY`: any of
+    /// `RegAct`, else a clamp or nothing), the residual, the clamp after.
+    ///
+    /// # Safety
+    /// As [`avx2`]'s.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn store_avx2<const MR: usize, const ANY: bool>(
         t: &TileArgs<'_>,
         acc: [[__m256; 2]; MR],
         nc: usize,
@@ -881,6 +905,7 @@ mod x86 {
             let fix = |v: __m256| match t.act {
                 None => v,
                 Some(RegAct::Clamp(lo, hi)) => clamp(v, lo, hi),
+                _ if !ANY => v,
                 Some(RegAct::HardSigmoid(alpha, beta)) => hard_sigmoid(v, alpha, beta),
                 Some(RegAct::HardSwish) => _mm256_mul_ps(v, hard_sigmoid(v, 1.0 / 6.0, 0.5)),
                 Some(RegAct::Silu) => avx2_math::silu8(v),
