@@ -220,7 +220,7 @@ def bench_model(model: Model, path: str, dev, args) -> List[List[str]]:
 
     for threads in args.threads:
         cpu = session(path, None, threads)
-        kl, session_err = real.attempt(session, path, dev, threads)
+        kl, session_err = real.attempt(session, path, dev, threads, args.ep_options)
         for label, f in zip(labels, feeds):
             c = cells[label]
             want = cpu.run(None, f)
@@ -259,10 +259,14 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10, help="interleaved repetitions of the latency blocks")
     ap.add_argument("--threads", default="1,2", help="intra_op_num_threads values, comma-separated")
     ap.add_argument("--pause-ms", type=float, default=50.0, help="idle time before each timed block")
+    ap.add_argument("--option", action="append", default=[], metavar="K=V",
+                    help="a kiln EP option for the timed sessions (e.g. force_ops=Conv,ConvTranspose)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "outside.md"))
     args = ap.parse_args()
     args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
     args.pause = args.pause_ms / 1e3
+    # Options for the timed kiln sessions (the claims columns stay the defaults').
+    args.ep_options = dict(kv.split("=", 1) for kv in args.option)
     models = real.select(ap, MODELS, args.models)
 
     try:
