@@ -7,6 +7,7 @@ mod common;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use common::*;
+use kiln_ep::ffi::compute::POOL_PROBES;
 use kiln_ep::ffi::sys;
 use kiln_ep::target::Target;
 
@@ -520,6 +521,17 @@ fn panic_in_compile_fails_session_creation_cleanly() {
     assert!(err.message.contains("kiln panicked in Compile"), "{}", err.message);
 }
 
+/// `attrs.onnx` wholly on kiln (no CPU EP fallback), `threads` intra-op threads.
+fn attrs_session(threads: i32) -> Session {
+    SessionOptions::new()
+        .threads(threads)
+        .config("session.disable_cpu_ep_fallback", "1")
+        .with_devices(env(), &[&host_device()], &[])
+        .unwrap()
+        .session(env(), &model("attrs.onnx"))
+        .expect("kiln takes Constant, Mul, LeakyRelu, Softmax and Transpose")
+}
+
 /// With `intra_op_num_threads=1`, ORT runs every ParallelFor task on the
 /// caller: kiln learns that from its first calls, then plans its kernels for
 /// one thread and stops calling ParallelFor (`ffi::compute::PoolProbe`).
@@ -528,22 +540,17 @@ fn one_thread_sessions_stop_calling_parallel_for() {
     let _s = serial();
     let _reg = Registered::new("kiln_one_thread");
     let x = Tensor::pattern(&[256, 512], 21);
-    let session = SessionOptions::new()
-        .threads(1)
-        .config("session.disable_cpu_ep_fallback", "1")
-        .with_devices(env(), &[&host_device()], &[])
-        .unwrap()
-        .session(env(), &model("attrs.onnx"))
-        .unwrap();
+    let session = attrs_session(1);
     let want = cpu_session("attrs.onnx").run(&[("X", &x)], &["Y"]).unwrap();
     let calls = || kiln_stats().parallel_for_calls;
     let start = calls();
-    // Enough Runs for the probe's calls (16), however many a Run makes.
+    // Enough Runs for the probe's calls, however many a Run makes.
+    let probes = u64::from(POOL_PROBES);
     let mut runs = 0;
-    while calls() - start < 16 {
+    while calls() - start < probes {
         runs += 1;
         assert!(
-            runs <= 16,
+            runs <= probes,
             "a Run of attrs.onnx called ParallelFor: {} calls in {runs} Runs",
             calls() - start
         );
@@ -563,13 +570,7 @@ fn attributes_of_every_kind_and_ort_thread_pool() {
     let x = Tensor::pattern(&[256, 512], 21);
     let before = kiln_stats();
     {
-        let session = SessionOptions::new()
-            .threads(2)
-            .config("session.disable_cpu_ep_fallback", "1")
-            .with_devices(env(), &[&host_device()], &[])
-            .unwrap()
-            .session(env(), &model("attrs.onnx"))
-            .expect("kiln takes Constant, Mul, LeakyRelu, Softmax and Transpose");
+        let session = attrs_session(2);
         let got = session.run(&[("X", &x)], &["Y"]).unwrap();
         let want = cpu_session("attrs.onnx").run(&[("X", &x)], &["Y"]).unwrap();
         assert_close(&got[0], &want[0]);

@@ -113,8 +113,8 @@ unsafe fn tanh8(x: __m256) -> __m256 {
     }
 }
 
-/// SiLU of one vector, as `Fun::Silu` computes it, for a kernel's epilogue
-/// (the direct convolution's store).
+/// SiLU of one vector: `Fun::Silu`'s lanes, and the direct convolution's
+/// store.
 ///
 /// # Safety
 /// AVX2 and FMA available.
@@ -124,7 +124,7 @@ pub(super) unsafe fn silu8(x: __m256) -> __m256 {
     unsafe { over_one_plus_exp_neg(x, x) }
 }
 
-/// Sigmoid of one vector, as `Fun::Sigmoid` computes it.
+/// Sigmoid of one vector: `Fun::Sigmoid`'s lanes, and the convolution's store.
 ///
 /// # Safety
 /// AVX2 and FMA available.
@@ -178,9 +178,9 @@ unsafe fn run(f: Fun, src: *const f32, dst: *mut f32, n: usize) {
     unsafe {
         match f {
             Fun::Exp => rows(src, dst, n, |x| exp8(x)),
-            Fun::Sigmoid => rows(src, dst, n, |x| over_one_plus_exp_neg(splat(1.0), x)),
+            Fun::Sigmoid => rows(src, dst, n, |x| sigmoid8(x)),
             Fun::Tanh => rows(src, dst, n, |x| tanh8(x)),
-            Fun::Silu => rows(src, dst, n, |x| over_one_plus_exp_neg(x, x)),
+            Fun::Silu => rows(src, dst, n, |x| silu8(x)),
         }
     }
 }

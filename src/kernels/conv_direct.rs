@@ -511,6 +511,7 @@ fn border_tiles(
     let panel = pb.panel(j0 / nr);
     s.tile.resize(mr_max(isa) * nr, 0.0);
     let row_len = w.w.output * co;
+    let act = in_registers(isa, c.activation);
     let mut at = 0;
     let tiles = s.border.len().div_ceil(mr_max(isa));
     let share = next.len().div_ceil(tiles);
@@ -522,7 +523,7 @@ fn border_tiles(
             pixel_step: patch,
             panel,
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
-            act: in_registers(isa, c.activation),
+            act,
             residual: None,
             after: None,
             prefetch: &next[(i * share).min(next.len())..((i + 1) * share).min(next.len())],
@@ -587,6 +588,7 @@ fn tiles(
     let panel = pb.panel(j0 / nr);
     let pixel_step = c.window.w.stride * c.in_channels;
     let finishes = kernel_finishes(isa, c);
+    let act = in_registers(isa, c.activation);
     // A tile's copy for the epilogue, when the kernel's store does not finish it.
     let mut buf = (!finishes).then_some([0f32; TILE_MAX]);
     let mut ow = cols.start;
@@ -599,7 +601,7 @@ fn tiles(
             pixel_step,
             panel,
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
-            act: in_registers(isa, c.activation),
+            act,
             residual: c.residual.filter(|_| finishes).map(|r| &r[at..at + (mr - 1) * co + nc]),
             after: clamp_of(c.after).filter(|_| finishes),
             prefetch: if i == 0 { prefetch } else { &[] },
