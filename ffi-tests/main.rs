@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use common::*;
-use kiln_ep::ffi::compute::POOL_PROBES;
+use kiln_ep::ffi::compute::{POOL_PROBES, REPROBE_COMPUTES};
 use kiln_ep::ffi::sys;
 use kiln_ep::target::Target;
 
@@ -533,8 +533,10 @@ fn attrs_session(threads: i32) -> Session {
 }
 
 /// With `intra_op_num_threads=1`, ORT runs every ParallelFor task on the
-/// caller: kiln learns that from its first calls, then plans its kernels for
-/// one thread and stops calling ParallelFor (`ffi::compute::PoolProbe`).
+/// caller: kiln learns that from its first Computes' rendezvous, then plans
+/// its kernels for one thread and stops calling ParallelFor
+/// (`ffi::compute::PoolProbe`) until it checks again, REPROBE_COMPUTES
+/// Computes and REPROBE_MICROS later.
 #[test]
 fn one_thread_sessions_stop_calling_parallel_for() {
     let _s = serial();
@@ -542,25 +544,65 @@ fn one_thread_sessions_stop_calling_parallel_for() {
     let x = Tensor::pattern(&[256, 512], 21);
     let session = attrs_session(1);
     let want = cpu_session("attrs.onnx").run(&[("X", &x)], &["Y"]).unwrap();
-    let calls = || kiln_stats().parallel_for_calls;
-    let start = calls();
-    // Enough Runs for the probe's calls, however many a Run makes.
-    let probes = u64::from(POOL_PROBES);
-    let mut runs = 0;
-    while calls() - start < probes {
-        runs += 1;
+    let before = kiln_stats();
+    // attrs.onnx is one partition: one Compute, one rendezvous per Run.
+    for _ in 0..POOL_PROBES {
+        assert_close(&session.run(&[("X", &x)], &["Y"]).unwrap()[0], &want[0]);
+    }
+    let learnt = kiln_stats();
+    assert!(
+        learnt.parallel_for_calls > before.parallel_for_calls,
+        "planned for the host's 2 CPUs first"
+    );
+    assert_eq!(learnt.pool_rendezvous - before.pool_rendezvous, u64::from(POOL_PROBES));
+    assert_eq!(
+        learnt.pool_rendezvous_joined, before.pool_rendezvous_joined,
+        "no pool thread to join"
+    );
+    for _ in 0..REPROBE_COMPUTES - 1 {
+        assert_close(&session.run(&[("X", &x)], &["Y"]).unwrap()[0], &want[0]);
+    }
+    let after = kiln_stats();
+    assert_eq!(
+        after.parallel_for_calls, learnt.parallel_for_calls,
+        "kiln still cuts work for a pool of one thread"
+    );
+    assert_eq!(after.pool_rendezvous, learnt.pool_rendezvous, "checked again too soon");
+}
+
+/// With two threads, a pool thread joins one of the first rendezvous (or a
+/// later check), and kiln keeps splitting work over the pool.
+#[test]
+fn two_thread_sessions_find_the_pool() {
+    let _s = serial();
+    let _reg = Registered::new("kiln_two_threads");
+    let x = Tensor::pattern(&[256, 512], 21);
+    let session = attrs_session(2);
+    let want = cpu_session("attrs.onnx").run(&[("X", &x)], &["Y"]).unwrap();
+    let before = kiln_stats();
+    // A pool thread may miss the first rendezvous (asleep, or its core busy);
+    // the checks every REPROBE_MICROS find it within a few.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while kiln_stats().pool_rendezvous_joined == before.pool_rendezvous_joined {
         assert!(
-            runs <= probes,
-            "a Run of attrs.onnx called ParallelFor: {} calls in {runs} Runs",
-            calls() - start
+            std::time::Instant::now() < deadline,
+            "no pool thread joined a rendezvous in 20 s"
         );
         assert_close(&session.run(&[("X", &x)], &["Y"]).unwrap()[0], &want[0]);
     }
-    let learnt = calls();
-    for _ in 0..4 {
+    let found = kiln_stats();
+    for _ in 0..2 * REPROBE_COMPUTES {
         assert_close(&session.run(&[("X", &x)], &["Y"]).unwrap()[0], &want[0]);
     }
-    assert_eq!(calls(), learnt, "kiln still cuts work for a pool of one thread");
+    let after = kiln_stats();
+    assert!(
+        after.parallel_for_calls >= found.parallel_for_calls + u64::from(2 * REPROBE_COMPUTES),
+        "every Run splits its work"
+    );
+    assert_eq!(
+        after.pool_rendezvous, found.pool_rendezvous,
+        "a found pool is not probed again"
+    );
 }
 
 #[test]

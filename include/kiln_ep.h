@@ -48,6 +48,10 @@ typedef struct KilnStats {
   // Programs built for a shape-generic partition at the first run with a
   // new input shape signature (later runs at that shape reuse them).
   uint64_t shapes_specialized;
+  // Rendezvous run to learn whether a session's intra-op pool has threads
+  // besides the caller, and how many of them a pool thread joined.
+  uint64_t pool_rendezvous;
+  uint64_t pool_rendezvous_joined;
 } KilnStats;
 
 // Entry point ORT calls after loading the library: creates kiln's one factory.

@@ -43,6 +43,10 @@ pub struct KilnStats {
     /// Programs built for a shape-generic partition at the first run with a
     /// new input shape signature (later runs at that shape reuse them).
     pub shapes_specialized: u64,
+    /// Rendezvous run to learn whether a session's intra-op pool has threads
+    /// besides the caller, and how many of them a pool thread joined.
+    pub pool_rendezvous: u64,
+    pub pool_rendezvous_joined: u64,
 }
 
 static EPS_CREATED: AtomicU64 = AtomicU64::new(0);
@@ -62,6 +66,8 @@ static DEVICE_QUERIES: AtomicU64 = AtomicU64::new(0);
 static FACTORIES_CREATED: AtomicU64 = AtomicU64::new(0);
 static FACTORIES_FREED: AtomicU64 = AtomicU64::new(0);
 static SHAPES_SPECIALIZED: AtomicU64 = AtomicU64::new(0);
+static RENDEZVOUS: AtomicU64 = AtomicU64::new(0);
+static RENDEZVOUS_JOINED: AtomicU64 = AtomicU64::new(0);
 
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
@@ -125,6 +131,13 @@ pub fn context_written(bytes: u64, deduplicated: u64) {
     BYTES_DEDUPLICATED.fetch_add(deduplicated, Ordering::Relaxed);
 }
 
+pub fn pool_rendezvous(joined: bool) {
+    bump(&RENDEZVOUS);
+    if joined {
+        bump(&RENDEZVOUS_JOINED);
+    }
+}
+
 pub fn parallel_for_called() {
     PARALLEL_FOR.fetch_add(1, Ordering::Relaxed);
 }
@@ -148,5 +161,7 @@ pub fn snapshot() -> KilnStats {
         factories_created: FACTORIES_CREATED.load(Ordering::Relaxed),
         factories_freed: FACTORIES_FREED.load(Ordering::Relaxed),
         shapes_specialized: SHAPES_SPECIALIZED.load(Ordering::Relaxed),
+        pool_rendezvous: RENDEZVOUS.load(Ordering::Relaxed),
+        pool_rendezvous_joined: RENDEZVOUS_JOINED.load(Ordering::Relaxed),
     }
 }

@@ -398,6 +398,8 @@ class KilnStats(ctypes.Structure):
         ("factories_created", ctypes.c_uint64),
         ("factories_freed", ctypes.c_uint64),
         ("shapes_specialized", ctypes.c_uint64),
+        ("pool_rendezvous", ctypes.c_uint64),
+        ("pool_rendezvous_joined", ctypes.c_uint64),
     ]
 
 
@@ -430,7 +432,9 @@ def stats(library_path: Optional[str] = None) -> Dict[str, int]:
     ``context_bytes_deduplicated``, ``parallel_for_calls``, ``eps_released``,
     ``sessions_initialized``, ``concurrency_queries``, ``device_queries``,
     ``factories_created``, ``factories_freed``, ``shapes_specialized`` (programs built at a
-    first run with a new input shape). Counts since the library was loaded into
+    first run with a new input shape), ``pool_rendezvous`` and
+    ``pool_rendezvous_joined`` (calls kiln made to learn whether the session's
+    intra-op pool has threads, and those a pool thread joined). Counts since the library was loaded into
     this process.
     Reads the library registered most recently through :func:`register` (or
     ``library_path``, or :func:`get_library_path`); the dynamic loader hands

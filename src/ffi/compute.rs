@@ -1,7 +1,7 @@
 //! `OrtNodeComputeInfo` (one per compiled partition) and the kernel context
 //! ORT passes to Compute.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::api::{ort, Api};
@@ -144,10 +144,13 @@ impl<'a> KernelContext<'a> {
     where
         'a: 'p,
     {
+        let host = host_threads();
+        let probe = host > 1 && pool.probe_now(micros_now());
         OrtParallel {
             ctx: self.ptr,
-            threads: pool.threads(host_threads()),
+            threads: if probe { host } else { pool.threads(host) },
             pool,
+            probe: AtomicBool::new(probe),
         }
     }
 }
@@ -157,50 +160,97 @@ impl<'a> KernelContext<'a> {
 /// runs every `ParallelFor` task on the caller: kernels that cut their work
 /// for two threads then ran it serially in small pieces (a 3×3 convolution
 /// at 7×7, cut into one task per output row, streamed its 9 MiB of weights
-/// once per row: 25% slower than one task). So the first `ParallelFor` calls
-/// note which threads run their tasks: a task on another thread proves a
-/// pool; [`POOL_PROBES`] calls run on the caller alone say there is none, and
-/// from then on kernels plan for one thread. Kernels give the same results
-/// however they cut their work, so what is learnt changes speed only.
+/// once per row: 25% slower than one task). So the first Computes each start
+/// with a rendezvous ([`OrtParallel::rendezvous`]): two tasks, the caller's
+/// waiting up to [`PROBE_WAIT`] for the other to start on another thread.
+/// One that does proves a pool, for good; [`POOL_PROBES`] that do not say
+/// there is none, and kernels then plan for one thread. A pool's thread can
+/// miss them all (asleep, or its core held by another session's spinning
+/// thread: 4 ms was seen), so a one-thread plan is checked again by one
+/// rendezvous every [`REPROBE_MICROS`] and [`REPROBE_COMPUTES`] Computes.
+/// Kernels give the same results however they cut their work, so what is
+/// learnt changes speed only.
 #[derive(Debug, Default)]
-pub struct PoolProbe(AtomicU32);
+pub struct PoolProbe {
+    /// Rendezvous no pool thread joined, or [`POOL_FOUND`].
+    misses: AtomicU32,
+    /// Computes since the last rendezvous, once planning for one thread.
+    computes: AtomicU32,
+    /// When the last rendezvous was claimed, in µs of [`micros_now`].
+    last: AtomicU64,
+}
 
-/// Calls of `ParallelFor` whose tasks all ran on the caller before kiln
-/// takes the pool to have one thread. A pool's thread, woken by each call,
-/// misses the first few only when the tasks are tiny and the caller ends
-/// them first.
-pub const POOL_PROBES: u32 = 16;
+/// Rendezvous that no pool thread joined before kiln takes the pool to have
+/// one thread. In a one-thread session each costs [`PROBE_WAIT`].
+pub const POOL_PROBES: u32 = 3;
 
-/// The probe's state once a task ran on a pool thread.
+/// How long a rendezvous waits for a pool thread: ORT's threads, asleep
+/// between calls, woke within 60 µs on the development VMs (2 vCPUs).
+pub const PROBE_WAIT: std::time::Duration = std::time::Duration::from_micros(300);
+
+/// A one-thread plan is checked again after this long and [`REPROBE_COMPUTES`]
+/// Computes: at most 0.3% of a one-thread session's time.
+pub const REPROBE_MICROS: u64 = 100_000;
+
+/// Computes between checks of a one-thread plan, so that a slow Run (a big
+/// model, or a test under valgrind) does not check on every call.
+pub const REPROBE_COMPUTES: u32 = 8;
+
+/// The probe's state once a pool thread joined a rendezvous.
 const POOL_FOUND: u32 = u32::MAX;
 
 impl PoolProbe {
-    /// The threads to plan for: the host's until the pool is known to have
+    /// The threads to plan for: the host's unless the pool is taken to have
     /// one thread.
     pub fn threads(&self, host: usize) -> usize {
-        match self.0.load(Ordering::Relaxed) {
+        match self.misses.load(Ordering::Relaxed) {
             n if n != POOL_FOUND && n >= POOL_PROBES => 1,
             _ => host,
         }
     }
 
-    /// Whether calls still need watching.
-    fn learning(&self) -> bool {
-        let n = self.0.load(Ordering::Relaxed);
-        n != POOL_FOUND && n < POOL_PROBES
-    }
-
-    /// One call's finding: whether a task ran on a thread other than the caller.
-    fn observe(&self, foreign: bool) {
-        if foreign {
-            self.0.store(POOL_FOUND, Ordering::Relaxed);
-        } else {
-            // Concurrent Runs: count only while still learning.
-            let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n != POOL_FOUND && n < POOL_PROBES).then_some(n + 1)
-            });
+    /// Whether the Compute starting at `now` (µs) runs a rendezvous: while
+    /// learning, every one; once planning for one thread, one claimed by the
+    /// first Compute past both re-probe limits.
+    fn probe_now(&self, now: u64) -> bool {
+        match self.misses.load(Ordering::Relaxed) {
+            POOL_FOUND => false,
+            n if n < POOL_PROBES => true,
+            _ => {
+                let computes = self.computes.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+                let last = self.last.load(Ordering::Relaxed);
+                let due = computes >= REPROBE_COMPUTES && now.saturating_sub(last) >= REPROBE_MICROS;
+                // Concurrent Runs: one of them claims the rendezvous.
+                due && self
+                    .last
+                    .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+                    && {
+                        self.computes.store(0, Ordering::Relaxed);
+                        true
+                    }
+            }
         }
     }
+
+    /// One rendezvous's finding at `now` (µs): whether a pool thread joined it.
+    fn observe(&self, joined: bool, now: u64) {
+        if joined {
+            return self.misses.store(POOL_FOUND, Ordering::Relaxed);
+        }
+        let _ = self.misses.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < POOL_PROBES).then_some(n + 1)
+        });
+        self.last.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+/// Microseconds since the first call in this process: a clock that fits an
+/// atomic.
+fn micros_now() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+    u64::try_from(epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The CPUs this process may use, read once: `available_parallelism` reads
@@ -217,6 +267,8 @@ pub struct OrtParallel<'a> {
     /// The host's CPUs, or 1 once `pool` has found no pool threads.
     threads: usize,
     pool: &'a PoolProbe,
+    /// Whether this Compute's first `ParallelFor` starts with a rendezvous.
+    probe: AtomicBool,
 }
 
 // SAFETY: ORT's ParallelFor may be called from the Compute thread only, and
@@ -226,24 +278,68 @@ unsafe impl Sync for OrtParallel<'_> {}
 struct Task<'f> {
     f: &'f (dyn Fn(usize) + Sync),
     panic: parking_lot::Mutex<Option<Box<dyn std::any::Any + Send>>>,
-    /// While the pool is being learnt: the calling thread, and whether a
-    /// task ran on another.
-    caller: Option<std::thread::ThreadId>,
-    foreign: AtomicBool,
+}
+
+/// A rendezvous's two tasks: the caller's waits for the other to start on
+/// another thread.
+struct Rendezvous {
+    caller: std::thread::ThreadId,
+    joined: AtomicBool,
+}
+
+unsafe extern "C" fn run_rendezvous(user: *mut std::ffi::c_void, _index: usize) {
+    // SAFETY: `user` is the Rendezvous that `rendezvous` passed, alive until
+    // ParallelFor returns.
+    let r = unsafe { &*(user as *const Rendezvous) };
+    // Nothing here panics; the guard keeps it so if that changes.
+    let _ = std::panic::catch_unwind(|| {
+        if std::thread::current().id() != r.caller {
+            return r.joined.store(true, Ordering::Release);
+        }
+        let start = std::time::Instant::now();
+        while !r.joined.load(Ordering::Acquire) && start.elapsed() < PROBE_WAIT {
+            std::hint::spin_loop();
+        }
+    });
 }
 
 unsafe extern "C" fn run_task(user: *mut std::ffi::c_void, index: usize) {
     // SAFETY: `user` is the Task that for_each passed, alive until ParallelFor returns.
     let task = unsafe { &*(user as *const Task<'_>) };
-    let run = || {
-        if task.caller.is_some_and(|c| c != std::thread::current().id()) {
-            task.foreign.store(true, Ordering::Relaxed);
-        }
-        (task.f)(index)
-    };
+    let run = || (task.f)(index);
     // Never unwind into ORT's thread pool: keep the panic, re-raise it after.
     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
         task.panic.lock().get_or_insert(p);
+    }
+}
+
+impl OrtParallel<'_> {
+    /// Whether a pool thread joins a call of two tasks within [`PROBE_WAIT`];
+    /// None if ORT refused the call. Counted apart from the kernels' calls.
+    fn rendezvous(&self) -> Option<bool> {
+        let r = Rendezvous {
+            caller: std::thread::current().id(),
+            joined: AtomicBool::new(false),
+        };
+        // SAFETY: live context; ORT runs run_rendezvous(&r, i) for i < 2 and
+        // returns only when both have finished (facts sheet 9.1).
+        let status = unsafe {
+            ort!(
+                Api::get().ort,
+                KernelContext_ParallelFor(
+                    self.ctx,
+                    Some(run_rendezvous),
+                    2,
+                    0,
+                    (&r as *const Rendezvous).cast_mut().cast()
+                )
+            )
+        };
+        // SAFETY: status from ORT.
+        unsafe { check(status) }.ok()?;
+        let joined = r.joined.load(Ordering::Acquire);
+        crate::stats::pool_rendezvous(joined);
+        Some(joined)
     }
 }
 
@@ -259,12 +355,15 @@ unsafe impl crate::kernels::parallel::Parallel for OrtParallel<'_> {
         if n <= 1 || self.threads <= 1 {
             return (0..n).for_each(f);
         }
-        let learning = self.pool.learning();
+        if self.probe.swap(false, Ordering::Relaxed) {
+            // A refused call proves nothing: keep the host's count, which
+            // only costs speed.
+            let joined = self.rendezvous().unwrap_or(true);
+            self.pool.observe(joined, micros_now());
+        }
         let task = Task {
             f,
             panic: parking_lot::Mutex::new(None),
-            caller: learning.then(|| std::thread::current().id()),
-            foreign: AtomicBool::new(false),
         };
         // SAFETY: live context; ORT runs run_task(&task, i) for every i < n and
         // returns only when all have finished (facts sheet 9.1).
@@ -286,9 +385,6 @@ unsafe impl crate::kernels::parallel::Parallel for OrtParallel<'_> {
             return (0..n).for_each(f);
         }
         crate::stats::parallel_for_called();
-        if learning {
-            self.pool.observe(task.foreign.load(Ordering::Relaxed));
-        }
         if let Some(p) = task.panic.into_inner() {
             std::panic::resume_unwind(p);
         }
@@ -372,32 +468,57 @@ unsafe extern "C" fn release_state(_this: *mut sys::OrtNodeComputeInfo, _state: 
 
 #[cfg(test)]
 mod tests {
-    use super::{PoolProbe, POOL_PROBES};
+    use super::{PoolProbe, POOL_PROBES, REPROBE_COMPUTES, REPROBE_MICROS};
 
-    #[test]
-    fn calls_on_the_caller_alone_teach_one_thread() {
+    /// A probe that has missed `POOL_PROBES` rendezvous at time 0.
+    fn one_thread() -> PoolProbe {
         let pool = PoolProbe::default();
-        for _ in 0..POOL_PROBES - 1 {
-            pool.observe(false);
+        for _ in 0..POOL_PROBES {
             assert_eq!(pool.threads(2), 2, "still learning: plan for the host");
-            assert!(pool.learning());
+            assert!(pool.probe_now(0), "every Compute probes while learning");
+            pool.observe(false, 0);
         }
-        pool.observe(false);
-        assert_eq!(pool.threads(2), 1);
-        assert!(!pool.learning());
+        pool
     }
 
     #[test]
-    fn a_task_on_a_pool_thread_settles_it() {
+    fn missed_rendezvous_teach_one_thread() {
+        let pool = one_thread();
+        assert_eq!(pool.threads(2), 1);
+        assert!(!pool.probe_now(1));
+    }
+
+    #[test]
+    fn a_joined_rendezvous_settles_it() {
         let pool = PoolProbe::default();
-        for _ in 0..POOL_PROBES - 1 {
-            pool.observe(false);
-        }
-        pool.observe(true);
-        assert!(!pool.learning());
-        for _ in 0..2 * POOL_PROBES {
-            pool.observe(false);
+        pool.observe(false, 0);
+        pool.observe(true, 0);
+        for t in 0..4 * REPROBE_COMPUTES {
+            assert!(!pool.probe_now(u64::from(t) * REPROBE_MICROS));
+            pool.observe(false, 0);
         }
         assert_eq!(pool.threads(2), 2);
+    }
+
+    #[test]
+    fn a_one_thread_plan_is_checked_after_time_and_computes() {
+        let pool = one_thread();
+        // Enough Computes, but too soon.
+        for _ in 0..2 * REPROBE_COMPUTES {
+            assert!(!pool.probe_now(REPROBE_MICROS - 1));
+        }
+        // Late enough: one Compute probes, the next does not.
+        let late = REPROBE_MICROS;
+        assert!(pool.probe_now(late));
+        assert!(!pool.probe_now(late));
+        pool.observe(false, late);
+        // Late enough again, but not enough Computes since.
+        let later = 3 * REPROBE_MICROS;
+        for _ in 1..REPROBE_COMPUTES - 1 {
+            assert!(!pool.probe_now(later));
+        }
+        assert!(pool.probe_now(later));
+        pool.observe(true, later);
+        assert_eq!(pool.threads(2), 2, "the pool was there after all");
     }
 }
