@@ -63,6 +63,7 @@ fn push_seg(segs: &mut Vec<Seg>, seg: Seg, nr: usize) {
 
 /// What one microkernel call computes: `mr` pixels × `nc <= NR` output
 /// channels.
+#[derive(Clone, Copy)]
 struct TileArgs<'a> {
     segs: &'a [Seg],
     /// The image and, in it, where the tile's first pixel's offsets start.
@@ -83,6 +84,20 @@ struct TileArgs<'a> {
     after: Option<(f32, f32)>,
     /// Weights to prefetch into L2 meanwhile, up to a cache line per K row.
     prefetch: &'a [f32],
+}
+
+impl TileArgs<'_> {
+    /// Tile `i` of a run of tiles of `mr` pixels (C's row stride `ldc`):
+    /// its pixels and residual rows `i·mr` on; only the first prefetches.
+    #[inline(always)]
+    fn nth(&self, i: usize, mr: usize, ldc: usize) -> Self {
+        Self {
+            a0: self.a0 + i * mr * self.pixel_step,
+            residual: self.residual.map(|r| &r[i * mr * ldc..]),
+            prefetch: if i == 0 { self.prefetch } else { &[] },
+            ..*self
+        }
+    }
 }
 
 /// Whether the kernel's store can finish the epilogue: no activation but
@@ -528,7 +543,7 @@ fn border_tiles(
             after: None,
             prefetch: &next[(i * share).min(next.len())..((i + 1) * share).min(next.len())],
         };
-        tile(isa, mr, nc, &t, &Out::new(&mut s.tile), 0, nr);
+        tile(isa, (mr, 1), nc, &t, &Out::new(&mut s.tile), 0, nr);
         for (i, &(r, ow)) in s.border[at..at + mr].iter().enumerate() {
             let pos = (first_row + r) * row_len + ow * co + col0;
             // SAFETY: this task's row and panel; the run is dropped at once.
@@ -592,8 +607,17 @@ fn tiles(
     // A tile's copy for the epilogue, when the kernel's store does not finish it.
     let mut buf = (!finishes).then_some([0f32; TILE_MAX]);
     let mut ow = cols.start;
-    for (i, mr) in balanced(cols.len(), mr_max(isa)).enumerate() {
+    // When the kernel finishes its tiles, each run of equal tiles is one
+    // call (a 1×1 layer with K = 64 spent 15-20% of its time between
+    // tiles); else one tile at a time, each followed by its epilogue.
+    let runs = balanced_runs(cols.len(), mr_max(isa));
+    let runs = runs.iter().filter(|&&(_, n)| n > 0).flat_map(|&(mr, n)| {
+        let calls = if finishes { 1 } else { n };
+        std::iter::repeat_n((mr, n / calls), calls)
+    });
+    for (i, (mr, count)) in runs.enumerate() {
         let at = row_at + ow * co + col0;
+        let pixels = mr * count;
         let t = TileArgs {
             segs,
             image,
@@ -602,16 +626,27 @@ fn tiles(
             panel,
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
             act,
-            residual: c.residual.filter(|_| finishes).map(|r| &r[at..at + (mr - 1) * co + nc]),
+            residual: c
+                .residual
+                .filter(|_| finishes)
+                .map(|r| &r[at..at + (pixels - 1) * co + nc]),
             after: clamp_of(c.after).filter(|_| finishes),
             prefetch: if i == 0 { prefetch } else { &[] },
         };
-        tile(isa, mr, nc, &t, out, at, co);
+        tile(isa, (mr, count), nc, &t, out, at, co);
         if let Some(buf) = buf.as_mut() {
             tile_epilogue(isa, c, out, at, (mr, nc), buf);
         }
-        ow += mr;
+        ow += pixels;
     }
+}
+
+/// [`balanced`]'s tiles as (size, how many) runs, the larger tiles first;
+/// a run may be empty.
+fn balanced_runs(len: usize, max: usize) -> [(usize, usize); 2] {
+    let tiles = len.div_ceil(max).max(1);
+    let (small, large) = (len / tiles, len % tiles);
+    [(small + 1, large), (small, tiles - large)]
 }
 
 /// Most values of one tile: 14 pixels x 32 channels (AVX-512).
@@ -664,22 +699,26 @@ fn copy_run(dst: &mut [f32], src: &[f32]) {
     }
 }
 
-/// Checks every offset the microkernel will touch, then runs it: C rows
-/// `at + i·ldc`, `i < mr`, `nc` values each, of `out` (the calling task's).
+/// Checks every offset the microkernel will touch, then runs it on `count`
+/// consecutive tiles of `mr` pixels (the next tile's first pixel is `mr`
+/// pixels on): C rows `at + i·ldc`, `i < mr·count`, `nc` values each, of
+/// `out` (the calling task's).
 #[allow(unsafe_code)] // calls the target_feature microkernels, see SAFETY below
-fn tile(isa: Isa, mr: usize, nc: usize, t: &TileArgs<'_>, out: &Out<'_>, at: usize, ldc: usize) {
+fn tile(isa: Isa, (mr, count): (usize, usize), nc: usize, t: &TileArgs<'_>, out: &Out<'_>, at: usize, ldc: usize) {
     let nr = Blocking::of(isa.target()).nr;
-    let a_end = t.segs.iter().map(|s| s.a + s.len).max().unwrap_or(0) + t.a0 + (mr - 1) * t.pixel_step;
+    let pixels = mr * count;
+    let a_end = t.segs.iter().map(|s| s.a + s.len).max().unwrap_or(0) + t.a0 + (pixels - 1) * t.pixel_step;
     let b_end = t.segs.iter().map(|s| s.b + s.len * nr).max().unwrap_or(0);
     assert!(
         (1..=mr_max(isa)).contains(&mr)
+            && count >= 1
             && (1..=nr).contains(&nc)
             && a_end <= t.image.len()
             && b_end <= t.panel.len()
-            && at + (mr - 1) * ldc + nc <= out.len
+            && at + (pixels - 1) * ldc + nc <= out.len
             && t.bias.is_none_or(|b| b.len() == nc)
-            && t.residual.is_none_or(|r| r.len() == (mr - 1) * ldc + nc),
-        "direct convolution tile out of bounds: {mr} x {nc}"
+            && t.residual.is_none_or(|r| r.len() == (pixels - 1) * ldc + nc),
+        "direct convolution tiles out of bounds: {count} x {mr} x {nc}"
     );
     #[cfg(target_arch = "x86_64")]
     match isa.target() {
@@ -688,9 +727,9 @@ fn tile(isa: Isa, mr: usize, nc: usize, t: &TileArgs<'_>, out: &Out<'_>, at: usi
         // every B row and every C element the kernel touches is in bounds;
         // those C elements are the calling task's (the caller's contract)
         // and no reference to them is alive.
-        Target::Avx512 => unsafe { by_rows!(mr, x86::avx512, (t, nc, ldc, out.ptr.add(at))) },
+        Target::Avx512 => unsafe { by_rows!(mr, x86::avx512_tiles, (t, count, nc, ldc, out.ptr.add(at))) },
         // SAFETY: likewise, AVX2 and FMA.
-        Target::Avx2 => unsafe { by_rows!(mr, x86::avx2, (t, nc, ldc, out.ptr.add(at))) },
+        Target::Avx2 => unsafe { by_rows!(mr, x86::avx2_tiles, (t, count, nc, ldc, out.ptr.add(at))) },
         Target::Generic => unreachable!("direct convolution on the generic target"),
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -714,12 +753,48 @@ mod x86 {
         }
     }
 
+    /// `count` tiles of `MR` pixels, the next `MR` pixels on each time.
+    ///
+    /// # Safety
+    /// As [`avx512`]'s, for `MR·count` pixels (which `tile` checked).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    pub(super) unsafe fn avx512_tiles<const MR: usize>(
+        t: &TileArgs<'_>,
+        count: usize,
+        nc: usize,
+        ldc: usize,
+        c: *mut f32,
+    ) {
+        for i in 0..count {
+            // SAFETY: tile i of the run the caller checked.
+            unsafe { avx512::<MR>(&t.nth(i, MR, ldc), nc, ldc, c.add(i * MR * ldc)) }
+        }
+    }
+
+    /// `count` tiles of `MR` pixels in one call, as [`avx512_tiles`].
+    ///
+    /// # Safety
+    /// As [`avx2`]'s, for `MR·count` pixels (which `tile` checked).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn avx2_tiles<const MR: usize>(
+        t: &TileArgs<'_>,
+        count: usize,
+        nc: usize,
+        ldc: usize,
+        c: *mut f32,
+    ) {
+        for i in 0..count {
+            // SAFETY: tile i of the run the caller checked.
+            unsafe { avx2::<MR>(&t.nth(i, MR, ldc), nc, ldc, c.add(i * MR * ldc)) }
+        }
+    }
+
     /// # Safety
     /// AVX-512F and FMA available; `tile` checked every A and B offset for
     /// `MR` pixels and `nc` columns; `c.add(i * ldc + j)`, `i < MR`, `j <
     /// nc`, is the caller's to write and nothing else refers to it.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    pub(super) unsafe fn avx512<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, c: *mut f32) {
+    unsafe fn avx512<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, c: *mut f32) {
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
         let (img, panel) = (t.image.as_ptr(), t.panel.as_ptr());
         // One line of the prefetch every `every` K rows, spread over the tile
@@ -832,7 +907,7 @@ mod x86 {
     /// `MR` pixels and `nc <= 16` columns; `c.add(i * ldc + j)`, `i < MR`,
     /// `j < nc`, is the caller's to write and nothing else refers to it.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn avx2<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, c: *mut f32) {
+    unsafe fn avx2<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, c: *mut f32) {
         // A half panel (the last 8 of 24, 40, 72 or 120 channels, common
         // in MobileNets and PP-OCR) accumulates one vector per pixel, not
         // two of which one is thrown away. The accumulators come back by
@@ -848,8 +923,9 @@ mod x86 {
         };
         // SAFETY: the caller's contract.
         unsafe {
-            match t.act {
-                None | Some(RegAct::Clamp(..)) => store_avx2::<MR, false>(t, acc, nc, ldc, c),
+            match (t.act, t.after.is_some()) {
+                (None | Some(RegAct::Clamp(..)), false) => store_avx2::<MR, false, false>(t, acc, nc, ldc, c),
+                (None | Some(RegAct::Clamp(..)), true) => store_avx2::<MR, false, true>(t, acc, nc, ldc, c),
                 _ => store_any_avx2::<MR>(t, acc, nc, ldc, c),
             }
         }
@@ -872,17 +948,24 @@ mod x86 {
         c: *mut f32,
     ) {
         // SAFETY: the caller's contract.
-        unsafe { store_avx2::<MR, true>(t, acc, nc, ldc, c) }
+        unsafe {
+            match t.after {
+                None => store_avx2::<MR, true, false>(t, acc, nc, ldc, c),
+                Some(_) => store_avx2::<MR, true, true>(t, acc, nc, ldc, c),
+            }
+        }
     }
 
     /// The tile's epilogue and store: bias, the activation (`ANY`: any of
-    /// `RegAct`, else a clamp or nothing), the residual, the clamp after.
+    /// `RegAct`, else a clamp or nothing), the residual, the clamp after
+    /// (`AFTER`; in registers since the K loop returns its accumulators by
+    /// value, rather than in a pass of its own over the stored tile).
     ///
     /// # Safety
     /// As [`avx2`]'s.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn store_avx2<const MR: usize, const ANY: bool>(
+    unsafe fn store_avx2<const MR: usize, const ANY: bool, const AFTER: bool>(
         t: &TileArgs<'_>,
         acc: [[__m256; 2]; MR],
         nc: usize,
@@ -919,16 +1002,16 @@ mod x86 {
                 Some(r) => _mm256_add_ps(v, avx2::load(r.add(at), n)),
                 None => v,
             };
+            // The clamp after the residual, in registers too.
+            let (after_lo, after_hi) = t.after.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+            let last = |v: __m256| if AFTER { clamp(v, after_lo, after_hi) } else { v };
             for (i, acc) in acc.iter().enumerate() {
                 let row = c.add(i * ldc);
-                avx2::store(row, n0, plus(fix(_mm256_add_ps(acc[0], bias0)), i * ldc, n0));
+                avx2::store(row, n0, last(plus(fix(_mm256_add_ps(acc[0], bias0)), i * ldc, n0)));
                 if nc > 8 {
-                    let v1 = plus(fix(_mm256_add_ps(acc[1], bias1)), i * ldc + 8, n1);
+                    let v1 = last(plus(fix(_mm256_add_ps(acc[1], bias1)), i * ldc + 8, n1));
                     avx2::store(row.add(8), n1, v1);
                 }
-            }
-            if let Some((lo, hi)) = t.after {
-                clamp_avx2(MR, nc, ldc, c, lo, hi);
             }
         }
     }
@@ -981,29 +1064,6 @@ mod x86 {
         }
         acc
     }
-
-    /// The AVX2 build of [`clamp_avx512`].
-    ///
-    /// # Safety
-    /// AVX2 available; `c.add(i * ldc + j)`, `i < mr`, `j < nc <= 16`, is
-    /// the caller's to read and write.
-    #[inline(never)]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn clamp_avx2(mr: usize, nc: usize, ldc: usize, c: *mut f32, lo: f32, hi: f32) {
-        let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
-        for i in 0..mr {
-            for j in [0, 8] {
-                if nc > j {
-                    // SAFETY: the first nc values of row i (the contract).
-                    unsafe {
-                        let p = c.add(i * ldc + j);
-                        let v = avx2::load(p, nc - j);
-                        avx2::store(p, nc - j, _mm256_min_ps(hi, _mm256_max_ps(lo, v)));
-                    }
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -1045,6 +1105,19 @@ mod tests {
         let panels = co.div_ceil(refs[0].nr());
         let row_bytes = 3 * size * ci * 4;
         Some(split(isa, &c, &refs, (size, panels), row_bytes, threads))
+    }
+
+    #[test]
+    fn balanced_runs_are_the_balanced_tiles() {
+        for max in [6, 14] {
+            for len in 1..200 {
+                let runs: Vec<usize> = balanced_runs(len, max)
+                    .iter()
+                    .flat_map(|&(mr, n)| std::iter::repeat_n(mr, n))
+                    .collect();
+                assert_eq!(runs, balanced(len, max).collect::<Vec<_>>(), "{len} by {max}");
+            }
+        }
     }
 
     #[test]
