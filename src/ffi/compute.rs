@@ -167,12 +167,14 @@ impl<'a> KernelContext<'a> {
 /// there is none, and kernels then plan for one thread. A pool's thread can
 /// miss them all (asleep, or its core held by another session's spinning
 /// thread: 4 ms was seen), so a one-thread plan is checked again by one
-/// rendezvous every [`REPROBE_MICROS`] and [`REPROBE_COMPUTES`] Computes.
-/// Kernels give the same results however they cut their work, so what is
-/// learnt changes speed only.
+/// rendezvous after [`REPROBE_MICROS`] and [`REPROBE_COMPUTES`] Computes,
+/// the interval doubling with each check no pool thread joined, up to
+/// [`REPROBE_BACKOFF`] doublings. Kernels give the same results however
+/// they cut their work, so what is learnt changes speed only.
 #[derive(Debug, Default)]
 pub struct PoolProbe {
-    /// Rendezvous no pool thread joined, or [`POOL_FOUND`].
+    /// Rendezvous no pool thread joined (at most [`MOST_MISSES`]), or
+    /// [`POOL_FOUND`].
     misses: AtomicU32,
     /// Computes since the last rendezvous, once planning for one thread.
     computes: AtomicU32,
@@ -188,9 +190,18 @@ pub const POOL_PROBES: u32 = 3;
 /// between calls, woke within 60 µs on the development VMs (2 vCPUs).
 pub const PROBE_WAIT: std::time::Duration = std::time::Duration::from_micros(300);
 
-/// A one-thread plan is checked again after this long and [`REPROBE_COMPUTES`]
-/// Computes: at most 0.3% of a one-thread session's time.
+/// A one-thread plan is first checked again after this long and
+/// [`REPROBE_COMPUTES`] Computes: a two-thread session wrongly planned for
+/// one recovers within it.
 pub const REPROBE_MICROS: u64 = 100_000;
+
+/// Doublings of the interval between checks: after 100 ms, 200 ms, ...,
+/// then every 12.8 s, so that checks cost a one-thread session nothing
+/// measurable (at a fixed 100 ms, 0.15-0.3% of SqueezeNet's time).
+pub const REPROBE_BACKOFF: u32 = 7;
+
+/// `misses` stops counting here, long past [`POOL_PROBES`] and the backoff.
+const MOST_MISSES: u32 = POOL_PROBES + REPROBE_BACKOFF + 1;
 
 /// Computes between checks of a one-thread plan, so that a slow Run (a big
 /// model, or a test under valgrind) does not check on every call.
@@ -216,10 +227,11 @@ impl PoolProbe {
         match self.misses.load(Ordering::Relaxed) {
             POOL_FOUND => false,
             n if n < POOL_PROBES => true,
-            _ => {
+            n => {
                 let computes = self.computes.fetch_add(1, Ordering::Relaxed).saturating_add(1);
                 let last = self.last.load(Ordering::Relaxed);
-                let due = computes >= REPROBE_COMPUTES && now.saturating_sub(last) >= REPROBE_MICROS;
+                let wait = REPROBE_MICROS << (n - POOL_PROBES).min(REPROBE_BACKOFF);
+                let due = computes >= REPROBE_COMPUTES && now.saturating_sub(last) >= wait;
                 // Concurrent Runs: one of them claims the rendezvous.
                 due && self
                     .last
@@ -239,7 +251,7 @@ impl PoolProbe {
             return self.misses.store(POOL_FOUND, Ordering::Relaxed);
         }
         let _ = self.misses.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-            (n < POOL_PROBES).then_some(n + 1)
+            (n < MOST_MISSES).then_some(n + 1)
         });
         self.last.fetch_max(now, Ordering::Relaxed);
     }
@@ -468,7 +480,7 @@ unsafe extern "C" fn release_state(_this: *mut sys::OrtNodeComputeInfo, _state: 
 
 #[cfg(test)]
 mod tests {
-    use super::{PoolProbe, POOL_PROBES, REPROBE_COMPUTES, REPROBE_MICROS};
+    use super::{PoolProbe, POOL_PROBES, REPROBE_BACKOFF, REPROBE_COMPUTES, REPROBE_MICROS};
 
     /// A probe that has missed `POOL_PROBES` rendezvous at time 0.
     fn one_thread() -> PoolProbe {
@@ -486,6 +498,22 @@ mod tests {
         let pool = one_thread();
         assert_eq!(pool.threads(2), 1);
         assert!(!pool.probe_now(1));
+    }
+
+    #[test]
+    fn checks_back_off_to_a_ceiling() {
+        let pool = one_thread();
+        let mut now = 0;
+        for k in 0..REPROBE_BACKOFF + 4 {
+            let wait = REPROBE_MICROS << k.min(REPROBE_BACKOFF);
+            for _ in 0..REPROBE_COMPUTES {
+                assert!(!pool.probe_now(now + wait - 1), "check {k} too early");
+            }
+            now += wait;
+            assert!(pool.probe_now(now), "check {k} due after {wait} µs");
+            pool.observe(false, now);
+            assert_eq!(pool.threads(2), 1);
+        }
     }
 
     #[test]
@@ -512,7 +540,7 @@ mod tests {
         assert!(pool.probe_now(late));
         assert!(!pool.probe_now(late));
         pool.observe(false, late);
-        // Late enough again, but not enough Computes since.
+        // Late enough again (the interval doubled), but not enough Computes since.
         let later = 3 * REPROBE_MICROS;
         for _ in 1..REPROBE_COMPUTES - 1 {
             assert!(!pool.probe_now(later));
