@@ -326,6 +326,31 @@ unsafe extern "C" fn run_task(user: *mut std::ffi::c_void, index: usize) {
 }
 
 impl OrtParallel<'_> {
+    /// `KernelContext_ParallelFor`: `run(user, i)` for every `i < n`;
+    /// false if ORT refused the call.
+    ///
+    /// # Safety
+    /// `run` must be safe to call with `user` and any `i < n`, from any
+    /// thread, until this returns.
+    unsafe fn parallel_for(
+        &self,
+        run: unsafe extern "C" fn(*mut std::ffi::c_void, usize),
+        n: usize,
+        user: *const std::ffi::c_void,
+    ) -> bool {
+        // SAFETY: live context; ORT runs run(user, i) for every i < n and
+        // returns only when all have finished (facts sheet 9.1); `run` and
+        // `user` are the caller's.
+        let status = unsafe {
+            ort!(
+                Api::get().ort,
+                KernelContext_ParallelFor(self.ctx, Some(run), n, 0, user.cast_mut())
+            )
+        };
+        // SAFETY: status from ORT.
+        unsafe { check(status) }.is_ok()
+    }
+
     /// Whether a pool thread joins a call of two tasks within [`PROBE_WAIT`];
     /// None if ORT refused the call. Counted apart from the kernels' calls.
     fn rendezvous(&self) -> Option<bool> {
@@ -333,22 +358,10 @@ impl OrtParallel<'_> {
             caller: std::thread::current().id(),
             joined: AtomicBool::new(false),
         };
-        // SAFETY: live context; ORT runs run_rendezvous(&r, i) for i < 2 and
-        // returns only when both have finished (facts sheet 9.1).
-        let status = unsafe {
-            ort!(
-                Api::get().ort,
-                KernelContext_ParallelFor(
-                    self.ctx,
-                    Some(run_rendezvous),
-                    2,
-                    0,
-                    (&r as *const Rendezvous).cast_mut().cast()
-                )
-            )
-        };
-        // SAFETY: status from ORT.
-        unsafe { check(status) }.ok()?;
+        // SAFETY: run_rendezvous reads `r`, alive and shared until the call returns.
+        if !unsafe { self.parallel_for(run_rendezvous, 2, (&r as *const Rendezvous).cast()) } {
+            return None;
+        }
         let joined = r.joined.load(Ordering::Acquire);
         crate::stats::pool_rendezvous(joined);
         Some(joined)
@@ -377,22 +390,8 @@ unsafe impl crate::kernels::parallel::Parallel for OrtParallel<'_> {
             f,
             panic: parking_lot::Mutex::new(None),
         };
-        // SAFETY: live context; ORT runs run_task(&task, i) for every i < n and
-        // returns only when all have finished (facts sheet 9.1).
-        let status = unsafe {
-            ort!(
-                Api::get().ort,
-                KernelContext_ParallelFor(
-                    self.ctx,
-                    Some(run_task),
-                    n,
-                    0,
-                    (&task as *const Task<'_>).cast_mut().cast()
-                )
-            )
-        };
-        // SAFETY: status from ORT.
-        if unsafe { check(status) }.is_err() {
+        // SAFETY: run_task reads `task`, alive and shared until the call returns.
+        if !unsafe { self.parallel_for(run_task, n, (&task as *const Task<'_>).cast()) } {
             // The pool refused: run the tasks here, so results stay right.
             return (0..n).for_each(f);
         }

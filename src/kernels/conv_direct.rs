@@ -753,41 +753,32 @@ mod x86 {
         }
     }
 
-    /// `count` tiles of `MR` pixels, the next `MR` pixels on each time.
-    ///
-    /// # Safety
-    /// As [`avx512`]'s, for `MR·count` pixels (which `tile` checked).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    pub(super) unsafe fn avx512_tiles<const MR: usize>(
-        t: &TileArgs<'_>,
-        count: usize,
-        nc: usize,
-        ldc: usize,
-        c: *mut f32,
-    ) {
-        for i in 0..count {
-            // SAFETY: tile i of the run the caller checked.
-            unsafe { avx512::<MR>(&t.nth(i, MR, ldc), nc, ldc, c.add(i * MR * ldc)) }
-        }
+    /// `$name::<MR>`: `count` tiles of `MR` pixels in one call, each by
+    /// `$kernel`, the next `MR` pixels on each time.
+    macro_rules! run_of_tiles {
+        ($name:ident, $features:literal, $kernel:ident) => {
+            /// `count` tiles of `MR` pixels in one call, the next `MR`
+            /// pixels on each time.
+            ///
+            /// # Safety
+            /// As the kernel's, for `MR·count` pixels (which `tile` checked).
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name<const MR: usize>(
+                t: &TileArgs<'_>,
+                count: usize,
+                nc: usize,
+                ldc: usize,
+                c: *mut f32,
+            ) {
+                for i in 0..count {
+                    // SAFETY: tile i of the run the caller checked.
+                    unsafe { $kernel::<MR>(&t.nth(i, MR, ldc), nc, ldc, c.add(i * MR * ldc)) }
+                }
+            }
+        };
     }
-
-    /// `count` tiles of `MR` pixels in one call, as [`avx512_tiles`].
-    ///
-    /// # Safety
-    /// As [`avx2`]'s, for `MR·count` pixels (which `tile` checked).
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn avx2_tiles<const MR: usize>(
-        t: &TileArgs<'_>,
-        count: usize,
-        nc: usize,
-        ldc: usize,
-        c: *mut f32,
-    ) {
-        for i in 0..count {
-            // SAFETY: tile i of the run the caller checked.
-            unsafe { avx2::<MR>(&t.nth(i, MR, ldc), nc, ldc, c.add(i * MR * ldc)) }
-        }
-    }
+    run_of_tiles!(avx512_tiles, "avx512f,avx512bw,avx512vl,fma", avx512);
+    run_of_tiles!(avx2_tiles, "avx2,fma", avx2);
 
     /// # Safety
     /// AVX-512F and FMA available; `tile` checked every A and B offset for
