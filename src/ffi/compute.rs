@@ -308,9 +308,12 @@ unsafe extern "C" fn run_rendezvous(user: *mut std::ffi::c_void, _index: usize) 
         if std::thread::current().id() != r.caller {
             return r.joined.store(true, Ordering::Release);
         }
+        // Yielding, not spinning: where the pool's thread shares this core
+        // (a busy machine, or valgrind running one thread at a time), it
+        // gets to run and join.
         let start = std::time::Instant::now();
         while !r.joined.load(Ordering::Acquire) && start.elapsed() < PROBE_WAIT {
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
     });
 }
