@@ -186,8 +186,9 @@ pub struct PoolProbe {
 /// one thread. In a one-thread session each costs [`PROBE_WAIT`].
 pub const POOL_PROBES: u32 = 3;
 
-/// How long a rendezvous waits for a pool thread: ORT's threads, asleep
-/// between calls, woke within 60 µs on the development VMs (2 vCPUs).
+/// How long a rendezvous waits for a pool thread: long enough for one woken
+/// from sleep; one whose core another thread holds can take milliseconds,
+/// which the later checks of a one-thread plan catch.
 pub const PROBE_WAIT: std::time::Duration = std::time::Duration::from_micros(300);
 
 /// A one-thread plan is first checked again after this long and

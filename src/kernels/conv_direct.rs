@@ -62,7 +62,7 @@ fn push_seg(segs: &mut Vec<Seg>, seg: Seg, nr: usize) {
 }
 
 /// What one microkernel call computes: `mr` pixels × `nc <= NR` output
-/// channels.
+/// channels (in a run of tiles, the first tile; [`TileArgs::nth`] the others).
 #[derive(Clone, Copy)]
 struct TileArgs<'a> {
     segs: &'a [Seg],
