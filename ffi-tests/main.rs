@@ -533,7 +533,7 @@ fn attrs_session(threads: i32) -> Session {
 }
 
 /// With `intra_op_num_threads=1`, ORT runs every ParallelFor task on the
-/// caller: kiln learns that from its first Computes' rendezvous, then plans
+/// caller: kiln learns that from its first calls' rendezvous, then plans
 /// its kernels for one thread and stops calling ParallelFor
 /// (`ffi::compute::PoolProbe`) until it checks again, REPROBE_COMPUTES
 /// Computes and REPROBE_MICROS later.
@@ -545,7 +545,7 @@ fn one_thread_sessions_stop_calling_parallel_for() {
     let session = attrs_session(1);
     let want = cpu_session("attrs.onnx").run(&[("X", &x)], &["Y"]).unwrap();
     let before = kiln_stats();
-    // attrs.onnx is one partition: one Compute, one rendezvous per Run.
+    // attrs.onnx is one partition: the rendezvous happen in its first Runs.
     for _ in 0..POOL_PROBES {
         assert_close(&session.run(&[("X", &x)], &["Y"]).unwrap()[0], &want[0]);
     }

@@ -160,9 +160,10 @@ impl<'a> KernelContext<'a> {
 /// runs every `ParallelFor` task on the caller: kernels that cut their work
 /// for two threads then ran it serially in small pieces (a 3×3 convolution
 /// at 7×7, cut into one task per output row, streamed its 9 MiB of weights
-/// once per row: 25% slower than one task). So the first Computes each start
-/// with a rendezvous ([`OrtParallel::rendezvous`]): two tasks, the caller's
-/// waiting up to [`PROBE_WAIT`] for the other to start on another thread.
+/// once per row: 25% slower than one task). So the first `ParallelFor` calls
+/// each start with a rendezvous ([`OrtParallel::rendezvous`]): two tasks, the
+/// caller's waiting up to [`PROBE_WAIT`] for the other to start on another
+/// thread.
 /// One that does proves a pool, for good; [`POOL_PROBES`] that do not say
 /// there is none, and kernels then plan for one thread. A pool's thread can
 /// miss them all (asleep, or its core held by another session's spinning
@@ -219,6 +220,11 @@ impl PoolProbe {
             n if n != POOL_FOUND && n >= POOL_PROBES => 1,
             _ => host,
         }
+    }
+
+    /// Whether the pool's size is still being learnt.
+    fn learning(&self) -> bool {
+        self.misses.load(Ordering::Relaxed) < POOL_PROBES
     }
 
     /// Whether the Compute starting at `now` (µs) runs a rendezvous: while
@@ -384,7 +390,15 @@ unsafe impl crate::kernels::parallel::Parallel for OrtParallel<'_> {
         if n <= 1 || self.threads <= 1 {
             return (0..n).for_each(f);
         }
-        if self.probe.swap(false, Ordering::Relaxed) {
+        // While learning, every call starts with a rendezvous (so a Compute
+        // of several steps learns in one Run); a check of a one-thread plan
+        // is one rendezvous.
+        let probe = if self.pool.learning() {
+            self.probe.load(Ordering::Relaxed)
+        } else {
+            self.probe.swap(false, Ordering::Relaxed)
+        };
+        if probe {
             // A refused call proves nothing: keep the host's count, which
             // only costs speed.
             let joined = self.rendezvous().unwrap_or(true);
