@@ -559,8 +559,9 @@ fn border_tiles(
 /// Sizes of tiles of at most `max` covering `len`, as even as possible
 /// (57 as 12, 12, 11, 11, 11, not 14, 14, 14, 14, 1).
 fn balanced(len: usize, max: usize) -> impl Iterator<Item = usize> {
-    let tiles = len.div_ceil(max);
-    (0..tiles).map(move |i| len / tiles + usize::from(i < len % tiles))
+    balanced_runs(len, max)
+        .into_iter()
+        .flat_map(|(mr, n)| std::iter::repeat_n(mr, n))
 }
 
 /// Pixels per tile: the target's GEMM tile height (14 on AVX-512, 6 on AVX2).
@@ -644,8 +645,8 @@ fn tiles(
 /// [`balanced`]'s tiles as (size, how many) runs, the larger tiles first;
 /// a run may be empty.
 fn balanced_runs(len: usize, max: usize) -> [(usize, usize); 2] {
-    let tiles = len.div_ceil(max).max(1);
-    let (small, large) = (len / tiles, len % tiles);
+    let tiles = len.div_ceil(max);
+    let (small, large) = len.checked_div(tiles).map_or((0, 0), |small| (small, len % tiles));
     [(small + 1, large), (small, tiles - large)]
 }
 
@@ -1099,16 +1100,25 @@ mod tests {
     }
 
     #[test]
-    fn balanced_runs_are_the_balanced_tiles() {
+    fn balanced_tiles_cover_evenly_in_as_few_tiles_as_fit() {
         for max in [6, 14] {
-            for len in 1..200 {
-                let runs: Vec<usize> = balanced_runs(len, max)
-                    .iter()
-                    .flat_map(|&(mr, n)| std::iter::repeat_n(mr, n))
-                    .collect();
-                assert_eq!(runs, balanced(len, max).collect::<Vec<_>>(), "{len} by {max}");
+            for len in 0..200 {
+                let tiles: Vec<usize> = balanced(len, max).collect();
+                assert_eq!(tiles.iter().sum::<usize>(), len, "{len} by {max}: {tiles:?}");
+                assert_eq!(tiles.len(), len.div_ceil(max), "{len} by {max}: {tiles:?}");
+                assert!(
+                    tiles.iter().all(|&t| (1..=max).contains(&t)),
+                    "{len} by {max}: {tiles:?}"
+                );
+                // Larger first, and at most one apart.
+                assert!(tiles.windows(2).all(|w| w[0] >= w[1]), "{len} by {max}: {tiles:?}");
+                assert!(
+                    tiles.first().zip(tiles.last()).is_none_or(|(a, b)| a - b <= 1),
+                    "{tiles:?}"
+                );
             }
         }
+        assert_eq!(balanced(57, 14).collect::<Vec<_>>(), [12, 12, 11, 11, 11]);
     }
 
     #[test]
