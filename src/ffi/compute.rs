@@ -145,7 +145,7 @@ impl<'a> KernelContext<'a> {
         'a: 'p,
     {
         let host = host_threads();
-        let probe = host > 1 && pool.probe_now(micros_now());
+        let probe = host > 1 && pool.probe_now(micros_now);
         OrtParallel {
             ctx: self.ptr,
             threads: if probe { host } else { pool.threads(host) },
@@ -163,8 +163,7 @@ impl<'a> KernelContext<'a> {
 /// once per row: 25% slower than one task). So the first `ParallelFor` calls
 /// each start with a rendezvous ([`OrtParallel::rendezvous`]): two tasks, the
 /// caller's waiting up to [`PROBE_WAIT`] for the other to start on another
-/// thread.
-/// One that does proves a pool, for good; [`POOL_PROBES`] that do not say
+/// thread. One that does proves a pool, for good; [`POOL_PROBES`] that do not say
 /// there is none, and kernels then plan for one thread. A pool's thread can
 /// miss them all (asleep, or its core held by another session's spinning
 /// thread: 4 ms was seen), so a one-thread plan is checked again by one
@@ -227,23 +226,27 @@ impl PoolProbe {
         self.misses.load(Ordering::Relaxed) < POOL_PROBES
     }
 
-    /// Whether the Compute starting at `now` (µs) runs a rendezvous: while
-    /// learning, every one; once planning for one thread, one claimed by the
-    /// first Compute past both re-probe limits.
-    fn probe_now(&self, now: u64) -> bool {
+    /// Whether the Compute starting now runs rendezvous: while learning,
+    /// yes; once planning for one thread, one claimed by the first Compute
+    /// past both re-probe limits. `now` (µs) is read only then, so that the
+    /// other Computes pay no clock read.
+    fn probe_now(&self, now: impl FnOnce() -> u64) -> bool {
         match self.misses.load(Ordering::Relaxed) {
             POOL_FOUND => false,
             n if n < POOL_PROBES => true,
             n => {
                 let computes = self.computes.fetch_add(1, Ordering::Relaxed).saturating_add(1);
-                let last = self.last.load(Ordering::Relaxed);
+                if computes < REPROBE_COMPUTES {
+                    return false;
+                }
+                let (last, now) = (self.last.load(Ordering::Relaxed), now());
                 let wait = REPROBE_MICROS << (n - POOL_PROBES).min(REPROBE_BACKOFF);
-                let due = computes >= REPROBE_COMPUTES && now.saturating_sub(last) >= wait;
                 // Concurrent Runs: one of them claims the rendezvous.
-                due && self
-                    .last
-                    .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
+                now.saturating_sub(last) >= wait
+                    && self
+                        .last
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
                     && {
                         self.computes.store(0, Ordering::Relaxed);
                         true
@@ -286,7 +289,8 @@ pub struct OrtParallel<'a> {
     /// The host's CPUs, or 1 once `pool` has found no pool threads.
     threads: usize,
     pool: &'a PoolProbe,
-    /// Whether this Compute's first `ParallelFor` starts with a rendezvous.
+    /// Whether this Compute claimed a check of a one-thread plan (or is
+    /// learning): its first `ParallelFor` starts with a rendezvous.
     probe: AtomicBool,
 }
 
@@ -393,12 +397,7 @@ unsafe impl crate::kernels::parallel::Parallel for OrtParallel<'_> {
         // While learning, every call starts with a rendezvous (so a Compute
         // of several steps learns in one Run); a check of a one-thread plan
         // is one rendezvous.
-        let probe = if self.pool.learning() {
-            self.probe.load(Ordering::Relaxed)
-        } else {
-            self.probe.swap(false, Ordering::Relaxed)
-        };
-        if probe {
+        if self.pool.learning() || self.probe.swap(false, Ordering::Relaxed) {
             // A refused call proves nothing: keep the host's count, which
             // only costs speed.
             let joined = self.rendezvous().unwrap_or(true);
@@ -504,7 +503,7 @@ mod tests {
         let pool = PoolProbe::default();
         for _ in 0..POOL_PROBES {
             assert_eq!(pool.threads(2), 2, "still learning: plan for the host");
-            assert!(pool.probe_now(0), "every Compute probes while learning");
+            assert!(pool.probe_now(|| 0), "every Compute probes while learning");
             pool.observe(false, 0);
         }
         pool
@@ -514,7 +513,7 @@ mod tests {
     fn missed_rendezvous_teach_one_thread() {
         let pool = one_thread();
         assert_eq!(pool.threads(2), 1);
-        assert!(!pool.probe_now(1));
+        assert!(!pool.probe_now(|| 1));
     }
 
     #[test]
@@ -524,10 +523,10 @@ mod tests {
         for k in 0..REPROBE_BACKOFF + 4 {
             let wait = REPROBE_MICROS << k.min(REPROBE_BACKOFF);
             for _ in 0..REPROBE_COMPUTES {
-                assert!(!pool.probe_now(now + wait - 1), "check {k} too early");
+                assert!(!pool.probe_now(|| now + wait - 1), "check {k} too early");
             }
             now += wait;
-            assert!(pool.probe_now(now), "check {k} due after {wait} µs");
+            assert!(pool.probe_now(|| now), "check {k} due after {wait} µs");
             pool.observe(false, now);
             assert_eq!(pool.threads(2), 1);
         }
@@ -539,7 +538,7 @@ mod tests {
         pool.observe(false, 0);
         pool.observe(true, 0);
         for t in 0..4 * REPROBE_COMPUTES {
-            assert!(!pool.probe_now(u64::from(t) * REPROBE_MICROS));
+            assert!(!pool.probe_now(|| u64::from(t) * REPROBE_MICROS));
             pool.observe(false, 0);
         }
         assert_eq!(pool.threads(2), 2);
@@ -550,19 +549,19 @@ mod tests {
         let pool = one_thread();
         // Enough Computes, but too soon.
         for _ in 0..2 * REPROBE_COMPUTES {
-            assert!(!pool.probe_now(REPROBE_MICROS - 1));
+            assert!(!pool.probe_now(|| REPROBE_MICROS - 1));
         }
         // Late enough: one Compute probes, the next does not.
         let late = REPROBE_MICROS;
-        assert!(pool.probe_now(late));
-        assert!(!pool.probe_now(late));
+        assert!(pool.probe_now(|| late));
+        assert!(!pool.probe_now(|| late));
         pool.observe(false, late);
         // Late enough again (the interval doubled), but not enough Computes since.
         let later = 3 * REPROBE_MICROS;
         for _ in 1..REPROBE_COMPUTES - 1 {
-            assert!(!pool.probe_now(later));
+            assert!(!pool.probe_now(|| later));
         }
-        assert!(pool.probe_now(later));
+        assert!(pool.probe_now(|| later));
         pool.observe(true, later);
         assert_eq!(pool.threads(2), 2, "the pool was there after all");
     }
