@@ -306,3 +306,68 @@ def test_hardswish_written_with_clip_fuses(tail, tmp_path, kiln_dev):
     data = tu.compile_model(_save(static, tmp_path, "static"), kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
     notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
     assert "Conv+Bias+HardSwish x1" in notes and "Clip" not in notes, notes
+
+
+def _concat_model(dims):
+    """SqueezeNet's fire module and more around one channel Concat: a 1x1 and a
+    3x3 convolution of one squeeze (written in place into the concat), and inputs
+    that cannot be: a depthwise convolution, a MaxPool, a convolution with a
+    residual, and a convolution whose output is also a graph output. A second
+    Concat holds only convolutions (40 channels: full and half panels). A 1x1
+    convolution reads each concat, so that the concats stay in kiln's layout."""
+    specs = {"sq": (6, 8, 1, 1), "e1": (5, 6, 1, 1), "e3": (40, 6, 3, 3), "dw": (6, 1, 3, 3),
+             "res": (6, 6, 1, 1), "u": (4, 6, 1, 1), "f1": (16, 6, 1, 1), "f3": (24, 6, 3, 3),
+             "head": (3, 67, 1, 1), "head2": (2, 40, 1, 1)}
+    inits = []
+    for i, (name, shape) in enumerate(specs.items()):
+        inits.append(onnx.numpy_helper.from_array(_rand(shape, 20 + i), f"w_{name}"))
+        inits.append(onnx.numpy_helper.from_array(_rand((shape[0],), 40 + i), f"b_{name}"))
+
+    def conv(x, name, out, **attrs):
+        return h.make_node("Conv", [x, f"w_{name}", f"b_{name}"], [out], **attrs)
+
+    nodes = [conv("x", "sq", "sq_c"), h.make_node("Relu", ["sq_c"], ["s"]),
+             conv("s", "e1", "e1_c"), h.make_node("Relu", ["e1_c"], ["e1"]),
+             conv("s", "e3", "e3", pads=[1, 1, 1, 1]),
+             conv("s", "dw", "dw", group=6, pads=[1, 1, 1, 1]),
+             h.make_node("MaxPool", ["s"], ["mp"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             conv("s", "res", "res_c"), h.make_node("Add", ["res_c", "s"], ["res"]),
+             conv("s", "u", "u"),
+             h.make_node("Concat", ["e1", "e3", "dw", "mp", "res", "u"], ["cat"], axis=1),
+             conv("cat", "head", "y"),
+             conv("s", "f1", "f1"), conv("s", "f3", "f3", pads=[1, 1, 1, 1], strides=[1, 1]),
+             h.make_node("Concat", ["f1", "f3"], ["cat2"], axis=1),
+             conv("cat2", "head2", "y2")]
+    return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, dims)],
+                  [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("y", "u", "y2")], inits)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_convolutions_write_into_their_concat(threads, tmp_path, kiln_dev):
+    """Convolutions that only a channel Concat reads write their channels of its
+    output in place (the compiled notes say `Concat+InPlace`), the others are
+    copied as before, and every output matches the CPU EP: at two image sizes and
+    batches from one session, on one and two threads, and after an EPContext
+    round trip."""
+    m = _concat_model(["n", 8, "h", "w"])
+    path = _save(m, tmp_path, "concat")
+    feeds = [{"x": _rand(s, 30 + i)} for i, s in enumerate([(1, 8, 9, 23), (2, 8, 14, 11)])]
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, options=CLAIM_ALL, threads=threads)
+    for f, outs in zip(feeds, run.all_outputs):
+        names, want = tu.run_cpu(path, f)
+        for name, w, a in zip(names, want, outs):
+            np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL, err_msg=name)
+    static = _save(_concat_model([1, 8, 9, 23]), tmp_path, "static")
+    data = tu.compile_model(static, kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
+    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    assert "Concat+InPlace x2" in notes and "Concat x" not in notes, notes
+    # 4 layout transposes (x; y, u, y2), 10 convolutions, the MaxPool, and a copy
+    # into the first concat for dw, mp, res and u only: e1, e3, f1 and f3 have none.
+    assert "; 19 steps;" in notes, notes
+    ctx = os.path.join(str(tmp_path), "concat_ctx.onnx")
+    with open(ctx, "wb") as f:
+        f.write(data)
+    loaded = tu.run_fully_on_kiln(ctx, kiln_dev, feeds[0], options=CLAIM_ALL, threads=threads)
+    _, want = tu.run_cpu(static, feeds[0])
+    for w, a in zip(want, loaded.outputs):
+        np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL)

@@ -41,13 +41,31 @@ enum Home {
     Output(usize),
     /// Index into the arena plan.
     Temp(usize),
+    /// A convolution's output that only a channel concat reads, written in
+    /// place into the concat's output (arena buffer `temp`): from value
+    /// `channel` of each pixel, pixels `stride` values apart, `len` bytes.
+    Slice {
+        temp: usize,
+        channel: usize,
+        stride: usize,
+        len: usize,
+    },
+}
+
+/// Where a convolution output goes in the output of the concat that reads it.
+#[derive(Clone, Copy, Debug)]
+struct ConcatSlice {
+    concat: ValueId,
+    channel: usize,
+    stride: usize,
 }
 
 /// Builds the program for a validated, optimised graph.
 pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded, packs: Option<&PackedWeights>) -> Result<Program> {
     let mut homes = vec![None; graph.values.len()];
     let copies = assign_io_homes(graph, &folded.rep, &mut homes);
-    let temps = assign_temps(graph, folded, &mut homes);
+    let slices = concat_slices(graph, folded, &homes, target);
+    let temps = assign_temps(graph, folded, &slices, &mut homes);
     let arena = plan_arena(&temps)?;
     let mut ctx = Lowering {
         graph,
@@ -80,7 +98,7 @@ pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded, packs: Optio
         constants: ctx.constants,
         steps: ctx.steps,
         arena_bytes: arena.len,
-        op_counts: op_counts(graph, &folded.nodes),
+        op_counts: op_counts(graph, &slices),
     })
     .map_err(|e| internal(format!("the program does not validate: {e}")))
 }
@@ -106,28 +124,126 @@ fn assign_io_homes(graph: &Graph, rep: &[ValueId], homes: &mut [Option<Home>]) -
 }
 
 /// Arena lifetimes for node outputs without a home yet; time `t` is
-/// `folded.nodes[t]` (all steps of one node share it).
-fn assign_temps(graph: &Graph, folded: &Folded, homes: &mut [Option<Home>]) -> Vec<Lifetime> {
+/// `folded.nodes[t]` (all steps of one node share it). A concat whose
+/// inputs are `slices` is busy from the first convolution that writes into
+/// it, so that nothing else is placed there meanwhile.
+fn assign_temps(
+    graph: &Graph,
+    folded: &Folded,
+    slices: &HashMap<ValueId, ConcatSlice>,
+    homes: &mut [Option<Home>],
+) -> Vec<Lifetime> {
     let mut temps: Vec<Lifetime> = Vec::new();
+    // The arena buffer of `v`, busy at `t`: its own, or a new one from `t`.
+    let mut temp_of = |v: ValueId, t: usize, homes: &mut [Option<Home>]| match homes[v] {
+        Some(Home::Temp(k)) => {
+            temps[k].last = temps[k].last.max(t);
+            k
+        }
+        _ => {
+            homes[v] = Some(Home::Temp(temps.len()));
+            temps.push(Lifetime {
+                len: graph.values[v].ty.byte_len(),
+                first: t,
+                last: t,
+            });
+            temps.len() - 1
+        }
+    };
     for (t, &i) in folded.nodes.iter().enumerate() {
         let node = &graph.nodes[i];
         for &v in &node.inputs {
-            if let Some(Home::Temp(k)) = homes[folded.rep[v]] {
-                temps[k].last = t;
+            let root = folded.rep[v];
+            if let Some(Home::Temp(_)) = homes[root] {
+                temp_of(root, t, homes);
             }
         }
         for &v in &node.outputs {
-            if homes[v].is_none() {
-                homes[v] = Some(Home::Temp(temps.len()));
-                temps.push(Lifetime {
-                    len: graph.values[v].ty.byte_len(),
-                    first: t,
-                    last: t,
+            if let Some(slice) = slices.get(&v) {
+                let temp = temp_of(slice.concat, t, homes);
+                let ty = &graph.values[v].ty;
+                let co = ty.shape.last().copied().unwrap_or(1);
+                let pixels = ty.numel() / co.max(1);
+                let len = conv::strided_len(pixels, slice.stride, co).unwrap_or(0) * ty.dtype.size();
+                homes[v] = Some(Home::Slice {
+                    temp,
+                    channel: slice.channel,
+                    stride: slice.stride,
+                    len,
                 });
+            } else if homes[v].is_none() || matches!(homes[v], Some(Home::Temp(_))) {
+                temp_of(v, t, homes);
             }
         }
     }
     temps
+}
+
+/// Convolution outputs that a channel concat (NHWC, the last axis) alone
+/// reads, and that the convolution kernels can write in place into the
+/// concat's output: SqueezeNet's fire modules, DenseNet's and YOLOv8's
+/// blocks then skip the concat's copy of them (ORT's NCHWc concat copies
+/// whole contiguous planes; kiln's NHWC one copies runs of a pixel's
+/// channels, 30% slower).
+fn concat_slices(
+    graph: &Graph,
+    folded: &Folded,
+    homes: &[Option<Home>],
+    target: Target,
+) -> HashMap<ValueId, ConcatSlice> {
+    let mut uses = vec![0usize; graph.values.len()];
+    let mut producer = vec![None; graph.values.len()];
+    for &i in &folded.nodes {
+        let node = &graph.nodes[i];
+        for &v in &node.inputs {
+            uses[folded.rep[v]] += 1;
+        }
+        for &v in &node.outputs {
+            producer[v] = Some(i);
+        }
+    }
+    let mut slices = HashMap::new();
+    for &i in &folded.nodes {
+        let node = &graph.nodes[i];
+        let (Op::Concat { axis }, [out]) = (&node.op, &node.outputs[..]) else {
+            continue;
+        };
+        let ty = &graph.values[*out].ty;
+        if ty.shape.len() != 4 || *axis != 3 || ty.dtype != DType::F32 || homes[*out].is_some() {
+            continue;
+        }
+        let mut channel = 0;
+        for &v in &node.inputs {
+            let co = graph.values[v].ty.shape[3];
+            let writes_in_place = folded.rep[v] == v
+                && homes[v].is_none()
+                && uses[v] == 1
+                && producer[v].is_some_and(|p| strided_conv(graph, &graph.nodes[p], target));
+            if writes_in_place {
+                slices.insert(
+                    v,
+                    ConcatSlice {
+                        concat: *out,
+                        channel,
+                        stride: ty.shape[3],
+                    },
+                );
+            }
+            channel += co;
+        }
+    }
+    slices
+}
+
+/// Whether `node` is a convolution whose kernel can write a strided output.
+fn strided_conv(graph: &Graph, node: &Node, target: Target) -> bool {
+    let Op::Conv(attrs) = &node.op else {
+        return false;
+    };
+    let shape = |v: ValueId| &graph.values[v].ty.shape;
+    let (ci, w) = (shape(node.inputs[0]).get(3), shape(node.inputs[1]));
+    let depthwise = ci.is_some_and(|&ci| attrs.groups == ci && w.first() == Some(&ci) && w.get(1) == Some(&1));
+    conv::writes_strided(target, depthwise, attrs.residual)
 }
 
 struct Lowering<'g> {
@@ -265,6 +381,9 @@ impl Lowering<'_> {
                     let s = self.shape(v).to_vec();
                     let plan = CopyPlan::new(&s, 0, &strides(&s), at * dst_strides[*axis] as usize, &dst_strides);
                     at += s[*axis];
+                    if self.written_in_place(v) {
+                        continue;
+                    }
                     let src = self.buf(v)?;
                     self.steps.push(Step::Strided {
                         dtype: self.dtype(out),
@@ -346,7 +465,7 @@ impl Lowering<'_> {
             | Op::CumSum { .. }
             | Op::OneHot { .. } => Step::Index(Box::new(self.index_step(&node.op, ins, out, dst)?)),
             Op::Rnn(attrs) => self.rnn(attrs, ins, dst)?,
-            Op::Conv(attrs) => self.conv(attrs, ins, dst)?,
+            Op::Conv(attrs) => self.conv(attrs, ins, out, dst)?,
             Op::Pool { .. } | Op::Resize(_) => Step::Pool(Box::new(self.pool_step(&node.op, ins, dst)?)),
             Op::GroupNorm { .. } | Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => {
                 Step::Norm(Box::new(self.norm_step(&node.op, ins, dst)?))
@@ -657,7 +776,7 @@ impl Lowering<'_> {
 
     /// A convolution (issue #13): depthwise weights reordered tap-major,
     /// others packed per group (reusing a shape-generic partition's packs).
-    fn conv(&mut self, attrs: &ConvAttrs, ins: &[ValueId], dst: BufRef) -> Result<Step> {
+    fn conv(&mut self, attrs: &ConvAttrs, ins: &[ValueId], out: ValueId, dst: BufRef) -> Result<Step> {
         let [batch, _, _, ci] = self.shape(ins[0])[..] else {
             return Err(internal("Conv input is not 4-D"));
         };
@@ -725,6 +844,7 @@ impl Lowering<'_> {
             residual,
             after: attrs.after,
             dst,
+            dst_stride: self.pixel_stride(out),
         })))
     }
 
@@ -910,7 +1030,24 @@ impl Lowering<'_> {
                 offset: self.offsets[k],
                 len: self.temps[k].len,
             },
+            Home::Slice { temp, channel, len, .. } => BufRef::Scratch {
+                offset: self.offsets[temp] + channel * self.dtype(v).size(),
+                len,
+            },
         })
+    }
+
+    /// Values between a convolution output's pixels: its channels, or the
+    /// concat's when it is written in place there.
+    fn pixel_stride(&self, v: ValueId) -> usize {
+        match self.homes[self.rep[v]] {
+            Some(Home::Slice { stride, .. }) => stride,
+            _ => self.shape(v).last().copied().unwrap_or(1),
+        }
+    }
+
+    fn written_in_place(&self, v: ValueId) -> bool {
+        matches!(self.homes[self.rep[v]], Some(Home::Slice { .. }))
     }
 
     fn constant(&mut self, k: usize) -> usize {
@@ -935,10 +1072,17 @@ fn specs(graph: &Graph, ids: &[ValueId]) -> Vec<TensorSpec> {
 }
 
 /// Nodes per op name, in order of first appearance (aliases included).
-pub(crate) fn op_counts(graph: &Graph, _working: &[usize]) -> Vec<(String, usize)> {
+/// How many nodes of each op the graph has, by name (the EPContext node's
+/// notes); a concat that some convolutions write in place is
+/// `Concat+InPlace`.
+fn op_counts(graph: &Graph, slices: &HashMap<ValueId, ConcatSlice>) -> Vec<(String, usize)> {
     let mut counts: Vec<(String, usize)> = Vec::new();
     for node in &graph.nodes {
-        let name = node.op.name();
+        let in_place = node.inputs.iter().any(|v| slices.contains_key(v));
+        let name = match &node.op {
+            Op::Concat { .. } if in_place => "Concat+InPlace".to_string(),
+            op => op.name(),
+        };
         match counts.iter_mut().find(|(n, _)| *n == name) {
             Some((_, c)) => *c += 1,
             None => counts.push((name, 1)),

@@ -274,6 +274,11 @@ fn conv_info(c: &ConvStep) -> proto::ConvStep {
         residual: c.residual.map(buf),
         dst: Some(buf(c.dst)),
         after: (c.after != Activation::None).then(|| activation_info(c.after)),
+        dst_stride: if c.dst_stride == c.out_channels {
+            0
+        } else {
+            c.dst_stride as u64
+        },
     }
 }
 
@@ -306,6 +311,7 @@ fn conv(c: &proto::ConvStep) -> Result<ConvStep> {
         _ => crate::bail!(InvalidGraph, "a convolution needs exactly one of packed_w, depthwise_w"),
     };
     let opt = |b: &Option<proto::BufInfo>| b.as_ref().map(|_| buf_ref(b)).transpose();
+    let out_channels = usize_of(c.out_channels, "output channels")?;
     Ok(ConvStep {
         window: Window {
             h: axis(hi, ho, hk, hs, hd, hb, he),
@@ -313,7 +319,7 @@ fn conv(c: &proto::ConvStep) -> Result<ConvStep> {
         },
         batch: usize_of(c.batch, "batch")?,
         in_channels: usize_of(c.in_channels, "input channels")?,
-        out_channels: usize_of(c.out_channels, "output channels")?,
+        out_channels,
         groups: usize_of(c.groups, "groups")?,
         x: buf_ref(&c.x)?,
         weights,
@@ -327,6 +333,10 @@ fn conv(c: &proto::ConvStep) -> Result<ConvStep> {
             .transpose()?
             .unwrap_or(Activation::None),
         dst: buf_ref(&c.dst)?,
+        dst_stride: match c.dst_stride {
+            0 => out_channels,
+            s => usize_of(s, "output pixel stride")?,
+        },
     })
 }
 

@@ -442,6 +442,10 @@ pub struct ConvStep {
     /// The activation after the residual (format 5); absent: none.
     #[prost(message, optional, tag = "13")]
     pub after: Option<ActivationInfo>,
+    /// Values between output pixels when more than `out_channels` (format
+    /// 8: a convolution writing its channels of a concat); 0: dense.
+    #[prost(uint64, tag = "14")]
+    pub dst_stride: u64,
 }
 
 /// A channels-last transposed convolution (`plan::ConvTransposeStep`).

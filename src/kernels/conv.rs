@@ -136,7 +136,42 @@ pub fn depthwise_weights(w: &[f32], c: usize, taps: usize) -> Vec<f32> {
 
 /// `y` (`[batch, h.output, w.output, out_channels]`) = the convolution.
 pub fn conv(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> Result<()> {
-    check(c, y.len())?;
+    conv_strided(isa, c, y, c.out_channels, par)
+}
+
+/// Whether a convolution can write output pixels more than `out_channels`
+/// values apart on `target` ([`conv_strided`]): the direct kernels can, for
+/// packed (not depthwise) weights and no residual, which would need a
+/// stride of its own.
+pub fn writes_strided(target: Target, depthwise: bool, residual: bool) -> bool {
+    matches!(target, Target::Avx2 | Target::Avx512) && !depthwise && !residual
+}
+
+/// [`conv`] with output pixels `ldo` values apart: `y` is `[batch, h.output,
+/// w.output, ldo]` of which the convolution writes the first `out_channels`
+/// of each pixel and leaves the others alone. This is how a convolution
+/// writes its channels of a concat's output in place (`ldo` the concat's
+/// channels, `y` starting at this input's first one).
+pub fn conv_strided(isa: Isa, c: &Conv<'_>, y: &mut [f32], ldo: usize, par: &dyn Parallel) -> Result<()> {
+    check(c, y.len(), ldo)?;
+    if ldo != c.out_channels {
+        let packed = match c.weights {
+            ConvWeights::Packed(groups) => Some(groups),
+            ConvWeights::Depthwise(_) => None,
+        };
+        return match packed {
+            Some(groups)
+                if writes_strided(isa.target(), false, c.residual.is_some())
+                    && super::conv_direct::usable(isa, groups) =>
+            {
+                super::conv_direct::conv(isa, c, groups, y, ldo, par)
+            }
+            _ => Err(size_error(
+                "an output pixel stride other than the output channels needs packed weights, no residual and an \
+                 AVX2 or AVX-512 target",
+            )),
+        };
+    }
     match c.weights {
         ConvWeights::Depthwise(w) => {
             let d = Depthwise {
@@ -156,7 +191,7 @@ pub fn conv(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> Result
         }
         ConvWeights::Packed(groups) => {
             if super::conv_direct::usable(isa, groups) {
-                super::conv_direct::conv(isa, c, groups, y, par)
+                super::conv_direct::conv(isa, c, groups, y, c.out_channels, par)
             } else if is_pointwise(c.window) {
                 pointwise(isa, c, groups, y, par)
             } else {
@@ -170,8 +205,9 @@ fn size_error(what: impl std::fmt::Display) -> Error {
     Error::runtime(format!("convolution: {what}"))
 }
 
-/// Every length and size the kernels index with.
-fn check(c: &Conv<'_>, y_len: usize) -> Result<()> {
+/// Every length and size the kernels index with (output pixels `ldo`
+/// values apart).
+fn check(c: &Conv<'_>, y_len: usize, ldo: usize) -> Result<()> {
     let w = c.window;
     let (ci, co, g) = (c.in_channels, c.out_channels, c.groups);
     if !window_ok(w) || g == 0 || !ci.is_multiple_of(g) || !co.is_multiple_of(g) {
@@ -184,12 +220,18 @@ fn check(c: &Conv<'_>, y_len: usize) -> Result<()> {
     let size = |a: usize, b: usize, c: usize, d: usize| a.checked_mul(b)?.checked_mul(c)?.checked_mul(d);
     let x_len = size(c.batch, w.h.input, w.w.input, ci);
     let y_want = size(c.batch, w.h.output, w.w.output, co);
-    let (Some(x_len), Some(y_want)) = (x_len, y_want) else {
+    let y_span = strided_len(c.batch * w.output_pixels(), ldo, co);
+    let (Some(x_len), Some(y_want), Some(y_span)) = (x_len, y_want, y_span) else {
         return Err(size_error("tensor sizes overflow"));
     };
-    if c.x.len() != x_len || y_len != y_want {
+    if ldo < co {
         return Err(size_error(format_args!(
-            "input of {} values (want {x_len}) or output of {y_len} (want {y_want})",
+            "output pixel stride {ldo} under {co} channels"
+        )));
+    }
+    if c.x.len() != x_len || y_len != y_span {
+        return Err(size_error(format_args!(
+            "input of {} values (want {x_len}) or output of {y_len} (want {y_span})",
             c.x.len()
         )));
     }
@@ -206,6 +248,15 @@ fn check(c: &Conv<'_>, y_len: usize) -> Result<()> {
         return Err(size_error("weights do not fit the window and channels"));
     }
     Ok(())
+}
+
+/// Values that `pixels` output pixels `ldo` apart span, the last one's
+/// `co` channels ending it (0 without pixels); `None` on overflow.
+pub fn strided_len(pixels: usize, ldo: usize, co: usize) -> Option<usize> {
+    match pixels {
+        0 => Some(0),
+        _ => (pixels - 1).checked_mul(ldo)?.checked_add(co),
+    }
 }
 
 /// The epilogue of group `g`'s GEMM over output pixels `rows` (the
@@ -505,6 +556,38 @@ mod tests {
                             assert!((a - b).abs() <= 1e-4 * b.abs() + 1e-4, "{target} [{i}]: {a} vs {b}");
                         }
                     }
+                }
+                if after == Activation::None && writes_strided(target, false, false) {
+                    let c = Conv {
+                        weights: ConvWeights::Packed(&refs),
+                        residual: None,
+                        ..base
+                    };
+                    check_strided(isa, &c, &wt);
+                }
+            }
+        }
+    }
+
+    /// `conv_strided` writes each output pixel's channels `ldo` values apart,
+    /// from channel 3 of a wider buffer, and leaves every other value alone
+    /// (a convolution writing its channels of a concat's output).
+    fn check_strided(isa: Isa, c: &Conv<'_>, wt: &[f32]) {
+        let (co, pixels) = (c.out_channels, c.batch * c.window.output_pixels());
+        let mut want = vec![0.0; pixels * co];
+        reference(c, wt, &mut want);
+        let (first, ldo) = (3, co + 5);
+        for par in [&Serial as &dyn Parallel, &ScopedThreads(2)] {
+            let mut buf = vec![-7.5f32; pixels * ldo];
+            let span = strided_len(pixels, ldo, co).unwrap();
+            conv_strided(isa, c, &mut buf[first..first + span], ldo, par).unwrap();
+            for (i, &v) in buf.iter().enumerate() {
+                let (p, j) = (i / ldo, (i % ldo).wrapping_sub(first));
+                if j < co {
+                    let b = want[p * co + j];
+                    assert!((v - b).abs() <= 1e-4 * b.abs() + 1e-4, "strided [{p}, {j}]: {v} vs {b}");
+                } else {
+                    assert_eq!(v, -7.5, "strided: value {i} outside the channels was written");
                 }
             }
         }

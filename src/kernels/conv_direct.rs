@@ -163,12 +163,21 @@ pub fn usable(isa: Isa, packed: &[&PackedB]) -> bool {
 const BLOCK_INPUT_BYTES: usize = 384 * 1024;
 
 /// `y = conv(x)` for sizes [`super::conv`] has checked and weights for which
-/// [`usable`] holds.
-pub fn conv(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Parallel) -> Result<()> {
+/// [`usable`] holds. Output pixels are `ldo >= out_channels` values apart
+/// (more when the convolution writes its channels of a concat's output);
+/// with a residual, `ldo` is `out_channels`.
+pub fn conv(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], ldo: usize, par: &dyn Parallel) -> Result<()> {
+    assert!(ldo >= c.out_channels && (c.residual.is_none() || ldo == c.out_channels));
     if is_pointwise(c.window) {
-        return pointwise(isa, c, packed, y, par);
+        return pointwise(isa, c, packed, y, ldo, par);
     }
-    rows(isa, c, packed, y, par)
+    rows(isa, c, packed, y, ldo, par)
+}
+
+/// The values from output pixel `start`, `pixels` of them, `ldo` apart:
+/// the last pixel's row ends after `co` values.
+fn pixel_span(start: usize, pixels: usize, ldo: usize, co: usize) -> Range<usize> {
+    start * ldo..(start + pixels - 1) * ldo + co
 }
 
 /// Pixels per row of a pointwise convolution seen as a 2-D one: 8 tiles.
@@ -187,7 +196,7 @@ fn pointwise_row(pixels: usize) -> usize {
 /// 1×1, stride 1, no padding: every pixel of every image is one long row,
 /// cut into rows of [`pointwise_row`] pixels (so small images, 7×7 or
 /// 14×14, get whole tiles, and rows to share among threads) and a rest.
-fn pointwise(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Parallel) -> Result<()> {
+fn pointwise(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], ldo: usize, par: &dyn Parallel) -> Result<()> {
     let pixels = c.batch * c.window.output_pixels();
     let (ci, co) = (c.in_channels, c.out_channels);
     let row = pointwise_row(pixels);
@@ -217,13 +226,20 @@ fn pointwise(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &d
             residual: c.residual.map(|r| &r[start * co..(start + rows * len) * co]),
             ..*c
         };
-        self::rows(isa, &part, packed, &mut y[start * co..(start + rows * len) * co], par)?;
+        self::rows(
+            isa,
+            &part,
+            packed,
+            &mut y[pixel_span(start, rows * len, ldo, co)],
+            ldo,
+            par,
+        )?;
     }
     Ok(())
 }
 
 /// The general case: tasks of output rows × weight panels.
-fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Parallel) -> Result<()> {
+fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], ldo: usize, par: &dyn Parallel) -> Result<()> {
     let w = c.window;
     let row_len = w.w.output * c.out_channels;
     let rows = c.batch * w.h.output;
@@ -236,7 +252,7 @@ fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Pa
     let row_bytes = (w.h.stride.max(w.h.extent()) * w.w.input * c.in_channels * 4).max(1);
     let (row_tasks, panel_tasks) = split(isa, c, packed, (rows, panels), row_bytes, par.threads());
     let block = (BLOCK_INPUT_BYTES / row_bytes).clamp(1, rows.div_ceil(row_tasks));
-    let out = Out::new(y);
+    let out = Out::new(y, ldo);
     par.for_each(row_tasks * panel_tasks, &|t| {
         let (r, p) = (t / panel_tasks, t % panel_tasks);
         let task_rows = share(rows, row_tasks, r);
@@ -305,6 +321,9 @@ fn share(len: usize, n: usize, i: usize) -> Range<usize> {
 struct Out<'a> {
     ptr: *mut f32,
     len: usize,
+    /// Values between consecutive output pixels (the residual's stride too,
+    /// when there is one: then it is the output channels).
+    ldo: usize,
     _y: PhantomData<&'a mut [f32]>,
 }
 
@@ -315,10 +334,11 @@ struct Out<'a> {
 unsafe impl Sync for Out<'_> {}
 
 impl<'a> Out<'a> {
-    fn new(y: &'a mut [f32]) -> Out<'a> {
+    fn new(y: &'a mut [f32], ldo: usize) -> Out<'a> {
         Out {
             ptr: y.as_mut_ptr(),
             len: y.len(),
+            ldo,
             _y: PhantomData,
         }
     }
@@ -371,7 +391,7 @@ fn row_block(
 ) {
     let w = c.window;
     let ci = c.in_channels;
-    let row_len = w.w.output * c.out_channels;
+    let row_len = w.w.output * out.ldo;
     let (lo, hi) = interior_columns(isa, w);
     let cog = c.out_channels / c.groups;
     let nr = packed.first().map_or(1, |p| p.nr());
@@ -504,12 +524,11 @@ fn border_tiles(
     if s.border.is_empty() {
         return;
     }
-    let (w, ci, cig, cog, co) = (
+    let (w, ci, cig, cog) = (
         c.window,
         c.in_channels,
         c.in_channels / c.groups,
         c.out_channels / c.groups,
-        c.out_channels,
     );
     let nr = pb.nr();
     let patch = w.taps() * ci;
@@ -525,7 +544,7 @@ fn border_tiles(
     let (nc, col0) = (nr.min(cog - j0), g * cog + j0);
     let panel = pb.panel(j0 / nr);
     s.tile.resize(mr_max(isa) * nr, 0.0);
-    let row_len = w.w.output * co;
+    let row_len = w.w.output * out.ldo;
     let act = in_registers(isa, c.activation);
     let mut at = 0;
     let tiles = s.border.len().div_ceil(mr_max(isa));
@@ -543,9 +562,9 @@ fn border_tiles(
             after: None,
             prefetch: &next[(i * share).min(next.len())..((i + 1) * share).min(next.len())],
         };
-        tile(isa, (mr, 1), nc, &t, &Out::new(&mut s.tile), 0, nr);
+        tile(isa, (mr, 1), nc, &t, &Out::new(&mut s.tile, nr), 0, nr);
         for (i, &(r, ow)) in s.border[at..at + mr].iter().enumerate() {
-            let pos = (first_row + r) * row_len + ow * co + col0;
+            let pos = (first_row + r) * row_len + ow * out.ldo + col0;
             // SAFETY: this task's row and panel; the run is dropped at once.
             #[allow(unsafe_code)]
             let run = unsafe { out.run(pos, nc) };
@@ -598,7 +617,7 @@ fn tiles(
     row_at: usize,
     prefetch: &[f32],
 ) {
-    let (co, cog) = (c.out_channels, c.out_channels / c.groups);
+    let cog = c.out_channels / c.groups;
     let nr = pb.nr();
     let (nc, col0) = (nr.min(cog - j0), g * cog + j0);
     let panel = pb.panel(j0 / nr);
@@ -617,7 +636,7 @@ fn tiles(
         std::iter::repeat_n((mr, n / calls), calls)
     });
     for (i, (mr, count)) in runs.enumerate() {
-        let at = row_at + ow * co + col0;
+        let at = row_at + ow * out.ldo + col0;
         let pixels = mr * count;
         let t = TileArgs {
             segs,
@@ -630,11 +649,11 @@ fn tiles(
             residual: c
                 .residual
                 .filter(|_| finishes)
-                .map(|r| &r[at..at + (pixels - 1) * co + nc]),
+                .map(|r| &r[at..at + (pixels - 1) * out.ldo + nc]),
             after: clamp_of(c.after).filter(|_| finishes),
             prefetch: if i == 0 { prefetch } else { &[] },
         };
-        tile(isa, (mr, count), nc, &t, out, at, co);
+        tile(isa, (mr, count), nc, &t, out, at, out.ldo);
         if let Some(buf) = buf.as_mut() {
             tile_epilogue(isa, c, out, at, (mr, nc), buf);
         }
@@ -666,19 +685,19 @@ fn tile_epilogue(
     (mr, nc): (usize, usize),
     buf: &mut [f32; TILE_MAX],
 ) {
-    let co = c.out_channels;
+    let ldo = out.ldo;
     let buf = &mut buf[..mr * nc];
     let run = |i: usize| {
         // SAFETY: this task's row and panel; each run is dropped at once.
         #[allow(unsafe_code)]
         unsafe {
-            out.run(at + i * co, nc)
+            out.run(at + i * ldo, nc)
         }
     };
     for (i, b) in buf.chunks_exact_mut(nc).enumerate() {
         copy_run(b, run(i));
     }
-    epilogue(isa, c, buf, nc, |i| at + i * co);
+    epilogue(isa, c, buf, nc, |i| at + i * ldo);
     for (i, b) in buf.chunks_exact(nc).enumerate() {
         copy_run(run(i), b);
     }

@@ -198,7 +198,10 @@ pub enum ConvWeightsRef {
 }
 
 /// A channels-last convolution (`kernels::conv`): `x [batch, H, W, Ci]` to
-/// `dst [batch, Ho, Wo, Co]` = `after(act(conv(x) + bias) + residual)`.
+/// `dst [batch, Ho, Wo, Co]` = `after(act(conv(x) + bias) + residual)`;
+/// with `dst_stride > Co`, `dst` is `[batch, Ho, Wo, dst_stride]` of which
+/// the step writes the first `Co` values of each pixel (its channels of a
+/// concat's output, written in place; never with a residual).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConvStep {
     pub window: crate::kernels::spatial::Window,
@@ -214,6 +217,8 @@ pub struct ConvStep {
     /// After the residual; `None` without one.
     pub after: Activation,
     pub dst: BufRef,
+    /// Values between output pixels: `out_channels`, or more (format 8).
+    pub dst_stride: usize,
 }
 
 /// A channels-last transposed convolution (`kernels::conv_transpose`): `x`
@@ -1284,7 +1289,7 @@ fn conv(
         residual: c.residual.map(|r| src.f32(r)).transpose()?,
         after: c.after,
     };
-    kernels::conv::conv(isa, &args, dst, par)
+    kernels::conv::conv_strided(isa, &args, dst, c.dst_stride, par)
 }
 
 /// Batched products of at most this many flops each run one product per

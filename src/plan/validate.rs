@@ -360,7 +360,18 @@ fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
     let out = len(w.output_pixels(), co);
     let residual_ok = c.residual.is_none() || rest.next() == out;
     let after_ok = c.residual.is_some() || c.after == crate::kernels::gemm::Activation::None;
-    weights_ok && after_ok && bias_ok && residual_ok && Some(s[0]) == len(w.input_pixels(), ci) && Some(d) == out
+    let dst = c
+        .batch
+        .checked_mul(w.output_pixels())
+        .and_then(|pixels| crate::kernels::conv::strided_len(pixels, c.dst_stride, co));
+    let stride_ok = c.dst_stride == co || (c.dst_stride > co && c.residual.is_none());
+    weights_ok
+        && after_ok
+        && bias_ok
+        && residual_ok
+        && stride_ok
+        && Some(s[0]) == len(w.input_pixels(), ci)
+        && Some(d) == dst
 }
 
 /// An embedding layer norm: `s` as `typed_srcs` lists them (scale, bias,
