@@ -936,6 +936,87 @@ fn conv_steps_round_trip() {
     assert!(e.message.contains("Conv"), "{e}");
 }
 
+/// Two convolutions that only a channel concat reads write into it in place
+/// (format 8): on AVX2 their steps carry the concat's pixel stride, which
+/// survives the file; a stride under the channels, or with a residual, is
+/// refused at load.
+#[test]
+fn convolutions_into_a_concat_round_trip() {
+    use crate::ir::{Activation, Axis, ConvAttrs, Window};
+    let axis = |input: usize, kernel: usize| Axis {
+        input,
+        output: input,
+        kernel,
+        stride: 1,
+        dilation: 1,
+        pad_begin: kernel / 2,
+        pad_end: kernel / 2,
+    };
+    let conv = |kernel: usize| {
+        Op::Conv(Box::new(ConvAttrs {
+            window: Window {
+                h: axis(4, kernel),
+                w: axis(5, kernel),
+            },
+            groups: 1,
+            bias: false,
+            activation: Activation::Relu,
+            residual: false,
+            after: Activation::None,
+        }))
+    };
+    let mut g = G::new("cat");
+    let x = g.input("x", &[1, 4, 5, 3]);
+    let w1 = g.constant("w1", &[5, 3, 1, 1], row(15, 1));
+    let w3 = g.constant("w3", &[7, 3, 3, 3], row(189, 2));
+    let (a, b) = (g.value("a", &[1, 4, 5, 5]), g.value("b", &[1, 4, 5, 7]));
+    let cat = g.value("cat", &[1, 4, 5, 12]);
+    g.0.add_node("c1", conv(1), vec![x, w1], vec![a]);
+    g.0.add_node("c3", conv(3), vec![x, w3], vec![b]);
+    g.0.add_node("cat", Op::Concat { axis: 3 }, vec![a, b], vec![cat]);
+    let y = g.node(Op::Unary(UnaryOp::Neg), &[cat], "y");
+    g.0.outputs.push(y);
+    let want = compile(&g.0, Target::Avx2).unwrap();
+    let strides: Vec<(usize, usize)> = want
+        .steps()
+        .iter()
+        .filter_map(|s| match s {
+            crate::plan::Step::Conv(c) => Some((c.out_channels, c.dst_stride)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(strides, [(5, 12), (7, 12)]);
+    assert!(want.op_counts().iter().any(|(n, k)| n == "Concat+InPlace" && *k == 1));
+    let mut b = ContextBuilder::new(Target::Avx2);
+    b.add_graph("cat", &want).unwrap();
+    let ctx = parse(&b.to_bytes().unwrap()).unwrap();
+    assert_same_program(&ctx.program("cat").unwrap().unwrap(), &want);
+
+    for bad in [4, 0] {
+        let mut parts = crate::plan::ProgramParts {
+            target: want.target(),
+            inputs: want.inputs().to_vec(),
+            outputs: want.outputs().to_vec(),
+            constants: want.constants().to_vec(),
+            steps: want.steps().to_vec(),
+            arena_bytes: want.arena_bytes(),
+            op_counts: want.op_counts().to_vec(),
+        };
+        for s in &mut parts.steps {
+            if let crate::plan::Step::Conv(c) = s {
+                if bad == 0 {
+                    // A residual with a strided output: the kernels have no stride for it.
+                    c.residual = Some(c.x);
+                } else {
+                    c.dst_stride = bad;
+                }
+            }
+        }
+        let e = Program::from_parts(parts).unwrap_err();
+        assert!(e.message.contains("Conv"), "{e}");
+    }
+}
+
 // Activations (issue #13).
 
 /// Every activation of issue #13 as a step (unary, PRelu, GEMM epilogues)
