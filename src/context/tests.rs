@@ -126,6 +126,19 @@ pub(super) fn run(p: &Program, seed: usize) -> Vec<Vec<f32>> {
     outs
 }
 
+/// `p`'s parts, for building a changed copy (which `from_parts` validates).
+fn parts_of(p: &Program) -> crate::plan::ProgramParts {
+    crate::plan::ProgramParts {
+        target: p.target(),
+        inputs: p.inputs().to_vec(),
+        outputs: p.outputs().to_vec(),
+        constants: p.constants().to_vec(),
+        steps: p.steps().to_vec(),
+        arena_bytes: p.arena_bytes(),
+        op_counts: p.op_counts().to_vec(),
+    }
+}
+
 pub(super) fn assert_same_program(got: &Program, want: &Program) {
     assert_eq!(got.target(), want.target());
     assert_eq!(got.inputs(), want.inputs());
@@ -918,15 +931,7 @@ fn conv_steps_round_trip() {
     let ctx = parse(&b.to_bytes().unwrap()).unwrap();
     assert_same_program(&ctx.program("conv").unwrap().unwrap(), &want);
 
-    let mut parts = crate::plan::ProgramParts {
-        target: want.target(),
-        inputs: want.inputs().to_vec(),
-        outputs: want.outputs().to_vec(),
-        constants: want.constants().to_vec(),
-        steps: want.steps().to_vec(),
-        arena_bytes: want.arena_bytes(),
-        op_counts: want.op_counts().to_vec(),
-    };
+    let mut parts = parts_of(&want);
     for s in &mut parts.steps {
         if let crate::plan::Step::Conv(c) = s {
             c.window.w.output += 1;
@@ -993,15 +998,7 @@ fn convolutions_into_a_concat_round_trip() {
     assert_same_program(&ctx.program("cat").unwrap().unwrap(), &want);
 
     for bad in [4, 0] {
-        let mut parts = crate::plan::ProgramParts {
-            target: want.target(),
-            inputs: want.inputs().to_vec(),
-            outputs: want.outputs().to_vec(),
-            constants: want.constants().to_vec(),
-            steps: want.steps().to_vec(),
-            arena_bytes: want.arena_bytes(),
-            op_counts: want.op_counts().to_vec(),
-        };
+        let mut parts = parts_of(&want);
         for s in &mut parts.steps {
             if let crate::plan::Step::Conv(c) = s {
                 if bad == 0 {
