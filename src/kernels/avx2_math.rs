@@ -92,6 +92,70 @@ unsafe fn over_one_plus_exp_neg(num: __m256, x: __m256) -> __m256 {
     unsafe { _mm256_div_ps(num, _mm256_add_ps(splat(1.0), exp8(_mm256_xor_ps(x, splat(-0.0))))) }
 }
 
+/// Largest `-x` whose `e^-x` [`store_den`] computes; above it the
+/// denominator is `inf` (as `exp8`'s above `EXP_INF_ABOVE`, a hair higher).
+const STORE_EXP_MAX: f32 = 88.72;
+
+/// `1 + e^-x` for the convolution store's SiLU and sigmoid, a shorter
+/// dependency chain than [`exp8`]'s (the store runs 12 of them at once,
+/// and out-of-order execution overlaps only a few long chains): the same
+/// reduction and polynomial, evaluated by Estrin's scheme instead of
+/// Horner's, and one power of two instead of two (`-x` is clamped to
+/// [-86, 88.72], where `2^(n-1)` is normal; the polynomial gives `2·e^r`).
+/// On a Zen 3 SiLU went from 0.86 to 0.66 ns per value in registers. Not
+/// bit for bit [`exp8`]'s: within 2e-7 relative of SiLU and the sigmoid
+/// (the test below), where `exp8` is the unary ops' reference.
+#[inline(always)]
+unsafe fn store_den(x: __m256) -> __m256 {
+    // SAFETY: the caller's CPU; register operations only.
+    unsafe {
+        let xn = _mm256_xor_ps(x, splat(-0.0));
+        // max/min return their second operand (xn) when it is NaN.
+        let xc = _mm256_min_ps(splat(STORE_EXP_MAX), _mm256_max_ps(splat(-86.0), xn));
+        let t = _mm256_fmadd_ps(xc, splat(LOG2E), splat(MAGIC));
+        let n = _mm256_sub_ps(t, splat(MAGIC));
+        let r = _mm256_fnmadd_ps(n, splat(LN2_LO), _mm256_fnmadd_ps(n, splat(LN2_HI), xc));
+        let (r2, r_twice) = (_mm256_mul_ps(r, r), _mm256_add_ps(r, r));
+        let r4 = _mm256_mul_ps(r2, r2);
+        // EXP_POLY is highest power first: q(r) = Σ EXP_POLY[5 - k]·r^k.
+        let b0 = _mm256_fmadd_ps(splat(EXP_POLY[4]), r, splat(EXP_POLY[5]));
+        let b1 = _mm256_fmadd_ps(splat(EXP_POLY[2]), r, splat(EXP_POLY[3]));
+        let b2 = _mm256_fmadd_ps(splat(EXP_POLY[0]), r, splat(EXP_POLY[1]));
+        let q = _mm256_fmadd_ps(b2, r4, _mm256_fmadd_ps(b1, r2, b0));
+        // 2·e^r = 2 + 2r + 2r²·q.
+        let p2 = _mm256_add_ps(_mm256_fmadd_ps(q, _mm256_add_ps(r2, r2), r_twice), splat(2.0));
+        // 2^(n-1): t's bits hold n + MAGIC's.
+        let bias = _mm256_set1_epi32(126 - MAGIC.to_bits() as i32);
+        let scale = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_castps_si256(t), bias)));
+        let d = _mm256_fmadd_ps(p2, scale, splat(1.0));
+        _mm256_blendv_ps(
+            d,
+            splat(f32::INFINITY),
+            _mm256_cmp_ps::<_CMP_GT_OQ>(xn, splat(STORE_EXP_MAX)),
+        )
+    }
+}
+
+/// SiLU for the direct convolution's store ([`store_den`]).
+///
+/// # Safety
+/// AVX2 and FMA available.
+#[inline(always)]
+pub(super) unsafe fn silu8_store(x: __m256) -> __m256 {
+    // SAFETY: the caller's CPU.
+    unsafe { _mm256_div_ps(x, store_den(x)) }
+}
+
+/// The sigmoid for the direct convolution's store ([`store_den`]).
+///
+/// # Safety
+/// AVX2 and FMA available.
+#[inline(always)]
+pub(super) unsafe fn sigmoid8_store(x: __m256) -> __m256 {
+    // SAFETY: the caller's CPU.
+    unsafe { _mm256_div_ps(splat(1.0), store_den(x)) }
+}
+
 /// `math::tanh`: an odd polynomial below 0.625, `1 - 2 / (e^2|x| + 1)` with
 /// x's sign above (plain multiplies and adds, as there).
 #[inline(always)]
@@ -259,6 +323,61 @@ mod tests {
             f32::NAN,
         ]);
         v
+    }
+
+    /// The store's SiLU and sigmoid: within 2e-7 relative of the exact
+    /// values (f64) wherever those are above 1e-36, and the same as the
+    /// unary ops' at zeros, infinities and NaN.
+    #[test]
+    fn store_silu_and_sigmoid_are_accurate() {
+        let _isa = Isa::new(Target::Avx2).expect("an AVX2 CPU");
+        let mut x = values();
+        x.extend((0..200_000).map(|i| (i as f32 - 100_000.0) * 0.000_9));
+        x.extend([
+            -86.5, -87.9, -88.5, -88.71, -88.73, 85.9, 86.1, 88.71, 88.73, -17.3, -24.9,
+        ]);
+        let lanes = |f: unsafe fn(__m256) -> __m256, v: f32| {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            let y = unsafe { f(_mm256_set1_ps(v)) };
+            let mut out = [0f32; 8];
+            // SAFETY: 8 values.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), y) };
+            out[0]
+        };
+        unsafe fn silu_ref(v: __m256) -> __m256 {
+            // SAFETY: the caller's.
+            unsafe { silu8(v) }
+        }
+        unsafe fn sigmoid_ref(v: __m256) -> __m256 {
+            // SAFETY: the caller's.
+            unsafe { sigmoid8(v) }
+        }
+        unsafe fn silu_store(v: __m256) -> __m256 {
+            // SAFETY: the caller's.
+            unsafe { silu8_store(v) }
+        }
+        unsafe fn sigmoid_store(v: __m256) -> __m256 {
+            // SAFETY: the caller's.
+            unsafe { sigmoid8_store(v) }
+        }
+        for &v in &x {
+            let xd = v as f64;
+            let sig = 1.0 / (1.0 + (-xd).exp());
+            for (got, want, exact) in [
+                (lanes(silu_store, v), lanes(silu_ref, v), xd * sig),
+                (lanes(sigmoid_store, v), lanes(sigmoid_ref, v), sig),
+            ] {
+                if !v.is_finite() || v == 0.0 {
+                    let same = got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan();
+                    assert!(same, "f({v}) = {got}, the unary op gives {want}");
+                } else if exact.abs() > 1e-36 {
+                    let err = ((got as f64 - exact) / exact).abs();
+                    assert!(err <= 2e-7, "f({v}) = {got}, exact {exact} (relative error {err:e})");
+                } else {
+                    assert!((got as f64 - exact).abs() <= 1e-36, "f({v}) = {got}, exact {exact}");
+                }
+            }
+        }
     }
 
     #[test]

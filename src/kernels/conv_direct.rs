@@ -1004,8 +1004,8 @@ mod x86 {
                 _ if !ANY => v,
                 Some(RegAct::HardSigmoid(alpha, beta)) => hard_sigmoid(v, alpha, beta),
                 Some(RegAct::HardSwish) => _mm256_mul_ps(v, hard_sigmoid(v, 1.0 / 6.0, 0.5)),
-                Some(RegAct::Silu) => avx2_math::silu8(v),
-                Some(RegAct::Sigmoid) => avx2_math::sigmoid8(v),
+                Some(RegAct::Silu) => avx2_math::silu8_store(v),
+                Some(RegAct::Sigmoid) => avx2_math::sigmoid8_store(v),
             };
             // The residual's tile rows, as C's (`tile` checked their length).
             let res = t.residual.map(|r| r.as_ptr());
