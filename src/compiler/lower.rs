@@ -171,7 +171,7 @@ fn assign_temps(
                     stride: slice.stride,
                     len,
                 });
-            } else if homes[v].is_none() || matches!(homes[v], Some(Home::Temp(_))) {
+            } else if matches!(homes[v], None | Some(Home::Temp(_))) {
                 temp_of(v, t, homes);
             }
         }
@@ -241,9 +241,17 @@ fn strided_conv(graph: &Graph, node: &Node, target: Target) -> bool {
         return false;
     };
     let shape = |v: ValueId| &graph.values[v].ty.shape;
-    let (ci, w) = (shape(node.inputs[0]).get(3), shape(node.inputs[1]));
-    let depthwise = ci.is_some_and(|&ci| attrs.groups == ci && w.first() == Some(&ci) && w.get(1) == Some(&1));
+    let depthwise = shape(node.inputs[0])
+        .get(3)
+        .is_some_and(|&ci| is_depthwise(ci, attrs.groups, shape(node.inputs[1])));
     conv::writes_strided(target, depthwise, attrs.residual)
+}
+
+/// Whether a convolution of `ci` input channels in `groups` groups with
+/// weights of shape `w` (`[Co, Ci/g, kh, kw]`) runs as depthwise: one
+/// filter per channel. Lowering and [`strided_conv`] must agree on it.
+fn is_depthwise(ci: usize, groups: usize, w: &[usize]) -> bool {
+    groups == ci && w.get(..2) == Some(&[ci, 1][..])
 }
 
 struct Lowering<'g> {
@@ -789,7 +797,7 @@ impl Lowering<'_> {
             .cloned()
             .ok_or_else(|| internal("Conv weights are not a constant"))?;
         let (g, taps) = (attrs.groups, attrs.window.taps());
-        let weights = if g == ci && ci == co && cig == 1 {
+        let weights = if is_depthwise(ci, g, self.shape(ins[1])) {
             let dw = conv::depthwise_weights(w.as_slice(), co, taps);
             self.constants
                 .push(Constant::plain(DType::F32, &[taps, co], Weight::from_vec(dw)));

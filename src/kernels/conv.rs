@@ -155,12 +155,8 @@ pub fn writes_strided(target: Target, depthwise: bool, residual: bool) -> bool {
 pub fn conv_strided(isa: Isa, c: &Conv<'_>, y: &mut [f32], ldo: usize, par: &dyn Parallel) -> Result<()> {
     check(c, y.len(), ldo)?;
     if ldo != c.out_channels {
-        let packed = match c.weights {
-            ConvWeights::Packed(groups) => Some(groups),
-            ConvWeights::Depthwise(_) => None,
-        };
-        return match packed {
-            Some(groups)
+        return match c.weights {
+            ConvWeights::Packed(groups)
                 if writes_strided(isa.target(), false, c.residual.is_some())
                     && super::conv_direct::usable(isa, groups) =>
             {
@@ -220,7 +216,10 @@ fn check(c: &Conv<'_>, y_len: usize, ldo: usize) -> Result<()> {
     let size = |a: usize, b: usize, c: usize, d: usize| a.checked_mul(b)?.checked_mul(c)?.checked_mul(d);
     let x_len = size(c.batch, w.h.input, w.w.input, ci);
     let y_want = size(c.batch, w.h.output, w.w.output, co);
-    let y_span = strided_len(c.batch * w.output_pixels(), ldo, co);
+    let y_span = c
+        .batch
+        .checked_mul(w.output_pixels())
+        .and_then(|pixels| strided_len(pixels, ldo, co));
     let (Some(x_len), Some(y_want), Some(y_span)) = (x_len, y_want, y_span) else {
         return Err(size_error("tensor sizes overflow"));
     };
