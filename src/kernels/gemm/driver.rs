@@ -26,6 +26,20 @@ pub(super) trait Kernel {
     /// The CPU supports the target's instructions. (Sizes are checked inside.)
     unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>);
 
+    /// Whether [`Kernel::tile_direct`] exists for this target.
+    const DIRECT_A: bool = false;
+
+    /// [`Kernel::tile`] with A read in place: the tile's row `i` is
+    /// `a[i * lda..][..kc]`. Same operations in the same order, so the same
+    /// results. Only called where [`Kernel::DIRECT_A`] holds.
+    ///
+    /// # Safety
+    /// As [`Kernel::tile`]'s.
+    unsafe fn tile_direct(kc: usize, a: &[f32], lda: usize, b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
+        let _ = (kc, a, lda, b, tile, store);
+        unreachable!("this target's kernel reads A packed only");
+    }
+
     /// `a * b + c`, fused where the target has FMA.
     fn madd(a: f32, b: f32, c: f32) -> f32;
 
@@ -375,7 +389,12 @@ pub(super) unsafe fn blocked<K: Kernel>(
     // (70 rows of 518) does too little work per panel to hide that.
     let blocks = rows.len().div_ceil(mc).max(1);
     let mc = rows.len().div_ceil(blocks).next_multiple_of(K::MR).min(mc);
-    let len = rows.len().min(mc) * ks.len().min(kc);
+    let direct = reads_a_in_place::<K>(a, cols.len());
+    let len = if direct {
+        0
+    } else {
+        rows.len().min(mc) * ks.len().min(kc)
+    };
     let mut buf = take_scratch(&A_SCRATCH, len);
     let apack = &mut bytemuck::cast_slice_mut::<u8, f32>(buf.bytes_mut())[..len];
     for ic in rows.clone().step_by(mc) {
@@ -383,8 +402,10 @@ pub(super) unsafe fn blocked<K: Kernel>(
         for pc in ks.clone().step_by(kc) {
             let kb = pc..(pc + kc).min(ks.end);
             let kc = kb.len();
-            // SAFETY: the caller guarantees the CPU supports K.
-            unsafe { K::pack_a(a, mrows.clone(), kb.clone(), apack) };
+            if !direct {
+                // SAFETY: the caller guarantees the CPU supports K.
+                unsafe { K::pack_a(a, mrows.clone(), kb.clone(), apack) };
+            }
             let accumulate = !(first && pc == ks.start);
             let finish = last && kb.end == ks.end;
             let plain = Store {
@@ -401,11 +422,18 @@ pub(super) unsafe fn blocked<K: Kernel>(
                     plain
                 };
                 for trows in row_tiles(mrows.clone(), K::MR) {
-                    let at = (trows.start - mrows.start) * kc;
-                    let apanel = &apack[at..at + trows.len() * kc];
                     let mut tile = view.tile(trows.clone(), tcols.clone());
-                    // SAFETY: the caller guarantees the CPU supports K.
-                    unsafe { K::tile(kc, apanel, panel, &mut tile, &store) };
+                    if direct {
+                        let at = trows.start * a.ld + kb.start;
+                        let arows = &a.data[at..at + (trows.len() - 1) * a.ld + kc];
+                        // SAFETY: the caller guarantees the CPU supports K, which reads A in place.
+                        unsafe { K::tile_direct(kc, arows, a.ld, panel, &mut tile, &store) };
+                    } else {
+                        let at = (trows.start - mrows.start) * kc;
+                        let apanel = &apack[at..at + trows.len() * kc];
+                        // SAFETY: the caller guarantees the CPU supports K.
+                        unsafe { K::tile(kc, apanel, panel, &mut tile, &store) };
+                    }
                 }
             }
             if finish && post {
@@ -421,6 +449,17 @@ pub(super) unsafe fn blocked<K: Kernel>(
         }
     }
     put_scratch(&A_SCRATCH, buf);
+}
+
+/// Most columns of C for which the blocked loops read A in place, where the
+/// kernel can: packing copies each A value once for `cols / NR` uses, too
+/// few to pay for it in attention's product with V (32 columns; MiniLM at
+/// sequence 512 spent a quarter of that product packing A).
+const DIRECT_A_MAX_COLS: usize = 32;
+
+/// Whether [`blocked`] reads A in place (row-major A, few columns).
+fn reads_a_in_place<K: Kernel>(a: ASrc<'_>, cols: usize) -> bool {
+    K::DIRECT_A && !a.trans && cols <= DIRECT_A_MAX_COLS
 }
 
 /// One full `MR x NR` tile, `reps` times over the same panels of depth `kc`

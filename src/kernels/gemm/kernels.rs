@@ -53,6 +53,35 @@ fn check_tile(mr_max: usize, nr: usize, kc: usize, a: &[f32], b: &[f32], tile: &
     );
 }
 
+/// [`check_tile`] for A read in place: `a` holds the tile's rows, `kc`
+/// values each, `lda` apart.
+#[inline(always)]
+fn check_direct(
+    mr_max: usize,
+    nr: usize,
+    kc: usize,
+    (a, lda): (&[f32], usize),
+    b: &[f32],
+    tile: &Tile<'_>,
+    store: &Store<'_>,
+) {
+    let (mr, nc) = (tile.rows(), tile.cols());
+    assert!(
+        (1..=mr_max).contains(&mr)
+            && (1..=nr).contains(&nc)
+            && (mr == 1 || lda >= kc)
+            && (mr - 1)
+                .checked_mul(lda)
+                .and_then(|r| r.checked_add(kc))
+                .is_some_and(|end| a.len() >= end)
+            && b.len() >= kc * nr
+            && store.bias.is_none_or(|bias| bias.len() >= nc),
+        "microkernel given a bad direct tile: {mr} x {nc}, kc {kc}, lda {lda}, a {}, b {}",
+        a.len(),
+        b.len()
+    );
+}
+
 /// Plain Rust, vectorised by LLVM for whatever the build targets (SSE2 on x86_64).
 pub(super) struct Generic;
 
@@ -136,7 +165,7 @@ mod x86 {
     use std::ops::Range;
 
     use super::super::pack;
-    use super::{check_tile, ASrc, BSrc, Blocking, Kernel, Store, Target, Tile};
+    use super::{check_direct, check_tile, ASrc, BSrc, Blocking, Kernel, Store, Target, Tile};
     use crate::kernels::avx2;
 
     /// AVX-512: 14 x 32 tiles, 28 zmm accumulators, B rows from two loads,
@@ -342,7 +371,21 @@ mod x86 {
             // SAFETY: the caller guarantees AVX2 and FMA; check_tile proved
             // that a holds kc * rows values, b kc * 16 and the bias nc; the
             // tile grants rows x nc elements of C from c with stride ld.
-            unsafe { by_rows!(tile.rows(), avx2_kernel, (kc, a, b, c, ld, nc, store)) }
+            unsafe { by_rows!(tile.rows(), avx2_packed, (kc, a, b, c, ld, nc, store)) }
+        }
+
+        const DIRECT_A: bool = true;
+
+        #[inline(always)]
+        unsafe fn tile_direct(kc: usize, a: &[f32], lda: usize, b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
+            check_direct(Self::MR, Self::NR, kc, (a, lda), b, tile, store);
+            let (ld, nc) = (tile.ld(), tile.cols());
+            let (b, c) = (b.as_ptr(), tile.ptr());
+            // SAFETY: the caller guarantees AVX2 and FMA; check_direct proved
+            // that each of the tile's rows of a holds kc values, b kc * 16
+            // and the bias nc; the tile grants rows x nc elements of C from c
+            // with stride ld.
+            unsafe { by_rows!(tile.rows(), avx2_direct, (kc, (a.as_ptr(), lda), b, c, ld, nc, store)) }
         }
 
         type Madd = super::super::epilogue::Fused;
@@ -363,13 +406,13 @@ mod x86 {
         }
     }
 
+    /// [`avx2_kernel`] on a packed A micro-panel.
+    ///
     /// # Safety
-    /// AVX2 and FMA available; `a` readable for `kc * MR` values, `b` for
-    /// `kc * 16`, `store.bias` has at least `nc <= 16` values, and
-    /// `c.add(i * ld + j)` is ours for `i < MR`, `j < nc`.
+    /// As [`avx2_kernel`]'s, with `DIRECT = false`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn avx2_kernel<const MR: usize>(
+    unsafe fn avx2_packed<const MR: usize>(
         kc: usize,
         a: *const f32,
         b: *const f32,
@@ -378,6 +421,52 @@ mod x86 {
         nc: usize,
         store: &Store<'_>,
     ) {
+        // SAFETY: the caller's contract.
+        unsafe { avx2_kernel::<MR, false>(kc, (a, 0), b, c, ld, nc, store) }
+    }
+
+    /// [`avx2_kernel`] on A's rows in place (row stride `a.1`).
+    ///
+    /// # Safety
+    /// As [`avx2_kernel`]'s, with `DIRECT = true`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2_direct<const MR: usize>(
+        kc: usize,
+        a: (*const f32, usize),
+        b: *const f32,
+        c: *mut f32,
+        ld: usize,
+        nc: usize,
+        store: &Store<'_>,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { avx2_kernel::<MR, true>(kc, a, b, c, ld, nc, store) }
+    }
+
+    /// One tile. A is a packed micro-panel (`a.0[k·MR + i]`) or, if
+    /// `DIRECT`, read in place: row `i` at `a.0 + i·a.1`, `kc` values each.
+    ///
+    /// # Safety
+    /// AVX2 and FMA available; `a` readable for `kc * MR` values (`DIRECT`:
+    /// `kc` values from each of the MR rows), `b` for `kc * 16`,
+    /// `store.bias` has at least `nc <= 16` values, and `c.add(i * ld + j)`
+    /// is ours for `i < MR`, `j < nc`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2_kernel<const MR: usize, const DIRECT: bool>(
+        kc: usize,
+        (a, lda): (*const f32, usize),
+        b: *const f32,
+        c: *mut f32,
+        ld: usize,
+        nc: usize,
+        store: &Store<'_>,
+    ) {
+        // Where A's value (row i, k + u) is, from the current position, and
+        // how far four k move it.
+        let at = |i: usize, u: usize| if DIRECT { i * lda + u } else { MR * u + i };
+        let step = if DIRECT { 1 } else { MR };
         let mut acc = [[_mm256_setzero_ps(); 2]; MR];
         for i in 0..MR {
             // A hint only: prefetching never faults.
@@ -420,18 +509,18 @@ mod x86 {
         for _ in 0..if MR == 1 { 0 } else { kc / 4 } {
             for u in 0..4 {
                 // SAFETY: fewer than kc k have been consumed, so bp + 16 u .. + 16
-                // and ap + MR u .. + MR are readable.
+                // and A's values of k + u in each row are readable.
                 let (b0, b1) = unsafe { (_mm256_loadu_ps(bp.add(16 * u)), _mm256_loadu_ps(bp.add(16 * u + 8))) };
                 for (i, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: i < MR (see above).
-                    let ai = _mm256_broadcast_ss(unsafe { &*ap.add(MR * u + i) });
+                    let ai = _mm256_broadcast_ss(unsafe { &*ap.add(at(i, u)) });
                     acc[0] = _mm256_fmadd_ps(ai, b0, acc[0]);
                     acc[1] = _mm256_fmadd_ps(ai, b1, acc[1]);
                 }
             }
             // SAFETY: 4 of the remaining k were consumed; at most one past the end.
             unsafe {
-                ap = ap.add(4 * MR);
+                ap = ap.add(4 * step);
                 bp = bp.add(4 * 16);
             }
         }
@@ -440,13 +529,13 @@ mod x86 {
             let (b0, b1) = unsafe { (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8))) };
             for (i, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: i < MR (see above).
-                let ai = _mm256_broadcast_ss(unsafe { &*ap.add(i) });
+                let ai = _mm256_broadcast_ss(unsafe { &*ap.add(at(i, 0)) });
                 acc[0] = _mm256_fmadd_ps(ai, b0, acc[0]);
                 acc[1] = _mm256_fmadd_ps(ai, b1, acc[1]);
             }
             // SAFETY: one k consumed; at most one past the end.
             unsafe {
-                ap = ap.add(MR);
+                ap = ap.add(step);
                 bp = bp.add(16);
             }
         }
