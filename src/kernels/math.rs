@@ -117,6 +117,29 @@ pub(crate) fn exp_with<F: MulAdd>(x: f32) -> f32 {
     }
 }
 
+/// [`exp_with`] for arguments `x <= 0` (or NaN), as a softmax's shifted
+/// ones are: no overflow side, and `2^n` as one power of two instead of
+/// two, so results under 2^-126 (x < -87.34) are 0 where [`exp_with`] gives
+/// subnormals (at most 1.2e-38 apart); every other result is the same bits.
+#[inline(always)]
+pub(crate) fn exp_nonpositive_with<F: MulAdd>(x: f32) -> f32 {
+    const NORMAL_FROM: f32 = -87.336_54; // ln(2^-126)
+                                         // `max` keeps NaN as NaN.
+    let xc = if x < NORMAL_FROM { NORMAL_FROM } else { x };
+    let t = F::madd(xc, LOG2E, MAGIC);
+    let n = t - MAGIC;
+    let ni = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    let r = F::madd(-n, LN2_LO, F::madd(-n, LN2_HI, xc));
+    let p = EXP_POLY[1..].iter().fold(EXP_POLY[0], |p, &c| F::madd(p, r, c));
+    let p = F::madd(p * r, r, r) + 1.0;
+    let y = p * pow2i(ni);
+    if x < NORMAL_FROM {
+        0.0
+    } else {
+        y
+    }
+}
+
 /// `x`, as a value the compiler must compute: `x + 0`, which is `x` except
 /// that -0 becomes +0 (as in `max(x, 0)`). Given `*v = if c { y } else { *v }`
 /// LLVM stores only where `c` holds, with AVX2's masked store, which is
@@ -480,6 +503,32 @@ mod tests {
             assert_eq!(exp(f32::INFINITY), f32::INFINITY);
             assert!(exp(f32::NAN).is_nan());
         }
+    }
+
+    #[test]
+    fn exp_of_nonpositive_arguments_is_exp_without_subnormals() {
+        // Every f32 in [-104, 0] a few ulp apart, both MulAdd forms.
+        let mut x = -0.0f32;
+        let mut checked = 0;
+        while x >= -104.0 {
+            for (got, want) in [
+                (exp_nonpositive_with::<Plain>(x), exp_with::<Plain>(x)),
+                (exp_nonpositive_with::<Fused>(x), exp_with::<Fused>(x)),
+            ] {
+                if want >= f32::MIN_POSITIVE {
+                    assert_eq!(got.to_bits(), want.to_bits(), "exp({x})");
+                } else {
+                    assert_eq!(got, 0.0, "exp({x}) = {want} flushes to 0");
+                }
+            }
+            checked += 1;
+            x = f32::from_bits(x.to_bits() + 997);
+        }
+        assert!(checked > 100_000, "{checked}");
+        assert_eq!(exp_nonpositive_with::<Fused>(f32::NEG_INFINITY), 0.0);
+        assert!(exp_nonpositive_with::<Fused>(f32::NAN).is_nan());
+        assert!(exp_nonpositive_with::<Plain>(-87.336_54) >= f32::MIN_POSITIVE);
+        assert_eq!(exp_nonpositive_with::<Plain>(-87.4), 0.0);
     }
 
     #[test]

@@ -96,6 +96,15 @@ fn exp_sum<F: MulAdd>(s: &[f32], m: f32, d: &mut [f32]) -> f32 {
     sum(&d[..s.len()])
 }
 
+/// [`exp_sum`] for `m` the row's maximum (every `s - m <= 0` or NaN).
+#[inline(always)]
+fn shifted_exp_sum<F: MulAdd>(s: &[f32], m: f32, d: &mut [f32]) -> f32 {
+    for (o, &x) in d.iter_mut().zip(s) {
+        *o = math::exp_nonpositive_with::<F>(x - m);
+    }
+    sum(&d[..s.len()])
+}
+
 /// `max(a, b)` that returns NaN if either is NaN (IEEE `maximum`, numpy's
 /// `max`). Branch-free: compare, unordered-compare and blend.
 #[inline(always)]
@@ -192,8 +201,11 @@ pub(super) fn softmax<F: MulAdd>(len: usize, inner: usize, shift: bool, src: &[f
     }
     for (s, d) in src.chunks_exact(block).zip(dst.chunks_exact_mut(block)) {
         if inner == 1 {
-            let m = if shift { max(s) } else { 0.0 };
-            let r = 1.0 / exp_sum::<F>(s, m, d);
+            let r = if shift {
+                1.0 / shifted_exp_sum::<F>(s, max(s), d)
+            } else {
+                1.0 / exp_sum::<F>(s, 0.0, d)
+            };
             for o in d.iter_mut() {
                 *o *= r;
             }
@@ -209,7 +221,11 @@ pub(super) fn softmax<F: MulAdd>(len: usize, inner: usize, shift: bool, src: &[f
             let mut total = vec![0f32; inner];
             for (drow, srow) in d.chunks_exact_mut(inner).zip(s.chunks_exact(inner)) {
                 for (((o, &x), &mm), t) in drow.iter_mut().zip(srow).zip(&m).zip(total.iter_mut()) {
-                    *o = math::exp_with::<F>(x - mm);
+                    *o = if shift {
+                        math::exp_nonpositive_with::<F>(x - mm)
+                    } else {
+                        math::exp_with::<F>(x)
+                    };
                     *t += *o;
                 }
             }

@@ -588,7 +588,8 @@ fn softmax_unshifted_overflows_like_the_decomposed_ops() {
             softmax(isa, 3, inner, false, &x, &mut y, &Serial).unwrap();
             assert!(y[0].is_nan() && y[inner] == 0.0 && y[2 * inner] == 0.0, "{isa:?} {y:?}");
             softmax(isa, 3, inner, true, &x, &mut y, &Serial).unwrap();
-            assert!((y[0] - 1.0).abs() < 1e-6 && y[inner] > 0.0, "{isa:?} {y:?}");
+            // e^-100 is subnormal; shifted, it flushes to 0, as in ORT's CPU EP.
+            assert!((y[0] - 1.0).abs() < 1e-6 && y[inner] == 0.0, "{isa:?} {y:?}");
             let x: Vec<f32> = [INF, 1.0, 2.0].iter().flat_map(|&v| vec![v; inner]).collect();
             softmax(isa, 3, inner, true, &x, &mut y, &Serial).unwrap();
             assert!(y.iter().all(|v| v.is_nan()), "{isa:?} softmax with +inf: {y:?}");
