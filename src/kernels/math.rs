@@ -94,17 +94,23 @@ pub fn exp(x: f32) -> f32 {
     exp_with::<Plain>(x)
 }
 
-/// [`exp`] with the reduction and the polynomial evaluated by `F`.
+/// `e^x` as `(p, n)` with `e^x = p · 2^n`: the reduction by `n·ln 2` and
+/// the polynomial in the rest, evaluated by `F` (`x` already clamped).
 #[inline(always)]
-pub(crate) fn exp_with<F: MulAdd>(x: f32) -> f32 {
-    // `clamp` keeps NaN as NaN.
-    let xc = x.clamp(-104.0, 89.0);
+fn exp_parts<F: MulAdd>(xc: f32) -> (f32, i32) {
     let t = F::madd(xc, LOG2E, MAGIC);
     let n = t - MAGIC;
     let ni = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
     let r = F::madd(-n, LN2_LO, F::madd(-n, LN2_HI, xc));
     let p = EXP_POLY[1..].iter().fold(EXP_POLY[0], |p, &c| F::madd(p, r, c));
-    let p = F::madd(p * r, r, r) + 1.0;
+    (F::madd(p * r, r, r) + 1.0, ni)
+}
+
+/// [`exp`] with the reduction and the polynomial evaluated by `F`.
+#[inline(always)]
+pub(crate) fn exp_with<F: MulAdd>(x: f32) -> f32 {
+    // `clamp` keeps NaN as NaN.
+    let (p, ni) = exp_parts::<F>(x.clamp(-104.0, 89.0));
     // 2^n in two factors so that results down to the subnormals are right.
     let n1 = ni >> 1;
     let y = p * pow2i(n1) * pow2i(ni - n1);
@@ -123,15 +129,10 @@ pub(crate) fn exp_with<F: MulAdd>(x: f32) -> f32 {
 /// subnormals (at most 1.2e-38 apart); every other result is the same bits.
 #[inline(always)]
 pub(crate) fn exp_nonpositive_with<F: MulAdd>(x: f32) -> f32 {
-    const NORMAL_FROM: f32 = -87.336_54; // ln(2^-126)
-                                         // `max` keeps NaN as NaN.
-    let xc = if x < NORMAL_FROM { NORMAL_FROM } else { x };
-    let t = F::madd(xc, LOG2E, MAGIC);
-    let n = t - MAGIC;
-    let ni = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
-    let r = F::madd(-n, LN2_LO, F::madd(-n, LN2_HI, xc));
-    let p = EXP_POLY[1..].iter().fold(EXP_POLY[0], |p, &c| F::madd(p, r, c));
-    let p = F::madd(p * r, r, r) + 1.0;
+    // ln(2^-126): from here on 2^n is a normal float.
+    const NORMAL_FROM: f32 = -87.336_54;
+    // A select that keeps NaN as NaN.
+    let (p, ni) = exp_parts::<F>(if x < NORMAL_FROM { NORMAL_FROM } else { x });
     let y = p * pow2i(ni);
     if x < NORMAL_FROM {
         0.0
