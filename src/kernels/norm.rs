@@ -81,7 +81,8 @@ fn for_chunks<'a>(x: &'a [f32], mut f: impl FnMut(&[f32; LANES])) -> Last<'a> {
     }
 }
 
-/// `d` = `exp(s - m)`, returning the sum of `d`.
+/// `d` = `exp(s)` element by element, returning the sum of `d` (`exp`:
+/// the softmax's, shifted by the row's maximum or not).
 ///
 /// Two passes, the exponentials in a plain loop and then [`sum`]: LLVM's
 /// loop vectoriser turns the first into 8-lane code on AVX2, where the
@@ -89,18 +90,9 @@ fn for_chunks<'a>(x: &'a [f32], mut f: impl FnMut(&[f32; LANES])) -> Last<'a> {
 /// MiniLM's time at sequence 512 on a Zen 3). The sum adds the same values
 /// in the same order as a fused pass would.
 #[inline(always)]
-fn exp_sum<F: MulAdd>(s: &[f32], m: f32, d: &mut [f32]) -> f32 {
+fn exp_sum(s: &[f32], d: &mut [f32], exp: impl Fn(f32) -> f32) -> f32 {
     for (o, &x) in d.iter_mut().zip(s) {
-        *o = math::exp_with::<F>(x - m);
-    }
-    sum(&d[..s.len()])
-}
-
-/// [`exp_sum`] for `m` the row's maximum (every `s - m <= 0` or NaN).
-#[inline(always)]
-fn shifted_exp_sum<F: MulAdd>(s: &[f32], m: f32, d: &mut [f32]) -> f32 {
-    for (o, &x) in d.iter_mut().zip(s) {
-        *o = math::exp_nonpositive_with::<F>(x - m);
+        *o = exp(x);
     }
     sum(&d[..s.len()])
 }
@@ -201,11 +193,14 @@ pub(super) fn softmax<F: MulAdd>(len: usize, inner: usize, shift: bool, src: &[f
     }
     for (s, d) in src.chunks_exact(block).zip(dst.chunks_exact_mut(block)) {
         if inner == 1 {
-            let r = if shift {
-                1.0 / shifted_exp_sum::<F>(s, max(s), d)
+            let total = if shift {
+                // Every `x - m` is <= 0 (or NaN).
+                let m = max(s);
+                exp_sum(s, d, |x| math::exp_nonpositive_with::<F>(x - m))
             } else {
-                1.0 / exp_sum::<F>(s, 0.0, d)
+                exp_sum(s, d, math::exp_with::<F>)
             };
+            let r = 1.0 / total;
             for o in d.iter_mut() {
                 *o *= r;
             }

@@ -38,45 +38,31 @@ macro_rules! by_rows {
 pub(crate) use by_rows;
 
 /// Checks what every microkernel relies on; panics are bugs in the driver.
+/// `lda`: A is read in place, the tile's rows `lda` apart, `kc` values each
+/// ([`Kernel::tile_direct`]); `None`: a packed micro-panel of `kc · rows`.
 #[inline(always)]
-fn check_tile(mr_max: usize, nr: usize, kc: usize, a: &[f32], b: &[f32], tile: &Tile<'_>, store: &Store<'_>) {
-    let (mr, nc) = (tile.rows(), tile.cols());
-    assert!(
-        (1..=mr_max).contains(&mr)
-            && (1..=nr).contains(&nc)
-            && a.len() >= kc * mr
-            && b.len() >= kc * nr
-            && store.bias.is_none_or(|bias| bias.len() >= nc),
-        "microkernel given a bad tile: {mr} x {nc}, kc {kc}, a {}, b {}",
-        a.len(),
-        b.len()
-    );
-}
-
-/// [`check_tile`] for A read in place: `a` holds the tile's rows, `kc`
-/// values each, `lda` apart.
-#[inline(always)]
-fn check_direct(
+fn check_tile(
     mr_max: usize,
     nr: usize,
     kc: usize,
-    (a, lda): (&[f32], usize),
+    (a, lda): (&[f32], Option<usize>),
     b: &[f32],
     tile: &Tile<'_>,
     store: &Store<'_>,
 ) {
     let (mr, nc) = (tile.rows(), tile.cols());
+    let a_need = match lda {
+        None => mr.checked_mul(kc),
+        Some(lda) if mr == 1 || lda >= kc => (mr - 1).checked_mul(lda).and_then(|r| r.checked_add(kc)),
+        Some(_) => None,
+    };
     assert!(
         (1..=mr_max).contains(&mr)
             && (1..=nr).contains(&nc)
-            && (mr == 1 || lda >= kc)
-            && (mr - 1)
-                .checked_mul(lda)
-                .and_then(|r| r.checked_add(kc))
-                .is_some_and(|end| a.len() >= end)
+            && a_need.is_some_and(|need| a.len() >= need)
             && b.len() >= kc * nr
             && store.bias.is_none_or(|bias| bias.len() >= nc),
-        "microkernel given a bad direct tile: {mr} x {nc}, kc {kc}, lda {lda}, a {}, b {}",
+        "microkernel given a bad tile: {mr} x {nc}, kc {kc}, lda {lda:?}, a {}, b {}",
         a.len(),
         b.len()
     );
@@ -125,7 +111,7 @@ impl Kernel for Generic {
     #[inline(always)]
     #[allow(unsafe_code)]
     unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
-        check_tile(Self::MR, Self::NR, kc, a, b, tile, store);
+        check_tile(Self::MR, Self::NR, kc, (a, None), b, tile, store);
         by_rows!(tile.rows(), kernel_generic, (kc, a, b, tile, store))
     }
 
@@ -165,7 +151,7 @@ mod x86 {
     use std::ops::Range;
 
     use super::super::pack;
-    use super::{check_direct, check_tile, ASrc, BSrc, Blocking, Kernel, Store, Target, Tile};
+    use super::{check_tile, ASrc, BSrc, Blocking, Kernel, Store, Target, Tile};
     use crate::kernels::avx2;
 
     /// AVX-512: 14 x 32 tiles, 28 zmm accumulators, B rows from two loads,
@@ -178,7 +164,7 @@ mod x86 {
 
         #[inline(always)]
         unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
-            check_tile(Self::MR, Self::NR, kc, a, b, tile, store);
+            check_tile(Self::MR, Self::NR, kc, (a, None), b, tile, store);
             let (ld, nc) = (tile.ld(), tile.cols());
             let (a, b, c) = (a.as_ptr(), b.as_ptr(), tile.ptr());
             // SAFETY: the caller guarantees AVX-512F and FMA; check_tile proved
@@ -365,7 +351,7 @@ mod x86 {
 
         #[inline(always)]
         unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
-            check_tile(Self::MR, Self::NR, kc, a, b, tile, store);
+            check_tile(Self::MR, Self::NR, kc, (a, None), b, tile, store);
             let (ld, nc) = (tile.ld(), tile.cols());
             let (a, b, c) = (a.as_ptr(), b.as_ptr(), tile.ptr());
             // SAFETY: the caller guarantees AVX2 and FMA; check_tile proved
@@ -378,10 +364,10 @@ mod x86 {
 
         #[inline(always)]
         unsafe fn tile_direct(kc: usize, a: &[f32], lda: usize, b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
-            check_direct(Self::MR, Self::NR, kc, (a, lda), b, tile, store);
+            check_tile(Self::MR, Self::NR, kc, (a, Some(lda)), b, tile, store);
             let (ld, nc) = (tile.ld(), tile.cols());
             let (b, c) = (b.as_ptr(), tile.ptr());
-            // SAFETY: the caller guarantees AVX2 and FMA; check_direct proved
+            // SAFETY: the caller guarantees AVX2 and FMA; check_tile proved
             // that each of the tile's rows of a holds kc values, b kc * 16
             // and the bias nc; the tile grants rows x nc elements of C from c
             // with stride ld.
