@@ -8,7 +8,8 @@ sessions use the same ``intra_op_num_threads`` (``--threads``, default 1,2), ``O
 ``session.disable_cpu_ep_fallback=1`` (kiln runs the node; B is packed at
 compile time, as MLAS pre-packs it). Outputs are compared first. Then,
 interleaved (default 9 repetitions, order alternated), each session runs a
-block of ~60 ms; the table gives the median time per run as GFLOP/s
+block of ~60 ms after a 50 ms pause and one untimed run (as ``latency.py``: the other
+session's intra-op workers spin after its runs and would take the second core); the table gives the median time per run as GFLOP/s
 (2·M·N·K / time), the percentage of this core's AVX-512 FMA peak, and kiln/ORT.
 Times include ORT's per-Run overhead (a few µs, the same for both), which
 shows at the M = 1 shapes.
@@ -42,7 +43,7 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import onnxruntime_ep_kiln as kiln  # noqa: E402
-from latency import cpu_options, kiln_options  # noqa: E402  (the same session settings)
+from latency import cpu_options, kiln_options, time_block  # noqa: E402  (the same settings and timing)
 from machine import describe, publish  # noqa: E402
 
 # (name, M, N, K): bench/gemm.rs's square and model shapes.
@@ -63,6 +64,10 @@ CASES = [
     ("MiniLM M=308 1536->384", 308, 384, 1536),
 ]
 BLOCK_SECONDS = 0.06
+# Idle time before each timed block, as in latency.py: ORT's intra-op workers
+# spin after a run, and without it the other session's spinning worker takes
+# the second core (both EPs' 2-thread rates then fell to 50-65% of the peak).
+PAUSE_SECONDS = 0.05
 
 
 def matmul_model(m: int, n: int, k: int) -> bytes:
@@ -114,7 +119,7 @@ def compare(name: str, m: int, n: int, k: int, dev, threads: int, reps: int):
     for r in range(reps):
         order = [(cpu, n_cpu, t_cpu), (ks, n_kiln, t_kiln)]
         for sess, count, out in order if r % 2 == 0 else order[::-1]:
-            out.append(per_run(sess, feeds, count))
+            out.append(time_block(sess, feeds, count, PAUSE_SECONDS))
     flops = 2.0 * m * n * k
     return flops / statistics.median(t_cpu) / 1e9, flops / statistics.median(t_kiln) / 1e9
 
@@ -145,7 +150,7 @@ def main() -> int:
         f"single-core FMA peak **{peak:.1f} GFLOP/s** (`bench/gemm.rs`'s measurement; % peak below is "
         "against the peak times the thread count).\n",
         f"One `MatMul(A[M,K], B[K,N] constant)` per model, the same `intra_op_num_threads` for both, "
-        f"`ORT_ENABLE_ALL`; median of {args.reps} interleaved blocks of ~{int(BLOCK_SECONDS * 1000)} ms. "
+        f"`ORT_ENABLE_ALL`; median of {args.reps} interleaved blocks of ~{int(BLOCK_SECONDS * 1000)} ms, each after {int(PAUSE_SECONDS * 1000)} ms idle and one untimed run. "
         "GFLOP/s = 2·M·N·K / time per `Run` (ORT's per-Run overhead included for both). kiln/ORT > 1: kiln is "
         "faster.\n",
         "| case | M | N | K | threads | ORT CPU EP GFLOP/s | % peak | kiln GFLOP/s | % peak | kiln/ORT |",
