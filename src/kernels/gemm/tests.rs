@@ -357,41 +357,40 @@ fn packed_and_runtime_b_agree_bit_for_bit() {
     }
 }
 
-/// Products of at most 32 columns read A in place where the target's kernel
-/// can (AVX2); the same columns of a wider product pack A first. The same
-/// operations in the same order, so the same bits: odd M (short tiles),
-/// padded rows, several K blocks, packed and run-time B.
+/// Products read a row-major A in place where the target's kernel can
+/// (AVX2), and pack it when told to: the same operations in the same order,
+/// so the same bits. Odd M (short tiles), padded rows, narrow and wide
+/// products, several K blocks, packed and run-time B.
 #[test]
 fn a_read_in_place_agrees_with_packed_a_bit_for_bit() {
+    let packed_a = |f: &dyn Fn() -> Vec<f32>| {
+        super::driver::FORCE_PACKED_A.set(true);
+        let c = f();
+        super::driver::FORCE_PACKED_A.set(false);
+        c
+    };
     for isa in isas() {
-        for (m, k) in [(1, 5), (7, 33), (13, 300), (40, 1700), (200, 64)] {
-            let wide = Problem::new(m, 48, k, false, false, 3);
-            let narrow = Problem { n: 32, ..wide.clone() };
+        for (m, n, k) in [(1, 5, 5), (7, 32, 33), (13, 48, 300), (40, 100, 1700), (200, 17, 64)] {
+            let p = Problem::new(m, n, k, false, false, 3);
             let epi = Epilogue {
                 alpha: 0.5,
                 activation: Activation::Tanh,
                 ..Epilogue::PLAIN
             };
-            for (w, n) in [
-                (
-                    wide.run_packed(isa, &epi, &Serial),
-                    narrow.run_packed(isa, &epi, &Serial),
-                ),
-                (
-                    wide.run_runtime(isa, &epi, &Serial),
-                    narrow.run_runtime(isa, &epi, &Serial),
-                ),
-            ] {
-                for i in 0..m {
-                    let (w, n) = (&w[i * wide.ldc..][..32], &n[i * narrow.ldc..][..32]);
-                    assert_eq!(w, n, "{isa:?} {m}x32x{k}, row {i}");
-                }
-            }
-            narrow.check(
-                &narrow.run_packed(isa, &epi, &Serial),
-                &epi,
-                &format!("{isa:?} {m}x32x{k}"),
+            let what = format!("{isa:?} {m}x{n}x{k}");
+            let in_place = p.run_packed(isa, &epi, &Serial);
+            assert_eq!(
+                in_place,
+                packed_a(&|| p.run_packed(isa, &epi, &Serial)),
+                "{what}, packed B"
             );
+            let runtime = p.run_runtime(isa, &epi, &Serial);
+            assert_eq!(
+                runtime,
+                packed_a(&|| p.run_runtime(isa, &epi, &Serial)),
+                "{what}, run-time B"
+            );
+            p.check(&in_place, &epi, &what);
         }
     }
 }
