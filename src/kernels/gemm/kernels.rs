@@ -491,8 +491,17 @@ mod x86 {
                 );
             }
         }
+        // This tile's share of the next B panel (`Store::next`): one line
+        // per iteration from the start of the K loop.
+        let (mut pf, mut pf_left) = (store.next.as_ptr(), store.next.len().div_ceil(16));
         // Four k per iteration: one pointer step and branch per 4 k.
         for _ in 0..if MR == 1 { 0 } else { kc / 4 } {
+            if pf_left > 0 {
+                // A hint only: prefetching never faults.
+                _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                pf = pf.wrapping_add(16);
+                pf_left -= 1;
+            }
             for u in 0..4 {
                 // SAFETY: fewer than kc k have been consumed, so bp + 16 u .. + 16
                 // and A's values of k + u in each row are readable.
