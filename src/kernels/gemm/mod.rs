@@ -8,12 +8,17 @@
 //! target ([`LAYOUT_VERSION`] names it), so weights are packed once at compile
 //! time and can be stored packed in a context binary and used in place.
 //! A is packed per call into `MR`-row micro-panels of at most `MC x KC`
-//! values (a few hundred KiB), which also absorbs `trans_a`.
+//! values (a few hundred KiB), which also absorbs `trans_a` — except where
+//! the target's microkernel reads a row-major A in place (AVX2, as MLAS
+//! does: packing cost more than it saved, see `driver::reads_a_in_place`).
 //!
 //! # Loops
 //! For each task's block of C (see [`Parallel`]): rows in blocks of `MC`,
 //! K in equal blocks of at most `KC` ([`k_block`]; pack A), B panels
 //! (`KC x NR`, from L1/L2), `MR`-row micro-panels of A (from L2): one microkernel call per `MR x NR` tile of C.
+//! Each tile of a panel prefetches its share of the next panel over its K
+//! loop (AVX2), so that a panel comes from memory while the previous one
+//! is computed, not at the pace of its first tile.
 //! The first K block overwrites C, later ones add to it; the last one applies
 //! alpha and a per-column bias in registers as it stores each tile, and the
 //! rest of the epilogue (activation, other biases, residual) in a pass over
