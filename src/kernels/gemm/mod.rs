@@ -385,7 +385,7 @@ pub fn gemm_packed(
 
 /// [`gemm_packed`] with B made of up to three packed matrices side by side
 /// (the same K; all but the last with whole panels): one product for Q, K
-/// and V's projections, A packed once for all three.
+/// and V's projections, A read (or packed) once for all three.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_packed_parts(
     isa: Isa,
