@@ -35,7 +35,7 @@ use std::ops::Range;
 
 use super::activate_isa;
 use super::conv::{is_pointwise, Conv};
-use super::gemm::{by_rows, Activation, Blocking, PackedB};
+use super::gemm::{by_rows, prefetch_share, Activation, Blocking, PackedB};
 use super::parallel::Parallel;
 use super::spatial::{Axis, Window};
 use super::Isa;
@@ -414,11 +414,10 @@ fn row_block(
         } else {
             &[][..]
         };
-        let share = next.len().div_ceil(rows.len());
         for (r, row) in rows.clone().enumerate() {
             let (n, oh) = (row / w.h.output, row % w.h.output);
             let image = &c.x[n * w.input_pixels() * ci..][..w.input_pixels() * ci];
-            let prefetch = &next[(r * share).min(next.len())..((r + 1) * share).min(next.len())];
+            let prefetch = prefetch_share(next, r, rows.len());
             if lo < hi {
                 row_taps(c, g, nr, oh, lo, &mut s.segs);
                 tiles(
@@ -548,7 +547,6 @@ fn border_tiles(
     let act = in_registers(isa, c.activation);
     let mut at = 0;
     let tiles = s.border.len().div_ceil(mr_max(isa));
-    let share = next.len().div_ceil(tiles);
     for (i, mr) in balanced(s.border.len(), mr_max(isa)).enumerate() {
         let t = TileArgs {
             segs: &s.segs,
@@ -560,7 +558,7 @@ fn border_tiles(
             act,
             residual: None,
             after: None,
-            prefetch: &next[(i * share).min(next.len())..((i + 1) * share).min(next.len())],
+            prefetch: prefetch_share(next, i, tiles),
         };
         tile(isa, (mr, 1), nc, &t, &Out::new(&mut s.tile, nr), 0, nr);
         for (i, &(r, ow)) in s.border[at..at + mr].iter().enumerate() {

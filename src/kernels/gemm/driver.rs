@@ -69,7 +69,7 @@ pub(super) struct Store<'a> {
     /// The tile's columns of a per-column bias (at least `tile.cols()` values).
     pub bias: Option<&'a [f32]>,
     /// B values to prefetch while the tile runs, spread over its K loop:
-    /// its share of the next panel (see [`next_panel_share`]). Kernels
+    /// its share of the next panel (see [`super::prefetch_share`]). Kernels
     /// may ignore it.
     pub next: &'a [f32],
 }
@@ -427,6 +427,14 @@ pub(super) unsafe fn blocked<K: Kernel>(
                 } else {
                     plain
                 };
+                // Each row tile prefetches its share of the next panel.
+                // Without it the first tile to read a panel streams it from
+                // memory at the kernel's pace, faster than one core's share
+                // of DRAM bandwidth: where the weights do not stay in cache
+                // (the MLP's 16 MiB on a Zen 3) a 32 × 1024 × 1024 product
+                // took 800 µs instead of 700; with B hot it changes nothing
+                // measurable. (Prefetching the whole panel between tiles was
+                // slower: a burst of hundreds of prefetches.)
                 let next = if jr + K::NR < cols.end {
                     b.panel(jr + K::NR, kb.clone())
                 } else {
@@ -435,7 +443,7 @@ pub(super) unsafe fn blocked<K: Kernel>(
                 let tiles = mrows.len().div_ceil(K::MR);
                 for (t, trows) in row_tiles(mrows.clone(), K::MR).enumerate() {
                     let store = Store {
-                        next: next_panel_share(next, t, tiles),
+                        next: super::prefetch_share(next, t, tiles),
                         ..store
                     };
                     let mut tile = view.tile(trows.clone(), tcols.clone());
@@ -492,21 +500,6 @@ fn packing_forced() -> bool {
 #[cfg(not(test))]
 fn packing_forced() -> bool {
     false
-}
-
-/// Row tile `t`'s share (of `tiles`, whole 64-byte lines) of the next B
-/// panel, which it prefetches while it runs. Without it the first tile to
-/// read a panel streams it from memory at the kernel's pace, faster than one
-/// core's share of DRAM bandwidth: where the weights do not stay in cache
-/// (the MLP's 16 MiB on a Zen 3) a 32 × 1024 × 1024 product took 800 µs
-/// instead of 700, and 8 × 1024 × 1024 360 instead of 290; with B hot it
-/// changes nothing measurable. (Prefetching the whole panel between tiles
-/// was tried first and was slower: a burst of hundreds of prefetches.)
-fn next_panel_share(next: &[f32], t: usize, tiles: usize) -> &[f32] {
-    const LINE: usize = 16;
-    let chunk = next.len().div_ceil(tiles.max(1)).next_multiple_of(LINE);
-    let start = (t * chunk).min(next.len());
-    &next[start..(start + chunk).min(next.len())]
 }
 
 /// One full `MR x NR` tile, `reps` times over the same panels of depth `kc`

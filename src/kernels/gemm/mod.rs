@@ -64,6 +64,18 @@ use crate::error::{Error, Result};
 use crate::target::Target;
 use crate::tensor::{AlignedBytes, HugePageBytes, Storage, Weight};
 
+/// Part `i` of `n` near-equal parts of `next` (packed weights to prefetch
+/// while tile `i` of `n` runs), in whole 64-byte lines so that no line is
+/// split between two tiles: the GEMM's row tiles and the direct
+/// convolution's rows and border tiles each fetch their share of the next
+/// weight panel this way.
+pub(crate) fn prefetch_share(next: &[f32], i: usize, n: usize) -> &[f32] {
+    const LINE: usize = 16;
+    let chunk = next.len().div_ceil(n.max(1)).next_multiple_of(LINE);
+    let start = (i * chunk).min(next.len());
+    &next[start..(start + chunk).min(next.len())]
+}
+
 /// Version of the [`PackedB`] layout (panel widths per target). A stored
 /// packed weight is usable only by a kiln with the same version.
 pub const LAYOUT_VERSION: u32 = 1;
