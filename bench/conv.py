@@ -159,8 +159,9 @@ def main() -> int:
             for t in threads:
                 cpu, ks = real.cpu_session(path, t), real.kiln_session(path, dev, t)
                 want, got = cpu.run(None, feeds)[0], ks.run(None, feeds)[0]
-                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())),
-                                           err_msg=layer.key)
+                # A chain's outputs grow with its length: its atol scales with them.
+                scale = max(1.0, float(np.abs(want).max())) if convs > 1 else 1.0
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale, err_msg=layer.key)
                 times = real.latency({"cpu": cpu, "kiln": ks}, feeds, reps, 0.05)
                 g_cpu, g_kiln = (convs * layer.flops() / times[k] / 1e9 for k in ("cpu", "kiln"))
                 cells += [f"{g_cpu:.1f}", f"{100 * g_cpu / (peak * t):.0f}%", f"{g_kiln:.1f}",

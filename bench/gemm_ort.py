@@ -10,7 +10,7 @@ compile time, as MLAS pre-packs it). Outputs are compared first. Then,
 interleaved (default 9 repetitions, order alternated), each session runs a
 block of ~60 ms after a 50 ms pause and one untimed run (as ``latency.py``: the other
 session's intra-op workers spin after its runs and would take the second core); the table gives the median time per run as GFLOP/s
-(2·M·N·K / time), the percentage of this core's AVX-512 FMA peak, and kiln/ORT.
+(2·M·N·K / time), the percentage of this core's FMA peak (AVX2 or AVX-512, whichever kiln compiles for), and kiln/ORT.
 Times include ORT's per-Run overhead (a few µs, the same for both), which
 shows at the M = 1 shapes.
 
