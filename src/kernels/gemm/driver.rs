@@ -434,7 +434,9 @@ pub(super) unsafe fn blocked<K: Kernel>(
                 // (the MLP's 16 MiB on a Zen 3) a 32 × 1024 × 1024 product
                 // took 800 µs instead of 700; with B hot it changes nothing
                 // measurable. (Prefetching the whole panel between tiles was
-                // slower: a burst of hundreds of prefetches.)
+                // slower: a burst of hundreds of prefetches.) On a Sapphire
+                // Rapids class Xeon (AVX-512, weights in its L3) it made
+                // 16 x 384 x 1536 12% faster, MiniLM's 308-row products 3-8%.
                 let next = if jr + K::NR < cols.end {
                     b.panel(jr + K::NR, kb.clone())
                 } else {
@@ -475,15 +477,20 @@ pub(super) unsafe fn blocked<K: Kernel>(
     put_scratch(&A_SCRATCH, buf);
 }
 
-/// Whether [`blocked`] reads A in place: wherever the kernel can and A is
-/// row-major. Packing copies each A value once for `cols / NR` tile rows
-/// that read it, which costs more than it saves: reading A in place
-/// (as MLAS does) was 2-5% faster on a Zen 3 at 256³, 512³ and at
-/// MiniLM's and BERT's shapes, 12-18% on small products (96³), and
-/// attention's product with V (32 columns) spent a quarter of its time
-/// packing A; 1024³ (rows 4 KiB apart) was 1% slower.
-fn reads_a_in_place<K: Kernel>(a: ASrc<'_>) -> bool {
-    K::DIRECT_A && !a.trans && !packing_forced()
+/// Whether [`blocked`] reads A in place: wherever the kernel can, A is
+/// row-major and its rows do not all map to the same L1 sets. Packing
+/// copies each A value once for `cols / NR` tile rows that read it, which
+/// costs more than it saves: reading A in place (as MLAS does) was 2-5%
+/// faster on a Zen 3 at 256³, 512³ and at MiniLM's and BERT's shapes,
+/// 12-18% on small products (96³), and attention's product with V (32
+/// columns) spent a quarter of its time packing A; on a Sapphire Rapids
+/// class Xeon with AVX-512, 4-13% on 96³, 256³ and MiniLM's K = 1536.
+/// Rows a multiple of 4 KiB apart (K = 1024, BERT's 3072) share their L1
+/// set, and a tile's 14 (6) rows then evict each other: in place was
+/// 6-14% slower there with AVX-512 (1% on the Zen 3), so such A is packed.
+pub(super) fn reads_a_in_place<K: Kernel>(a: ASrc<'_>) -> bool {
+    const L1_PERIOD: usize = 4096 / size_of::<f32>();
+    K::DIRECT_A && !a.trans && !a.ld.is_multiple_of(L1_PERIOD) && !packing_forced()
 }
 
 #[cfg(test)]

@@ -170,7 +170,21 @@ mod x86 {
             // SAFETY: the caller guarantees AVX-512F and FMA; check_tile proved
             // that a holds kc * rows values, b kc * 32 and the bias nc; the
             // tile grants rows x nc elements of C from c with stride ld.
-            unsafe { by_rows!(tile.rows(), avx512_kernel, (kc, a, b, c, ld, nc, store)) }
+            unsafe { by_rows!(tile.rows(), avx512_packed, (kc, a, b, c, ld, nc, store)) }
+        }
+
+        const DIRECT_A: bool = true;
+
+        #[inline(always)]
+        unsafe fn tile_direct(kc: usize, a: &[f32], lda: usize, b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
+            check_tile(Self::MR, Self::NR, kc, (a, Some(lda)), b, tile, store);
+            let (ld, nc) = (tile.ld(), tile.cols());
+            let (b, c) = (b.as_ptr(), tile.ptr());
+            // SAFETY: the caller guarantees AVX-512F and FMA; check_tile
+            // proved that each of the tile's rows of a holds kc values, b
+            // kc * 32 and the bias nc; the tile grants rows x nc elements of
+            // C from c with stride ld.
+            unsafe { by_rows!(tile.rows(), avx512_direct, (kc, (a.as_ptr(), lda), b, c, ld, nc, store)) }
         }
 
         type Madd = super::super::epilogue::Fused;
@@ -194,13 +208,13 @@ mod x86 {
     /// How far ahead (in f32) the one-row kernel prefetches B.
     const GEMV_PREFETCH: usize = 4096;
 
+    /// [`avx512_kernel`] on a packed A micro-panel.
+    ///
     /// # Safety
-    /// AVX-512F and FMA available; `a` readable for `kc * MR` values, `b` for
-    /// `kc * 32`, `store.bias` has at least `nc <= 32` values, and
-    /// `c.add(i * ld + j)` is ours for `i < MR`, `j < nc`.
+    /// As [`avx512_kernel`]'s, with `DIRECT = false`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    unsafe fn avx512_kernel<const MR: usize>(
+    unsafe fn avx512_packed<const MR: usize>(
         kc: usize,
         a: *const f32,
         b: *const f32,
@@ -209,6 +223,52 @@ mod x86 {
         nc: usize,
         store: &Store<'_>,
     ) {
+        // SAFETY: the caller's contract.
+        unsafe { avx512_kernel::<MR, false>(kc, (a, 0), b, c, ld, nc, store) }
+    }
+
+    /// [`avx512_kernel`] on A's rows in place (row stride `a.1`).
+    ///
+    /// # Safety
+    /// As [`avx512_kernel`]'s, with `DIRECT = true`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn avx512_direct<const MR: usize>(
+        kc: usize,
+        a: (*const f32, usize),
+        b: *const f32,
+        c: *mut f32,
+        ld: usize,
+        nc: usize,
+        store: &Store<'_>,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { avx512_kernel::<MR, true>(kc, a, b, c, ld, nc, store) }
+    }
+
+    /// One tile. A is a packed micro-panel (`a.0[k·MR + i]`) or, if
+    /// `DIRECT`, read in place: row `i` at `a.0 + i·a.1`, `kc` values each.
+    ///
+    /// # Safety
+    /// AVX-512F and FMA available; `a` readable for `kc * MR` values
+    /// (`DIRECT`: `kc` values from each of the MR rows), `b` for `kc * 32`,
+    /// `store.bias` has at least `nc <= 32` values, and `c.add(i * ld + j)`
+    /// is ours for `i < MR`, `j < nc`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn avx512_kernel<const MR: usize, const DIRECT: bool>(
+        kc: usize,
+        (a, lda): (*const f32, usize),
+        b: *const f32,
+        c: *mut f32,
+        ld: usize,
+        nc: usize,
+        store: &Store<'_>,
+    ) {
+        // Where A's value (row i, k + u) is, from the current position, and
+        // how far one k moves it.
+        let at = |i: usize, u: usize| if DIRECT { i * lda + u } else { MR * u + i };
+        let step = if DIRECT { 1 } else { MR };
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
         for i in 0..MR {
             // A hint only: prefetching never faults.
@@ -260,31 +320,47 @@ mod x86 {
                 let b0 = unsafe { _mm512_loadu_ps(bp) };
                 for (i, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: i < MR (see above).
-                    let ai = _mm512_set1_ps(unsafe { *ap.add(i) });
+                    let ai = _mm512_set1_ps(unsafe { *ap.add(at(i, 0)) });
                     acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
                 }
                 // SAFETY: one k consumed; at most one past the end.
                 unsafe {
-                    ap = ap.add(MR);
+                    ap = ap.add(step);
                     bp = bp.add(32);
                 }
             }
         }
-        for _ in 0..if MR == 1 || half { 0 } else { kc / 4 } {
+        // This tile's share of the next B panel (`Store::next`), spread
+        // over the K loop from its start, at most one line per 16 FMAs:
+        // with few rows a tile's share is large (the whole panel for one
+        // tile of 4 rows), and more prefetches than that took the load
+        // ports from B (4 x 1024 x 1024 3.5% slower uncapped).
+        let iters = if MR == 1 || half { 0 } else { kc / 4 };
+        let (mut pf, mut pf_left) = (store.next.as_ptr(), store.next.len().div_ceil(16));
+        let pf_per = pf_left.div_ceil(iters.max(1)).min(MR / 2);
+        for _ in 0..iters {
+            for _ in 0..pf_per {
+                if pf_left > 0 {
+                    // A hint only: prefetching never faults.
+                    _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                    pf = pf.wrapping_add(16);
+                    pf_left -= 1;
+                }
+            }
             for u in 0..4 {
                 // SAFETY: fewer than kc k have been consumed, so b + 32 (k + u) .. + 32
-                // and a + MR (k + u) .. + MR are readable.
+                // and A's values of k + u in each row are readable.
                 let (b0, b1) = unsafe { (_mm512_loadu_ps(bp.add(32 * u)), _mm512_loadu_ps(bp.add(32 * u + 16))) };
                 for (i, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: i < MR (see above).
-                    let ai = _mm512_set1_ps(unsafe { *ap.add(MR * u + i) });
+                    let ai = _mm512_set1_ps(unsafe { *ap.add(at(i, u)) });
                     acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
                     acc[1] = _mm512_fmadd_ps(ai, b1, acc[1]);
                 }
             }
             // SAFETY: still within (or one past) the panels: 4 of the remaining k were consumed.
             unsafe {
-                ap = ap.add(4 * MR);
+                ap = ap.add(4 * step);
                 bp = bp.add(4 * 32);
             }
         }
@@ -293,13 +369,13 @@ mod x86 {
             let (b0, b1) = unsafe { (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16))) };
             for (i, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: i < MR (see above).
-                let ai = _mm512_set1_ps(unsafe { *ap.add(i) });
+                let ai = _mm512_set1_ps(unsafe { *ap.add(at(i, 0)) });
                 acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
                 acc[1] = _mm512_fmadd_ps(ai, b1, acc[1]);
             }
             // SAFETY: one k consumed; at most one past the end.
             unsafe {
-                ap = ap.add(MR);
+                ap = ap.add(step);
                 bp = bp.add(32);
             }
         }

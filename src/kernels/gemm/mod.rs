@@ -142,7 +142,8 @@ impl Blocking {
     fn with_l2(self, l2: usize) -> Blocking {
         let rows = l2 / (size_of::<f32>() * self.kc) / self.mr * self.mr;
         Blocking {
-            mc: rows.clamp(4 * self.mr, 448),
+            // 448 rounded down to whole tiles (AVX2's 6-row tiles on a 2 MiB L2).
+            mc: rows.clamp(4 * self.mr, 448 / self.mr * self.mr),
             ..self
         }
     }

@@ -395,6 +395,22 @@ fn a_read_in_place_agrees_with_packed_a_bit_for_bit() {
     }
 }
 
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn a_rows_sharing_l1_sets_are_packed() {
+    use super::kernels::{Avx2, Avx512};
+    let data = vec![0.0f32; 4096];
+    let a = |ld: usize, trans: bool| pack::ASrc { data: &data, ld, trans };
+    for (ld, in_place) in [(384, true), (512, true), (1536, true), (1024, false), (3072, false)] {
+        assert_eq!(driver::reads_a_in_place::<Avx512>(a(ld, false)), in_place, "ld {ld}");
+        assert_eq!(driver::reads_a_in_place::<Avx2>(a(ld, false)), in_place, "ld {ld}");
+    }
+    assert!(
+        !driver::reads_a_in_place::<Avx512>(a(384, true)),
+        "transposed A is packed"
+    );
+}
+
 /// Every epilogue variant (and some combinations) on a multi-tile shape, an M = 1 shape and K = 0.
 #[test]
 fn epilogues_match_reference() {
@@ -541,6 +557,8 @@ fn row_blocks_fill_the_l2() {
     // Bounds: at least 4 tiles, at most 448 rows.
     assert_eq!(Blocking::of(Target::Avx2).with_l2(64 << 10).mc, 24);
     assert_eq!(Blocking::of(Target::Avx512).with_l2(32 << 20).mc, 448);
+    // A 2 MiB L2 (Sapphire Rapids) with AVX2: 444 rows, whole 6-row tiles.
+    assert_eq!(Blocking::of(Target::Avx2).with_l2(2 << 20).mc, 444);
     for t in [Target::Avx512, Target::Avx2, Target::Generic] {
         let host = Blocking::host(t);
         assert_eq!(
