@@ -570,13 +570,13 @@ fn row_blocks_fill_the_l2() {
 }
 
 #[test]
-fn row_tiles_avoid_short_tails() {
+fn row_tiles_are_few_and_even() {
     let tiles = |len: usize, mr: usize| -> Vec<usize> { pack::row_tiles(10..10 + len, mr).map(|r| r.len()).collect() };
     assert_eq!(tiles(28, 14), [14, 14]);
-    assert_eq!(tiles(30, 14), [14, 8, 8]);
+    assert_eq!(tiles(30, 14), [10, 10, 10]);
+    assert_eq!(tiles(32, 14), [11, 11, 10]);
     assert_eq!(tiles(16, 14), [8, 8]);
     assert_eq!(tiles(17, 14), [9, 8]);
-    assert_eq!(tiles(18, 14), [14, 4]);
     assert_eq!(tiles(3, 14), [3]);
     assert_eq!(tiles(0, 14), Vec::<usize>::new());
     assert_eq!(tiles(7, 6), [4, 3]);
@@ -588,6 +588,9 @@ fn row_tiles_avoid_short_tails() {
                 (r.first().map_or(5, |t| t.start), r.last().map_or(5, |t| t.end)),
                 (5, 5 + len)
             );
+            assert_eq!(r.len(), len.div_ceil(mr), "{len} rows, mr {mr}");
+            let (lo, hi) = (r.iter().map(|t| t.len()).min(), r.iter().map(|t| t.len()).max());
+            assert!(hi.zip(lo).is_none_or(|(h, l)| h - l <= 1), "{len} rows, mr {mr}: {r:?}");
         }
     }
 }
