@@ -36,6 +36,9 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+# numpy's OpenBLAS keeps a server thread spinning after any BLAS call (3-8%
+# of a benchmark process's samples), on the core a 2-thread session needs.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import re
 import shutil
 import statistics
