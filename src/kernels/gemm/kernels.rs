@@ -205,46 +205,61 @@ mod x86 {
         }
     }
 
+    /// Defines `$packed` and `$direct`, the two forms of `$kernel` (a
+    /// packed A micro-panel, or A's rows in place with row stride `a.1`)
+    /// as functions of MR alone, for `by_rows!`.
+    macro_rules! kernel_forms {
+        ($kernel:ident, $features:literal, $packed:ident, $direct:ident) => {
+            /// The kernel on a packed A micro-panel.
+            ///
+            /// # Safety
+            /// As the kernel's, with `DIRECT = false`.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn $packed<const MR: usize>(
+                kc: usize,
+                a: *const f32,
+                b: *const f32,
+                c: *mut f32,
+                ld: usize,
+                nc: usize,
+                store: &Store<'_>,
+            ) {
+                // SAFETY: the caller's contract.
+                unsafe { $kernel::<MR, false>(kc, (a, 0), b, c, ld, nc, store) }
+            }
+
+            /// The kernel on A's rows in place (row stride `a.1`).
+            ///
+            /// # Safety
+            /// As the kernel's, with `DIRECT = true`.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn $direct<const MR: usize>(
+                kc: usize,
+                a: (*const f32, usize),
+                b: *const f32,
+                c: *mut f32,
+                ld: usize,
+                nc: usize,
+                store: &Store<'_>,
+            ) {
+                // SAFETY: the caller's contract.
+                unsafe { $kernel::<MR, true>(kc, a, b, c, ld, nc, store) }
+            }
+        };
+    }
+
+    kernel_forms!(
+        avx512_kernel,
+        "avx512f,avx512bw,avx512vl,fma",
+        avx512_packed,
+        avx512_direct
+    );
+    kernel_forms!(avx2_kernel, "avx2,fma", avx2_packed, avx2_direct);
+
     /// How far ahead (in f32) the one-row kernel prefetches B.
     const GEMV_PREFETCH: usize = 4096;
-
-    /// [`avx512_kernel`] on a packed A micro-panel.
-    ///
-    /// # Safety
-    /// As [`avx512_kernel`]'s, with `DIRECT = false`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    unsafe fn avx512_packed<const MR: usize>(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        c: *mut f32,
-        ld: usize,
-        nc: usize,
-        store: &Store<'_>,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { avx512_kernel::<MR, false>(kc, (a, 0), b, c, ld, nc, store) }
-    }
-
-    /// [`avx512_kernel`] on A's rows in place (row stride `a.1`).
-    ///
-    /// # Safety
-    /// As [`avx512_kernel`]'s, with `DIRECT = true`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    unsafe fn avx512_direct<const MR: usize>(
-        kc: usize,
-        a: (*const f32, usize),
-        b: *const f32,
-        c: *mut f32,
-        ld: usize,
-        nc: usize,
-        store: &Store<'_>,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { avx512_kernel::<MR, true>(kc, a, b, c, ld, nc, store) }
-    }
 
     /// One tile. A is a packed micro-panel (`a.0[k·MR + i]`) or, if
     /// `DIRECT`, read in place: row `i` at `a.0 + i·a.1`, `kc` values each.
@@ -466,44 +481,6 @@ mod x86 {
         unsafe fn pack_b(b: BSrc<'_>, ks: Range<usize>, cols: Range<usize>, dst: &mut [f32]) {
             pack::pack_b_columns(Target::Avx2, b, ks, cols, Self::NR, dst)
         }
-    }
-
-    /// [`avx2_kernel`] on a packed A micro-panel.
-    ///
-    /// # Safety
-    /// As [`avx2_kernel`]'s, with `DIRECT = false`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn avx2_packed<const MR: usize>(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        c: *mut f32,
-        ld: usize,
-        nc: usize,
-        store: &Store<'_>,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { avx2_kernel::<MR, false>(kc, (a, 0), b, c, ld, nc, store) }
-    }
-
-    /// [`avx2_kernel`] on A's rows in place (row stride `a.1`).
-    ///
-    /// # Safety
-    /// As [`avx2_kernel`]'s, with `DIRECT = true`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn avx2_direct<const MR: usize>(
-        kc: usize,
-        a: (*const f32, usize),
-        b: *const f32,
-        c: *mut f32,
-        ld: usize,
-        nc: usize,
-        store: &Store<'_>,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { avx2_kernel::<MR, true>(kc, a, b, c, ld, nc, store) }
     }
 
     /// One tile. A is a packed micro-panel (`a.0[k·MR + i]`) or, if
