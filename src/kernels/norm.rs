@@ -191,19 +191,13 @@ pub(super) fn softmax<F: MulAdd>(len: usize, inner: usize, shift: bool, src: &[f
     if block == 0 {
         return;
     }
+    if inner == 1 && shift {
+        return shifted_rows::<F>(len, src, dst);
+    }
     for (s, d) in src.chunks_exact(block).zip(dst.chunks_exact_mut(block)) {
         if inner == 1 {
-            let total = if shift {
-                // Every `x - m` is <= 0 (or NaN).
-                let m = max(s);
-                exp_sum(s, d, |x| math::exp_nonpositive_with::<F>(x - m))
-            } else {
-                exp_sum(s, d, math::exp_with::<F>)
-            };
-            let r = 1.0 / total;
-            for o in d.iter_mut() {
-                *o *= r;
-            }
+            let r = 1.0 / exp_sum(s, d, math::exp_with::<F>);
+            d.iter_mut().for_each(|o| *o *= r);
         } else {
             let mut m = vec![if shift { f32::NEG_INFINITY } else { 0.0 }; inner];
             if shift {
@@ -234,6 +228,93 @@ pub(super) fn softmax<F: MulAdd>(len: usize, inner: usize, shift: bool, src: &[f
             }
         }
     }
+}
+
+/// The shifted softmax of rows of `len`, two rows at a time with their
+/// steps interleaved where rows have at least `LANES` values: the same
+/// operations per row as one row alone, so the same results. One row is a
+/// chain of dependent steps (maximum, its horizontal combine, the
+/// exponentials, the sum and its combine, the reciprocal, the scaling)
+/// that left the core idle. On a Sapphire Rapids class Xeon, rows of 128
+/// and 512 ran 7-11% faster in pairs, of 16 and 77 19-28% (AVX-512; AVX2's
+/// kernel 5-19%).
+#[inline(always)]
+fn shifted_rows<F: MulAdd>(len: usize, src: &[f32], dst: &mut [f32]) {
+    let paired = if len >= LANES {
+        src.len() / (2 * len) * 2 * len
+    } else {
+        0
+    };
+    let (src_pairs, src_rest) = src.split_at(paired);
+    let (dst_pairs, dst_rest) = dst.split_at_mut(paired);
+    for (s, d) in src_pairs.chunks_exact(2 * len).zip(dst_pairs.chunks_exact_mut(2 * len)) {
+        let (s0, s1) = s.split_at(len);
+        let (d0, d1) = d.split_at_mut(len);
+        let (m0, m1) = max_pair(s0, s1);
+        // One loop per row: LLVM vectorises a loop over one row's
+        // exponentials, not one over both rows' (1.6x slower).
+        for (s, d, m) in [(s0, &mut *d0, m0), (s1, &mut *d1, m1)] {
+            // Every `x - m` is <= 0 (or NaN).
+            for (o, &x) in d.iter_mut().zip(s) {
+                *o = math::exp_nonpositive_with::<F>(x - m);
+            }
+        }
+        let (t0, t1) = sum_pair(d0, d1);
+        let (r0, r1) = (1.0 / t0, 1.0 / t1);
+        d0.iter_mut().for_each(|o| *o *= r0);
+        d1.iter_mut().for_each(|o| *o *= r1);
+    }
+    for (s, d) in src_rest.chunks_exact(len).zip(dst_rest.chunks_exact_mut(len)) {
+        let m = max(s);
+        let r = 1.0 / exp_sum(s, d, |x| math::exp_nonpositive_with::<F>(x - m));
+        d.iter_mut().for_each(|o| *o *= r);
+    }
+}
+
+/// [`max`] of two rows of the same length (at least `LANES`), their lanes
+/// updated in one loop.
+#[inline(always)]
+fn max_pair(a: &[f32], b: &[f32]) -> (f32, f32) {
+    let step = |acc: &mut [f32; LANES], c: &[f32]| {
+        for i in 0..LANES {
+            acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
+        }
+    };
+    let (mut x, mut y) = ([f32::NEG_INFINITY; LANES], [f32::NEG_INFINITY; LANES]);
+    for (ca, cb) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
+        step(&mut x, ca);
+        step(&mut y, cb);
+    }
+    if !a.len().is_multiple_of(LANES) {
+        // Lanes seen twice do not change a maximum (as in `max`).
+        step(&mut x, &a[a.len() - LANES..]);
+        step(&mut y, &b[b.len() - LANES..]);
+    }
+    let pick = |p: f32, q: f32| if q > p { q } else { p };
+    (combine(x, pick), combine(y, pick))
+}
+
+/// [`sum`] of two rows of the same length (at least `LANES`), in the same
+/// order per row, their lanes updated in one loop.
+#[inline(always)]
+fn sum_pair(a: &[f32], b: &[f32]) -> (f32, f32) {
+    let (mut x, mut y) = ([0f32; LANES], [0f32; LANES]);
+    for (ca, cb) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
+        for i in 0..LANES {
+            x[i] += ca[i];
+            y[i] += cb[i];
+        }
+    }
+    let rest = a.len() % LANES;
+    if rest != 0 {
+        // The last LANES values, of which lanes `fresh..` are new (as in `sum`).
+        let (ta, tb, fresh) = (&a[a.len() - LANES..], &b[b.len() - LANES..], LANES - rest);
+        for i in fresh..LANES {
+            x[i] += ta[i];
+            y[i] += tb[i];
+        }
+    }
+    (combine(x, |p, q| p + q), combine(y, |p, q| p + q))
 }
 
 /// Rows shorter than this get ORT's short-row statistics (see [`row_mean`]).

@@ -313,6 +313,26 @@ fn softmax_matches_reference() {
     }
 }
 
+/// Rows of 16 or more run two at a time (`norm::shifted_row_pairs`); each
+/// row must come out as it does alone, bit for bit, NaN rows included.
+#[test]
+fn softmax_row_pairs_match_single_rows() {
+    for (rows, len) in [(2, 16), (3, 17), (5, 31), (4, 128), (3, 77), (2, 512), (1, 40)] {
+        let mut x: Vec<f32> = data(rows * len, 7).iter().map(|v| v * 4.0).collect();
+        x[(rows - 1) * len + 3] = f32::NAN;
+        for isa in isas() {
+            let mut all = vec![0.0; x.len()];
+            softmax(isa, len, 1, true, &x, &mut all, &Serial).unwrap();
+            for (r, (xr, got)) in x.chunks_exact(len).zip(all.chunks_exact(len)).enumerate() {
+                let mut one = vec![0.0; len];
+                softmax(isa, len, 1, true, xr, &mut one, &Serial).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(got), bits(&one), "{isa:?} {rows} x {len}, row {r}");
+            }
+        }
+    }
+}
+
 #[test]
 fn layer_norm_and_reduce_match_reference() {
     let (rows, len) = (5, 67);
