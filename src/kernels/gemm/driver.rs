@@ -484,7 +484,7 @@ pub(super) unsafe fn blocked<K: Kernel>(
 /// faster on a Zen 3 at 256³, 512³ and at MiniLM's and BERT's shapes,
 /// 12-18% on small products (96³), and attention's product with V (32
 /// columns) spent a quarter of its time packing A; on a Sapphire Rapids
-/// class Xeon with AVX-512, 4-13% on 96³, 256³ and MiniLM's K = 1536.
+/// class Xeon with AVX-512, 4-17% on 96³, 256³ and MiniLM's K = 1536.
 /// Rows a multiple of 4 KiB apart (K = 1024, BERT's 3072) share their L1
 /// set, and a tile's 14 (6) rows then evict each other: in place was
 /// 6-14% slower there with AVX-512 (1% on the Zen 3), so such A is packed.
