@@ -154,6 +154,38 @@ mod x86 {
     use super::{check_tile, ASrc, BSrc, Blocking, Kernel, Store, Target, Tile};
     use crate::kernels::avx2;
 
+    /// `Kernel::tile`, `DIRECT_A` and `Kernel::tile_direct` of an x86
+    /// target, calling its `$packed` / `$direct` forms (`kernel_forms!`).
+    macro_rules! tile_methods {
+        ($packed:ident, $direct:ident) => {
+            #[inline(always)]
+            unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
+                check_tile(Self::MR, Self::NR, kc, (a, None), b, tile, store);
+                let (ld, nc) = (tile.ld(), tile.cols());
+                let (a, b, c) = (a.as_ptr(), b.as_ptr(), tile.ptr());
+                // SAFETY: the caller guarantees the target's instructions;
+                // check_tile proved that a holds kc * rows values, b
+                // kc * NR and the bias nc; the tile grants rows x nc elements
+                // of C from c with stride ld.
+                unsafe { by_rows!(tile.rows(), $packed, (kc, a, b, c, ld, nc, store)) }
+            }
+
+            const DIRECT_A: bool = true;
+
+            #[inline(always)]
+            unsafe fn tile_direct(kc: usize, a: &[f32], lda: usize, b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
+                check_tile(Self::MR, Self::NR, kc, (a, Some(lda)), b, tile, store);
+                let (ld, nc) = (tile.ld(), tile.cols());
+                let (b, c) = (b.as_ptr(), tile.ptr());
+                // SAFETY: the caller guarantees the target's instructions;
+                // check_tile proved that each of the tile's rows of a
+                // holds kc values, b kc * NR and the bias nc; the tile grants
+                // rows x nc elements of C from c with stride ld.
+                unsafe { by_rows!(tile.rows(), $direct, (kc, (a.as_ptr(), lda), b, c, ld, nc, store)) }
+            }
+        };
+    }
+
     /// AVX-512: 14 x 32 tiles, 28 zmm accumulators, B rows from two loads,
     /// A values as embedded broadcasts.
     pub(in super::super) struct Avx512;
@@ -162,30 +194,7 @@ mod x86 {
         const MR: usize = Blocking::of(Target::Avx512).mr;
         const NR: usize = Blocking::of(Target::Avx512).nr;
 
-        #[inline(always)]
-        unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
-            check_tile(Self::MR, Self::NR, kc, (a, None), b, tile, store);
-            let (ld, nc) = (tile.ld(), tile.cols());
-            let (a, b, c) = (a.as_ptr(), b.as_ptr(), tile.ptr());
-            // SAFETY: the caller guarantees AVX-512F and FMA; check_tile proved
-            // that a holds kc * rows values, b kc * 32 and the bias nc; the
-            // tile grants rows x nc elements of C from c with stride ld.
-            unsafe { by_rows!(tile.rows(), avx512_packed, (kc, a, b, c, ld, nc, store)) }
-        }
-
-        const DIRECT_A: bool = true;
-
-        #[inline(always)]
-        unsafe fn tile_direct(kc: usize, a: &[f32], lda: usize, b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
-            check_tile(Self::MR, Self::NR, kc, (a, Some(lda)), b, tile, store);
-            let (ld, nc) = (tile.ld(), tile.cols());
-            let (b, c) = (b.as_ptr(), tile.ptr());
-            // SAFETY: the caller guarantees AVX-512F and FMA; check_tile
-            // proved that each of the tile's rows of a holds kc values, b
-            // kc * 32 and the bias nc; the tile grants rows x nc elements of
-            // C from c with stride ld.
-            unsafe { by_rows!(tile.rows(), avx512_direct, (kc, (a.as_ptr(), lda), b, c, ld, nc, store)) }
-        }
+        tile_methods!(avx512_packed, avx512_direct);
 
         type Madd = super::super::epilogue::Fused;
 
@@ -440,30 +449,7 @@ mod x86 {
         const MR: usize = Blocking::of(Target::Avx2).mr;
         const NR: usize = Blocking::of(Target::Avx2).nr;
 
-        #[inline(always)]
-        unsafe fn tile(kc: usize, a: &[f32], b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
-            check_tile(Self::MR, Self::NR, kc, (a, None), b, tile, store);
-            let (ld, nc) = (tile.ld(), tile.cols());
-            let (a, b, c) = (a.as_ptr(), b.as_ptr(), tile.ptr());
-            // SAFETY: the caller guarantees AVX2 and FMA; check_tile proved
-            // that a holds kc * rows values, b kc * 16 and the bias nc; the
-            // tile grants rows x nc elements of C from c with stride ld.
-            unsafe { by_rows!(tile.rows(), avx2_packed, (kc, a, b, c, ld, nc, store)) }
-        }
-
-        const DIRECT_A: bool = true;
-
-        #[inline(always)]
-        unsafe fn tile_direct(kc: usize, a: &[f32], lda: usize, b: &[f32], tile: &mut Tile<'_>, store: &Store<'_>) {
-            check_tile(Self::MR, Self::NR, kc, (a, Some(lda)), b, tile, store);
-            let (ld, nc) = (tile.ld(), tile.cols());
-            let (b, c) = (b.as_ptr(), tile.ptr());
-            // SAFETY: the caller guarantees AVX2 and FMA; check_tile proved
-            // that each of the tile's rows of a holds kc values, b kc * 16
-            // and the bias nc; the tile grants rows x nc elements of C from c
-            // with stride ld.
-            unsafe { by_rows!(tile.rows(), avx2_direct, (kc, (a.as_ptr(), lda), b, c, ld, nc, store)) }
-        }
+        tile_methods!(avx2_packed, avx2_direct);
 
         type Madd = super::super::epilogue::Fused;
 
