@@ -186,6 +186,12 @@ def _fusion_model(scale_shift: bool, act: str, residual: bool, depthwise: bool =
             add("Sigmoid", [last])
         elif act == "leaky":
             add("LeakyRelu", [last], alpha=0.1)
+        elif act == "silu":
+            x = last
+            add("Sigmoid", [x])
+            add("Mul", [x, last])
+        elif act == "hardswish":
+            add("HardSwish", [last])
 
     if scale_shift:
         add("Mul", [last, "s"])
@@ -200,7 +206,8 @@ def _fusion_model(scale_shift: bool, act: str, residual: bool, depthwise: bool =
 
 
 FUSIONS = [(False, "none", False), (True, "none", False), (False, "relu", False), (True, "relu", True),
-           (False, "none", True), (True, "clip", False), (False, "sigmoid", True), (True, "leaky", True)]
+           (False, "none", True), (True, "clip", False), (False, "sigmoid", True), (True, "leaky", True),
+           (False, "silu", True), (True, "hardswish", False), (False, "hardswish", True)]
 
 
 @pytest.mark.parametrize("depthwise", [False, True], ids=["dense", "depthwise"])

@@ -105,34 +105,171 @@ const STORE_EXP_MAX: f32 = 88.72;
 /// On a Zen 3 SiLU went from 0.86 to 0.66 ns per value in registers. Not
 /// bit for bit [`exp8`]'s: within 2e-7 relative of SiLU and the sigmoid
 /// (the test below), where `exp8` is the unary ops' reference.
+///
+/// Generic over the vector width ([`Lanes`]): the AVX-512 convolution's
+/// store computes the same operations 16 lanes at a time.
 #[inline(always)]
-unsafe fn store_den(x: __m256) -> __m256 {
+unsafe fn store_den<V: Lanes>(x: V) -> V {
     // SAFETY: the caller's CPU; register operations only.
     unsafe {
-        let xn = _mm256_xor_ps(x, splat(-0.0));
+        let xn = x.neg();
         // max/min return their second operand (xn) when it is NaN.
-        let xc = _mm256_min_ps(splat(STORE_EXP_MAX), _mm256_max_ps(splat(-86.0), xn));
-        let t = _mm256_fmadd_ps(xc, splat(LOG2E), splat(MAGIC));
-        let n = _mm256_sub_ps(t, splat(MAGIC));
-        let r = _mm256_fnmadd_ps(n, splat(LN2_LO), _mm256_fnmadd_ps(n, splat(LN2_HI), xc));
-        let (r2, r_twice) = (_mm256_mul_ps(r, r), _mm256_add_ps(r, r));
-        let r4 = _mm256_mul_ps(r2, r2);
+        let xc = V::splat(STORE_EXP_MAX).min(V::splat(-86.0).max(xn));
+        let t = xc.fmadd(V::splat(LOG2E), V::splat(MAGIC));
+        let n = t.sub(V::splat(MAGIC));
+        let r = n.fnmadd(V::splat(LN2_LO), n.fnmadd(V::splat(LN2_HI), xc));
+        let (r2, r_twice) = (r.mul(r), r.add(r));
+        let r4 = r2.mul(r2);
         // EXP_POLY is highest power first: q(r) = Σ EXP_POLY[5 - k]·r^k.
-        let b0 = _mm256_fmadd_ps(splat(EXP_POLY[4]), r, splat(EXP_POLY[5]));
-        let b1 = _mm256_fmadd_ps(splat(EXP_POLY[2]), r, splat(EXP_POLY[3]));
-        let b2 = _mm256_fmadd_ps(splat(EXP_POLY[0]), r, splat(EXP_POLY[1]));
-        let q = _mm256_fmadd_ps(b2, r4, _mm256_fmadd_ps(b1, r2, b0));
+        let b0 = V::splat(EXP_POLY[4]).fmadd(r, V::splat(EXP_POLY[5]));
+        let b1 = V::splat(EXP_POLY[2]).fmadd(r, V::splat(EXP_POLY[3]));
+        let b2 = V::splat(EXP_POLY[0]).fmadd(r, V::splat(EXP_POLY[1]));
+        let q = b2.fmadd(r4, b1.fmadd(r2, b0));
         // 2·e^r = 2 + 2r + 2r²·q.
-        let p2 = _mm256_add_ps(_mm256_fmadd_ps(q, _mm256_add_ps(r2, r2), r_twice), splat(2.0));
+        let p2 = q.fmadd(r2.add(r2), r_twice).add(V::splat(2.0));
         // 2^(n-1): t's bits hold n + MAGIC's.
-        let bias = _mm256_set1_epi32(126 - MAGIC.to_bits() as i32);
-        let scale = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_castps_si256(t), bias)));
-        let d = _mm256_fmadd_ps(p2, scale, splat(1.0));
-        _mm256_blendv_ps(
-            d,
-            splat(f32::INFINITY),
-            _mm256_cmp_ps::<_CMP_GT_OQ>(xn, splat(STORE_EXP_MAX)),
-        )
+        let scale = t.exponent_bits(126 - MAGIC.to_bits() as i32);
+        let d = p2.fmadd(scale, V::splat(1.0));
+        d.inf_where_above(xn, STORE_EXP_MAX)
+    }
+}
+
+/// The operations [`store_den`] needs, on 8 (AVX2) or 16 (AVX-512) lanes.
+/// Every method is one instruction (two for `exponent_bits`).
+pub(super) trait Lanes: Copy {
+    unsafe fn splat(c: f32) -> Self;
+    unsafe fn add(self, b: Self) -> Self;
+    unsafe fn sub(self, b: Self) -> Self;
+    unsafe fn mul(self, b: Self) -> Self;
+    unsafe fn div(self, b: Self) -> Self;
+    unsafe fn min(self, b: Self) -> Self;
+    unsafe fn max(self, b: Self) -> Self;
+    /// `self·b + c`, rounded once.
+    unsafe fn fmadd(self, b: Self, c: Self) -> Self;
+    /// `c - self·b`, rounded once.
+    unsafe fn fnmadd(self, b: Self, c: Self) -> Self;
+    /// The sign bit flipped.
+    unsafe fn neg(self) -> Self;
+    /// The float whose bits are `(bits(self) + bias) << 23`.
+    unsafe fn exponent_bits(self, bias: i32) -> Self;
+    /// `inf` in the lanes where `x > limit`, else `self`.
+    unsafe fn inf_where_above(self, x: Self, limit: f32) -> Self;
+}
+
+impl Lanes for __m256 {
+    #[inline(always)]
+    unsafe fn splat(c: f32) -> Self {
+        // SAFETY (all methods): AVX2 and FMA, the callers' contract.
+        unsafe { _mm256_set1_ps(c) }
+    }
+    #[inline(always)]
+    unsafe fn add(self, b: Self) -> Self {
+        unsafe { _mm256_add_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn sub(self, b: Self) -> Self {
+        unsafe { _mm256_sub_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul(self, b: Self) -> Self {
+        unsafe { _mm256_mul_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn div(self, b: Self) -> Self {
+        unsafe { _mm256_div_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn min(self, b: Self) -> Self {
+        unsafe { _mm256_min_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn max(self, b: Self) -> Self {
+        unsafe { _mm256_max_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(self, b: Self, c: Self) -> Self {
+        unsafe { _mm256_fmadd_ps(self, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn fnmadd(self, b: Self, c: Self) -> Self {
+        unsafe { _mm256_fnmadd_ps(self, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn neg(self) -> Self {
+        unsafe { _mm256_xor_ps(self, splat(-0.0)) }
+    }
+    #[inline(always)]
+    unsafe fn exponent_bits(self, bias: i32) -> Self {
+        unsafe {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_castps_si256(self),
+                _mm256_set1_epi32(bias),
+            )))
+        }
+    }
+    #[inline(always)]
+    unsafe fn inf_where_above(self, x: Self, limit: f32) -> Self {
+        unsafe { _mm256_blendv_ps(self, splat(f32::INFINITY), _mm256_cmp_ps::<_CMP_GT_OQ>(x, splat(limit))) }
+    }
+}
+
+impl Lanes for __m512 {
+    #[inline(always)]
+    unsafe fn splat(c: f32) -> Self {
+        // SAFETY (all methods): AVX-512F, the callers' contract.
+        unsafe { _mm512_set1_ps(c) }
+    }
+    #[inline(always)]
+    unsafe fn add(self, b: Self) -> Self {
+        unsafe { _mm512_add_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn sub(self, b: Self) -> Self {
+        unsafe { _mm512_sub_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul(self, b: Self) -> Self {
+        unsafe { _mm512_mul_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn div(self, b: Self) -> Self {
+        unsafe { _mm512_div_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn min(self, b: Self) -> Self {
+        unsafe { _mm512_min_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn max(self, b: Self) -> Self {
+        unsafe { _mm512_max_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(self, b: Self, c: Self) -> Self {
+        unsafe { _mm512_fmadd_ps(self, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn fnmadd(self, b: Self, c: Self) -> Self {
+        unsafe { _mm512_fnmadd_ps(self, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn neg(self) -> Self {
+        unsafe { _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(self), _mm512_set1_epi32(i32::MIN))) }
+    }
+    #[inline(always)]
+    unsafe fn exponent_bits(self, bias: i32) -> Self {
+        unsafe {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+                _mm512_castps_si512(self),
+                _mm512_set1_epi32(bias),
+            )))
+        }
+    }
+    #[inline(always)]
+    unsafe fn inf_where_above(self, x: Self, limit: f32) -> Self {
+        unsafe {
+            let above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(limit));
+            _mm512_mask_blend_ps(above, self, _mm512_set1_ps(f32::INFINITY))
+        }
     }
 }
 
@@ -143,7 +280,27 @@ unsafe fn store_den(x: __m256) -> __m256 {
 #[inline(always)]
 pub(super) unsafe fn silu8_store(x: __m256) -> __m256 {
     // SAFETY: the caller's CPU.
-    unsafe { _mm256_div_ps(x, store_den(x)) }
+    unsafe { silu_store(x) }
+}
+
+/// SiLU for the direct convolution's store ([`store_den`]), 8 or 16 lanes.
+///
+/// # Safety
+/// The CPU has the vector's instructions (AVX2 and FMA, or AVX-512F).
+#[inline(always)]
+pub(super) unsafe fn silu_store<V: Lanes>(x: V) -> V {
+    // SAFETY: the caller's CPU.
+    unsafe { x.div(store_den(x)) }
+}
+
+/// The sigmoid for the direct convolution's store ([`store_den`]), 8 or 16 lanes.
+///
+/// # Safety
+/// As [`silu_store`]'s.
+#[inline(always)]
+pub(super) unsafe fn sigmoid_store<V: Lanes>(x: V) -> V {
+    // SAFETY: the caller's CPU.
+    unsafe { V::splat(1.0).div(store_den(x)) }
 }
 
 /// The sigmoid for the direct convolution's store ([`store_den`]).
@@ -153,7 +310,7 @@ pub(super) unsafe fn silu8_store(x: __m256) -> __m256 {
 #[inline(always)]
 pub(super) unsafe fn sigmoid8_store(x: __m256) -> __m256 {
     // SAFETY: the caller's CPU.
-    unsafe { _mm256_div_ps(splat(1.0), store_den(x)) }
+    unsafe { sigmoid_store(x) }
 }
 
 /// `math::tanh`: an odd polynomial below 0.625, `1 - 2 / (e^2|x| + 1)` with
@@ -359,6 +516,43 @@ mod tests {
                     assert!(err <= 2e-7, "f({v}) = {got}, exact {exact} (relative error {err:e})");
                 } else {
                     assert!((got as f64 - exact).abs() <= 1e-36, "f({v}) = {got}, exact {exact}");
+                }
+            }
+        }
+    }
+
+    /// The AVX-512 convolution's 16-lane store SiLU and sigmoid give the
+    /// 8-lane ones' bits in every lane (the same operations, `Lanes`).
+    #[test]
+    fn store_gates_on_16_lanes_match_8_lanes() {
+        if Isa::new(Target::Avx512).is_none() {
+            // An AVX2-only CPU (the Zen 3 kind): no 16-lane form runs there.
+            return;
+        }
+        let mut x = values();
+        x.extend((0..20_000).map(|i| (i as f32 - 10_000.0) * 0.0091));
+        x.extend([-86.5, -88.71, -88.73, 88.71, 88.73]);
+        while !x.len().is_multiple_of(16) {
+            x.push(1.5);
+        }
+        type Gate8 = unsafe fn(__m256) -> __m256;
+        type Gate16 = unsafe fn(__m512) -> __m512;
+        let pairs: [(Gate8, Gate16); 2] = [(silu8_store, silu_store), (sigmoid8_store, sigmoid_store)];
+        for (f8, f16) in pairs {
+            for chunk in x.chunks_exact(16) {
+                let (mut got, mut want) = ([0f32; 16], [0f32; 16]);
+                // SAFETY: the CPU has AVX-512F (checked above), so AVX2 and
+                // FMA too; 16 values in and out.
+                unsafe {
+                    _mm512_storeu_ps(got.as_mut_ptr(), f16(_mm512_loadu_ps(chunk.as_ptr())));
+                    for h in 0..2 {
+                        let v = f8(_mm256_loadu_ps(chunk.as_ptr().add(8 * h)));
+                        _mm256_storeu_ps(want.as_mut_ptr().add(8 * h), v);
+                    }
+                }
+                for ((g, w), v) in got.iter().zip(&want).zip(chunk) {
+                    let same = g.to_bits() == w.to_bits() || g.is_nan() && w.is_nan();
+                    assert!(same, "f({v}) = {g} on 16 lanes, {w} on 8");
                 }
             }
         }

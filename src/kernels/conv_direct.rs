@@ -127,15 +127,17 @@ enum RegAct {
     Sigmoid,
 }
 
-/// `act` as the kernels of `isa` apply it in registers, if they do. The
-/// AVX-512 kernel keeps clamps only, its epilogue as measured: HardSigmoid
-/// and HardSwish there are unmeasured (no AVX-512 machine since).
+/// `act` as the kernels of `isa` apply it in registers, if they do: on
+/// both x86 targets (since 2026-11-29 on AVX-512 too: YOLOv8n's SiLU in its
+/// store, 16 lanes at a time, took its one-thread time on a Sapphire Rapids
+/// class Xeon from 1.10 to 0.96 of ORT's).
 fn in_registers(isa: Isa, act: Activation) -> Option<RegAct> {
+    let any = matches!(isa.target(), Target::Avx2 | Target::Avx512);
     match act {
-        Activation::HardSigmoid(alpha, beta) if isa.target() == Target::Avx2 => Some(RegAct::HardSigmoid(alpha, beta)),
-        Activation::HardSwish if isa.target() == Target::Avx2 => Some(RegAct::HardSwish),
-        Activation::Silu if isa.target() == Target::Avx2 => Some(RegAct::Silu),
-        Activation::Sigmoid if isa.target() == Target::Avx2 => Some(RegAct::Sigmoid),
+        Activation::HardSigmoid(alpha, beta) if any => Some(RegAct::HardSigmoid(alpha, beta)),
+        Activation::HardSwish if any => Some(RegAct::HardSwish),
+        Activation::Silu if any => Some(RegAct::Silu),
+        Activation::Sigmoid if any => Some(RegAct::Sigmoid),
         _ => clamp_of(act).map(|(lo, hi)| RegAct::Clamp(lo, hi)),
     }
 }
@@ -807,6 +809,132 @@ mod x86 {
     /// nc`, is the caller's to write and nothing else refers to it.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
     unsafe fn avx512<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, c: *mut f32) {
+        // SAFETY: `tile` checked every offset either loop reads.
+        let acc = unsafe { accumulate_avx512::<MR>(t, nc <= 16) };
+        // SAFETY: the caller's contract.
+        unsafe {
+            match (t.act, t.after.is_some()) {
+                (None | Some(RegAct::Clamp(..)), false) => store_avx512::<MR, false, false>(t, acc, nc, ldc, c),
+                (None | Some(RegAct::Clamp(..)), true) => store_avx512::<MR, false, true>(t, acc, nc, ldc, c),
+                _ => store_any_avx512::<MR>(t, acc, nc, ldc, c),
+            }
+        }
+    }
+
+    /// [`store_avx512`] for the activations other than clamps, out of line
+    /// (as [`store_any_avx2`], whose constants inline changed the K loop).
+    ///
+    /// # Safety
+    /// As [`avx512`]'s.
+    #[inline(never)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn store_any_avx512<const MR: usize>(
+        t: &TileArgs<'_>,
+        acc: [[__m512; 2]; MR],
+        nc: usize,
+        ldc: usize,
+        c: *mut f32,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match t.after {
+                None => store_avx512::<MR, true, false>(t, acc, nc, ldc, c),
+                Some(_) => store_avx512::<MR, true, true>(t, acc, nc, ldc, c),
+            }
+        }
+    }
+
+    /// `min(hi, max(lo, v))`, NaN staying NaN (max/min return their second
+    /// operand, v, when either is NaN).
+    ///
+    /// # Safety
+    /// AVX-512F available.
+    #[inline(always)]
+    unsafe fn clamp16(v: __m512, lo: f32, hi: f32) -> __m512 {
+        // SAFETY: the caller's CPU; register operations only.
+        unsafe { _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), v)) }
+    }
+
+    /// `act` on `v` (`ANY`: any of `RegAct`, else a clamp or nothing).
+    ///
+    /// # Safety
+    /// AVX-512F, AVX2 and FMA available.
+    #[inline(always)]
+    unsafe fn act16<const ANY: bool>(v: __m512, act: Option<RegAct>) -> __m512 {
+        // SAFETY: the caller's CPU; register operations only.
+        unsafe {
+            let hard_sigmoid = |alpha: f32, beta: f32| {
+                let y = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(alpha), v), _mm512_set1_ps(beta));
+                clamp16(y, 0.0, 1.0)
+            };
+            match act {
+                None => v,
+                Some(RegAct::Clamp(lo, hi)) => clamp16(v, lo, hi),
+                _ if !ANY => v,
+                Some(RegAct::HardSigmoid(alpha, beta)) => hard_sigmoid(alpha, beta),
+                Some(RegAct::HardSwish) => _mm512_mul_ps(v, hard_sigmoid(1.0 / 6.0, 0.5)),
+                Some(RegAct::Silu) => avx2_math::silu_store(v),
+                Some(RegAct::Sigmoid) => avx2_math::sigmoid_store(v),
+            }
+        }
+    }
+
+    /// The tile's epilogue and store, as [`store_avx2`]'s: bias, the
+    /// activation (`ANY`: any of `RegAct`, else a clamp or nothing), the
+    /// residual, the clamp after it (`AFTER`).
+    ///
+    /// # Safety
+    /// As [`avx512`]'s.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn store_avx512<const MR: usize, const ANY: bool, const AFTER: bool>(
+        t: &TileArgs<'_>,
+        acc: [[__m512; 2]; MR],
+        nc: usize,
+        ldc: usize,
+        c: *mut f32,
+    ) {
+        let (m0, m1) = (mask16(nc), mask16(nc.saturating_sub(16)));
+        // SAFETY: masked loads and stores touch the first nc values of the
+        // bias and of each of the MR rows of C (see `tile`).
+        unsafe {
+            let (bias0, bias1) = match t.bias {
+                Some(b) => (
+                    _mm512_maskz_loadu_ps(m0, b.as_ptr()),
+                    _mm512_maskz_loadu_ps(m1, b.as_ptr().add(16.min(nc))),
+                ),
+                None => (_mm512_setzero_ps(), _mm512_setzero_ps()),
+            };
+            // The residual's tile rows, as C's (`tile` checked their length).
+            let res = t.residual.map(|r| r.as_ptr());
+            let plus = |v: __m512, at: usize, m: __mmask16| match res {
+                Some(r) => _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, r.add(at))),
+                None => v,
+            };
+            let (after_lo, after_hi) = t.after.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
+            let last = |v: __m512| if AFTER { clamp16(v, after_lo, after_hi) } else { v };
+            let fix = |v: __m512| act16::<ANY>(v, t.act);
+            for (i, acc) in acc.iter().enumerate() {
+                let row = c.add(i * ldc);
+                _mm512_mask_storeu_ps(row, m0, last(plus(fix(_mm512_add_ps(acc[0], bias0)), i * ldc, m0)));
+                if m1 != 0 {
+                    let v1 = last(plus(fix(_mm512_add_ps(acc[1], bias1)), i * ldc + 16, m1));
+                    _mm512_mask_storeu_ps(row.add(16), m1, v1);
+                }
+            }
+        }
+    }
+
+    /// The K loop of [`avx512`]: every segment into the accumulators, all
+    /// 32 columns of each B row, or the first 16 (`half`). One K row per
+    /// iteration: unrolled four times, as the AVX2 loop is, the 14-row
+    /// tile's pointers spilled (3×3 64→64 at 56² 1.3x slower).
+    ///
+    /// # Safety
+    /// As [`avx512`]'s.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn accumulate_avx512<const MR: usize>(t: &TileArgs<'_>, half: bool) -> [[__m512; 2]; MR] {
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
         let (img, panel) = (t.image.as_ptr(), t.panel.as_ptr());
         // One line of the prefetch every `every` K rows, spread over the tile
@@ -814,7 +942,6 @@ mod x86 {
         let (pf, lines, mut line) = (t.prefetch.as_ptr(), t.prefetch.len().div_ceil(16), 0);
         let every = (t.segs.iter().map(|s| s.len).sum::<usize>() / lines.max(1)).max(1);
         let mut tick = 0;
-        let half = nc <= 16;
         for s in t.segs {
             // SAFETY: in bounds, see `tile`: a_end covers a + i * step + k
             // for i < MR, k < len; b_end covers b + 32 k + 32.
@@ -849,69 +976,7 @@ mod x86 {
                 }
             }
         }
-        let (m0, m1) = (mask16(nc), mask16(nc.saturating_sub(16)));
-        // SAFETY: masked loads and stores touch the first nc values of the
-        // bias and of each of the MR rows of C (the caller's, see above).
-        unsafe {
-            let (bias0, bias1) = match t.bias {
-                Some(b) => (
-                    _mm512_maskz_loadu_ps(m0, b.as_ptr()),
-                    _mm512_maskz_loadu_ps(m1, b.as_ptr().add(16.min(nc))),
-                ),
-                None => (_mm512_setzero_ps(), _mm512_setzero_ps()),
-            };
-            // Clamps only (`in_registers`): the epilogue as it was measured.
-            let (lo, hi) = match t.act {
-                Some(RegAct::Clamp(lo, hi)) => (lo, hi),
-                _ => (f32::NEG_INFINITY, f32::INFINITY),
-            };
-            let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
-            // max(lo, v), min(hi, v): the second operand (v) when either is NaN.
-            let fix = |v: __m512| _mm512_min_ps(hi, _mm512_max_ps(lo, v));
-            // The residual's tile rows, as C's (`tile` checked their length).
-            let res = t.residual.map(|r| r.as_ptr());
-            let plus = |v: __m512, at: usize, m: __mmask16| match res {
-                Some(r) => _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, r.add(at))),
-                None => v,
-            };
-            for (i, acc) in acc.iter().enumerate() {
-                let row = c.add(i * ldc);
-                let v0 = plus(fix(_mm512_add_ps(acc[0], bias0)), i * ldc, m0);
-                _mm512_mask_storeu_ps(row, m0, v0);
-                if m1 != 0 {
-                    let v1 = plus(fix(_mm512_add_ps(acc[1], bias1)), i * ldc + 16, m1);
-                    _mm512_mask_storeu_ps(row.add(16), m1, v1);
-                }
-            }
-            if let Some((lo, hi)) = t.after {
-                clamp_avx512(MR, nc, ldc, c, lo, hi);
-            }
-        }
-    }
-
-    /// The clamp after the residual, over the stored tile while it is in
-    /// L1. A pass of its own: two more registers in the kernel above made
-    /// LLVM spill accumulators in its K loop (ResNet-50 2.6x slower).
-    ///
-    /// # Safety
-    /// AVX-512F available; `c.add(i * ldc + j)`, `i < mr`, `j < nc <= 32`,
-    /// is the caller's to read and write.
-    #[inline(never)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    unsafe fn clamp_avx512(mr: usize, nc: usize, ldc: usize, c: *mut f32, lo: f32, hi: f32) {
-        let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
-        for i in 0..mr {
-            for (j, m) in [(0, mask16(nc)), (16, mask16(nc.saturating_sub(16)))] {
-                if m != 0 {
-                    // SAFETY: the first nc values of row i (the contract).
-                    unsafe {
-                        let p = c.add(i * ldc + j);
-                        let v = _mm512_maskz_loadu_ps(m, p);
-                        _mm512_mask_storeu_ps(p, m, _mm512_min_ps(hi, _mm512_max_ps(lo, v)));
-                    }
-                }
-            }
-        }
+        acc
     }
 
     /// # Safety
