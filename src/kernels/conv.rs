@@ -647,6 +647,11 @@ mod tests {
             case(1, 64, 96, 1, axis(7, 3, 1, 1, (1, 1)), axis(7, 3, 1, 1, (1, 1))),
             // Several row blocks per task (each block runs every panel).
             case(1, 128, 16, 1, axis(16, 3, 1, 1, (1, 1)), axis(40, 3, 1, 1, (1, 1))),
+            // AVX-512's tiles of two panels: 3 panels (a pair and a single
+            // one), 2 groups of 2 panels each, pointwise pairs and a rest.
+            case(1, 16, 96, 1, axis(6, 3, 1, 1, (1, 1)), axis(23, 3, 1, 1, (1, 1))),
+            case(1, 16, 128, 2, axis(5, 3, 1, 1, (1, 1)), axis(19, 3, 1, 1, (1, 1))),
+            case(2, 8, 160, 1, axis(5, 1, 1, 1, (0, 0)), axis(9, 1, 1, 1, (0, 0))),
         ];
         for c in &cases {
             check(c);

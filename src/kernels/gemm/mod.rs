@@ -278,7 +278,12 @@ impl PackedB {
 
     /// Panel `p` (columns `p·nr ..`): `k` rows of `nr` values.
     pub fn panel(&self, p: usize) -> &[f32] {
-        &self.data.as_slice()[p * self.k * self.nr..][..self.k * self.nr]
+        self.panels(p, 1)
+    }
+
+    /// Panels `p .. p + count`, one after the other.
+    pub fn panels(&self, p: usize, count: usize) -> &[f32] {
+        &self.data.as_slice()[p * self.k * self.nr..][..count * self.k * self.nr]
     }
 
     pub fn n(&self) -> usize {
