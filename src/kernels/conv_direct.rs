@@ -978,6 +978,9 @@ mod x86 {
         let (img, panel) = (t.image.as_ptr(), t.panel.as_ptr());
         // The second panel's rows, K rows of 32 after the first's.
         let second = t.panel.len() / 2;
+        // The next panel's share, paced as in `accumulate_avx512` (written
+        // out in each loop: as a struct with a step method, the same logic
+        // cost both kernels 20-30%, kernel alone, in cache).
         let (pf, lines, mut line) = (t.prefetch.as_ptr(), t.prefetch.len().div_ceil(16), 0);
         let every = (t.segs.iter().map(|s| s.len).sum::<usize>() / lines.max(1)).max(1);
         let mut tick = 0;
