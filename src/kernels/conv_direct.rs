@@ -848,55 +848,6 @@ mod x86 {
         }
     }
 
-    /// `$tile::<MR>`: a tile's store by the epilogue it needs, through
-    /// `$store::<MR, ANY, AFTER>`; `$any`, out of line, for the activations
-    /// other than clamps: inline, their constants changed how LLVM compiled
-    /// the K loop (PP-LCNet 2x slower); out of line for every tile, the call
-    /// cost short-K tiles 10-15% (MobileNet's 16→96, 24→144).
-    macro_rules! tile_stores {
-        ($tile:ident, $any:ident, $store:ident, $v:ty, $features:literal) => {
-            /// The store of a tile by the epilogue it needs.
-            ///
-            /// # Safety
-            /// As the kernel's that calls it.
-            #[inline(always)]
-            unsafe fn $tile<const MR: usize>(t: &TileArgs<'_>, acc: [[$v; 2]; MR], nc: usize, ldc: usize, c: *mut f32) {
-                // SAFETY: the caller's contract.
-                unsafe {
-                    match (t.act, t.after.is_some()) {
-                        (None | Some(RegAct::Clamp(..)), false) => $store::<MR, false, false>(t, acc, nc, ldc, c),
-                        (None | Some(RegAct::Clamp(..)), true) => $store::<MR, false, true>(t, acc, nc, ldc, c),
-                        _ => $any::<MR>(t, acc, nc, ldc, c),
-                    }
-                }
-            }
-
-            /// The store for the activations other than clamps.
-            ///
-            /// # Safety
-            /// As the kernel's that calls it.
-            #[inline(never)]
-            #[target_feature(enable = $features)]
-            unsafe fn $any<const MR: usize>(t: &TileArgs<'_>, acc: [[$v; 2]; MR], nc: usize, ldc: usize, c: *mut f32) {
-                // SAFETY: the caller's contract.
-                unsafe {
-                    match t.after {
-                        None => $store::<MR, true, false>(t, acc, nc, ldc, c),
-                        Some(_) => $store::<MR, true, true>(t, acc, nc, ldc, c),
-                    }
-                }
-            }
-        };
-    }
-    tile_stores!(
-        store_tile_avx512,
-        store_any_avx512,
-        store_avx512,
-        __m512,
-        "avx512f,avx512bw,avx512vl,fma"
-    );
-    tile_stores!(store_tile_avx2, store_any_avx2, store_avx2, __m256, "avx2,fma");
-
     /// `$name::<MR>`: `count` tiles of `MR` pixels in one call, each by
     /// `$kernel`, the next `MR` pixels on each time.
     macro_rules! run_of_tiles {
@@ -1014,6 +965,51 @@ mod x86 {
             }
         }
         acc
+    }
+
+    /// The store of a tile of `nc <= 32` channels, by the epilogue it needs.
+    ///
+    /// # Safety
+    /// As [`avx512`]'s.
+    #[inline(always)]
+    unsafe fn store_tile_avx512<const MR: usize>(
+        t: &TileArgs<'_>,
+        acc: [[__m512; 2]; MR],
+        nc: usize,
+        ldc: usize,
+        c: *mut f32,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match (t.act, t.after.is_some()) {
+                (None | Some(RegAct::Clamp(..)), false) => store_avx512::<MR, false, false>(t, acc, nc, ldc, c),
+                (None | Some(RegAct::Clamp(..)), true) => store_avx512::<MR, false, true>(t, acc, nc, ldc, c),
+                _ => store_any_avx512::<MR>(t, acc, nc, ldc, c),
+            }
+        }
+    }
+
+    /// [`store_avx512`] for the activations other than clamps, out of line
+    /// (as [`store_any_avx2`], whose constants inline changed the K loop).
+    ///
+    /// # Safety
+    /// As [`avx512`]'s.
+    #[inline(never)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    unsafe fn store_any_avx512<const MR: usize>(
+        t: &TileArgs<'_>,
+        acc: [[__m512; 2]; MR],
+        nc: usize,
+        ldc: usize,
+        c: *mut f32,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match t.after {
+                None => store_avx512::<MR, true, false>(t, acc, nc, ldc, c),
+                Some(_) => store_avx512::<MR, true, true>(t, acc, nc, ldc, c),
+            }
+        }
     }
 
     /// `min(hi, max(lo, v))`, NaN staying NaN (max/min return their second
@@ -1186,7 +1182,38 @@ mod x86 {
             }
         };
         // SAFETY: the caller's contract.
-        unsafe { store_tile_avx2::<MR>(t, acc, nc, ldc, c) }
+        unsafe {
+            match (t.act, t.after.is_some()) {
+                (None | Some(RegAct::Clamp(..)), false) => store_avx2::<MR, false, false>(t, acc, nc, ldc, c),
+                (None | Some(RegAct::Clamp(..)), true) => store_avx2::<MR, false, true>(t, acc, nc, ldc, c),
+                _ => store_any_avx2::<MR>(t, acc, nc, ldc, c),
+            }
+        }
+    }
+
+    /// [`store_avx2`] for the activations other than clamps, out of line:
+    /// inline, their constants changed how LLVM compiled the K loop
+    /// (PP-LCNet 2x slower); out of line for every tile, the call cost
+    /// short-K tiles 10-15% (MobileNet's 16→96, 24→144).
+    ///
+    /// # Safety
+    /// As [`avx2`]'s.
+    #[inline(never)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn store_any_avx2<const MR: usize>(
+        t: &TileArgs<'_>,
+        acc: [[__m256; 2]; MR],
+        nc: usize,
+        ldc: usize,
+        c: *mut f32,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match t.after {
+                None => store_avx2::<MR, true, false>(t, acc, nc, ldc, c),
+                Some(_) => store_avx2::<MR, true, true>(t, acc, nc, ldc, c),
+            }
+        }
     }
 
     /// The tile's epilogue and store: bias, the activation (`ANY`: any of
