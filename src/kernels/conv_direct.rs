@@ -968,6 +968,10 @@ mod x86 {
     }
 
     /// The store of a tile of `nc <= 32` channels, by the epilogue it needs.
+    /// The AVX2 kernel writes the same dispatch out in its own body: routed
+    /// through a shared `#[inline(always)]` helper (a macro for both, tried
+    /// 2026-11-29), `store_any_avx2` was inlined into the AVX2 tiles despite
+    /// its `#[inline(never)]`, which is what once made PP-LCNet 2x slower.
     ///
     /// # Safety
     /// As [`avx512`]'s.
