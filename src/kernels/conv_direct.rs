@@ -685,7 +685,7 @@ fn tiles(
             prefetch: if i == 0 { prefetch } else { &[] },
         };
         if nc > nr {
-            tile_wide((mr, count), &t, out, at, out.ldo);
+            tile_wide(isa, (mr, count), &t, out, at, out.ldo);
         } else {
             tile(isa, (mr, count), nc, &t, out, at, out.ldo);
         }
@@ -761,20 +761,7 @@ fn copy_run(dst: &mut [f32], src: &[f32]) {
 #[allow(unsafe_code)] // calls the target_feature microkernels, see SAFETY below
 fn tile(isa: Isa, (mr, count): (usize, usize), nc: usize, t: &TileArgs<'_>, out: &Out<'_>, at: usize, ldc: usize) {
     let nr = Blocking::of(isa.target()).nr;
-    let pixels = mr * count;
-    let a_end = t.segs.iter().map(|s| s.a + s.len).max().unwrap_or(0) + t.a0 + (pixels - 1) * t.pixel_step;
-    let b_end = t.segs.iter().map(|s| s.b + s.len * nr).max().unwrap_or(0);
-    assert!(
-        (1..=mr_max(isa)).contains(&mr)
-            && count >= 1
-            && (1..=nr).contains(&nc)
-            && a_end <= t.image.len()
-            && b_end <= t.panel.len()
-            && at + (pixels - 1) * ldc + nc <= out.len
-            && t.bias.is_none_or(|b| b.len() == nc)
-            && t.residual.is_none_or(|r| r.len() == (pixels - 1) * ldc + nc),
-        "direct convolution tiles out of bounds: {count} x {mr} x {nc}"
-    );
+    check_tiles(t, (mr, count), mr_max(isa), (nc, nr, 1), out, at, ldc);
     #[cfg(target_arch = "x86_64")]
     match isa.target() {
         // SAFETY: the Isa token proves the CPU has AVX-512F and FMA; the
@@ -791,31 +778,55 @@ fn tile(isa: Isa, (mr, count): (usize, usize), nc: usize, t: &TileArgs<'_>, out:
     unreachable!("direct convolution without x86 kernels")
 }
 
+/// Panics unless every A offset, every B row (of each of the `panels`
+/// panels of `nr` columns, one after the other in `t.panel`) and every C
+/// element that `count` tiles of `mr <= max_mr` pixels × `nc` columns touch
+/// is in bounds; two panels are always whole (the wide kernel stores all 64).
+fn check_tiles(
+    t: &TileArgs<'_>,
+    (mr, count): (usize, usize),
+    max_mr: usize,
+    (nc, nr, panels): (usize, usize, usize),
+    out: &Out<'_>,
+    at: usize,
+    ldc: usize,
+) {
+    let pixels = mr * count;
+    let a_end = t.segs.iter().map(|s| s.a + s.len).max().unwrap_or(0) + t.a0 + (pixels - 1) * t.pixel_step;
+    let b_end = t.segs.iter().map(|s| s.b + s.len * nr).max().unwrap_or(0);
+    let panel_len = t.panel.len() / panels;
+    let cols = if panels == 1 {
+        (1..=nr).contains(&nc)
+    } else {
+        nc == panels * nr
+    };
+    assert!(
+        (1..=max_mr).contains(&mr)
+            && count >= 1
+            && cols
+            && t.panel.len() == panels * panel_len
+            && a_end <= t.image.len()
+            && b_end <= panel_len
+            && at + (pixels - 1) * ldc + nc <= out.len
+            && t.bias.is_none_or(|b| b.len() == nc)
+            && t.residual.is_none_or(|r| r.len() == (pixels - 1) * ldc + nc),
+        "direct convolution tiles out of bounds: {count} x {mr} x {nc}"
+    );
+}
+
 /// [`tile`] for tiles of two panels (64 channels; `t.panel` holds both),
 /// on AVX-512: `count` tiles of `mr <= WIDE_MR` pixels.
 #[allow(unsafe_code)] // calls the target_feature microkernel, see SAFETY below
-fn tile_wide((mr, count): (usize, usize), t: &TileArgs<'_>, out: &Out<'_>, at: usize, ldc: usize) {
+fn tile_wide(isa: Isa, (mr, count): (usize, usize), t: &TileArgs<'_>, out: &Out<'_>, at: usize, ldc: usize) {
     const NC: usize = 64;
-    let pixels = mr * count;
-    let a_end = t.segs.iter().map(|s| s.a + s.len).max().unwrap_or(0) + t.a0 + (pixels - 1) * t.pixel_step;
-    let k = t.panel.len() / NC;
-    let b_end = t.segs.iter().map(|s| s.b + s.len * 32).max().unwrap_or(0);
-    assert!(
-        (1..=WIDE_MR).contains(&mr)
-            && count >= 1
-            && t.panel.len() == 2 * k * 32
-            && a_end <= t.image.len()
-            && b_end <= k * 32
-            && at + (pixels - 1) * ldc + NC <= out.len
-            && t.bias.is_none_or(|b| b.len() == NC)
-            && t.residual.is_none_or(|r| r.len() == (pixels - 1) * ldc + NC),
-        "direct convolution wide tiles out of bounds: {count} x {mr}"
-    );
+    assert_eq!(isa.target(), Target::Avx512, "tiles of two panels on {}", isa.target());
+    check_tiles(t, (mr, count), WIDE_MR, (NC, 32, 2), out, at, ldc);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `wide_tiles` runs these on AVX-512 only (the Isa token the
-    // caller holds); the assert above proves every A offset, every row of
-    // both panels and every C element the kernel touches is in bounds;
-    // those C elements are the calling task's and no reference to them is alive.
+    // SAFETY: the Isa token proves the CPU has AVX-512F and FMA (asserted
+    // to be that target above); `check_tiles` proved every A offset, every
+    // row of both panels and every C element the kernel touches is in
+    // bounds; those C elements are the calling task's and no reference to
+    // them is alive.
     unsafe {
         let c = out.ptr.add(at);
         match mr {
