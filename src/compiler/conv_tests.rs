@@ -283,3 +283,77 @@ fn shape_generic_partitions_fold_channel_scales_once() {
         }
     }
 }
+
+/// `x [1, 5, 6, 8]` → `t = -x`, `u = |x|`, and a 3×3 convolution of `input`
+/// (`t`, or `u` itself) with the residual `u`, then `-conv`; with `later`,
+/// `u` is also added to that.
+fn residual_graph(input_is_residual: bool, later: bool, fused: bool) -> Graph {
+    let mut b = Builder::new();
+    let x = b.input("x", &[1, 5, 6, 8]);
+    let t = b.un(UnaryOp::Neg, x, "t");
+    let u = b.un(UnaryOp::Abs, x, "u");
+    let input = if input_is_residual { u } else { t };
+    let w = b.constant("w", &[8, 8, 3, 3], data(8 * 8 * 9, 3));
+    let attrs = |residual: bool| ConvAttrs {
+        window: Window {
+            h: axis(5, 3, 1),
+            w: axis(6, 3, 1),
+        },
+        groups: 1,
+        bias: false,
+        activation: Activation::Relu,
+        residual,
+        after: Activation::None,
+    };
+    let c = if fused {
+        b.op(Op::Conv(Box::new(attrs(true))), &[input, w, u], "c")
+    } else {
+        let c = b.op(Op::Conv(Box::new(attrs(false))), &[input, w], "c0");
+        b.bin(BinaryOp::Add, c, u, "c")
+    };
+    let n = b.un(UnaryOp::Neg, c, "n");
+    let y = if later { b.bin(BinaryOp::Add, n, u, "y") } else { n };
+    b.output(y);
+    b.g
+}
+
+/// A convolution's output takes its residual's buffer when the convolution
+/// is the residual's last reader (ResNet's block ends: one stream fewer to
+/// memory), and the values stay those of a separate Add on every runnable
+/// target; a residual read later, or that the convolution also reads as
+/// its input, keeps a buffer of its own.
+#[test]
+fn the_output_takes_the_residual_buffer_from_its_last_reader() {
+    for (input_is_residual, later, in_place) in [(false, false, true), (false, true, false), (true, false, false)] {
+        let inputs = [data(5 * 6 * 8, 1)];
+        let want = run_f32(
+            &compile_with(
+                &residual_graph(input_is_residual, later, false),
+                Target::Generic,
+                NO_PASSES,
+            )
+            .unwrap(),
+            &inputs,
+        );
+        let g = residual_graph(input_is_residual, later, true);
+        for target in Target::ALL {
+            let p = compile_with(&g, target, NO_PASSES).unwrap();
+            let residual = p.steps().iter().find_map(|s| match s {
+                crate::plan::Step::Conv(c) => Some(c.residual),
+                _ => None,
+            });
+            let expect = if in_place {
+                crate::plan::ConvResidual::InDst
+            } else {
+                crate::plan::ConvResidual::Buf(match residual {
+                    Some(Some(crate::plan::ConvResidual::Buf(r))) => r,
+                    other => panic!("{target}: residual {other:?}"),
+                })
+            };
+            assert_eq!(residual, Some(Some(expect)), "{target} {input_is_residual} {later}");
+            if target.can_run_on(Target::cpu_best()) {
+                assert_close(&run_f32(&p, &inputs), &want, 1e-4);
+            }
+        }
+    }
+}

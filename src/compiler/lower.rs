@@ -26,9 +26,9 @@ use crate::kernels::recurrent::RnnDims;
 use crate::kernels::select::Lanes;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
-    AttentionShape, AttentionStep, BufRef, Constant, ConvStep, ConvTransposeStep, ConvWeightsRef, EmbedSrc, EmbedStep,
-    EmbedTermStep, IndexStep, MatB, MatBias, MatMulStep, NormStep, Packing, PoolStep, Program, ProgramParts, RnnStep,
-    Step, TensorSpec, Weight,
+    AttentionShape, AttentionStep, BufRef, Constant, ConvResidual, ConvStep, ConvTransposeStep, ConvWeightsRef,
+    EmbedSrc, EmbedStep, EmbedTermStep, IndexStep, MatB, MatBias, MatMulStep, NormStep, Packing, PoolStep, Program,
+    ProgramParts, RnnStep, Step, TensorSpec, Weight,
 };
 use crate::target::Target;
 
@@ -65,7 +65,8 @@ pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded, packs: Optio
     let mut homes = vec![None; graph.values.len()];
     let copies = assign_io_homes(graph, &folded.rep, &mut homes);
     let slices = concat_slices(graph, folded, &homes, target);
-    let temps = assign_temps(graph, folded, &slices, &mut homes);
+    let onto = residual_outputs(graph, folded, &homes, &slices);
+    let temps = assign_temps(graph, folded, &slices, &onto, &mut homes);
     let arena = plan_arena(&temps)?;
     let mut ctx = Lowering {
         graph,
@@ -123,14 +124,59 @@ fn assign_io_homes(graph: &Graph, rep: &[ValueId], homes: &mut [Option<Home>]) -
     copies
 }
 
+/// Convolutions whose output can take their residual's buffer, as (output,
+/// residual): the residual is an intermediate that no later node reads and
+/// that the convolution reads only as its residual, and the output has no
+/// home of its own (not a graph output, not a concat's slice). The kernels
+/// then read each residual value in the store that overwrites it
+/// (`kernels::conv::conv_onto`): the output's lines are the residual's,
+/// one stream fewer to memory.
+fn residual_outputs(
+    graph: &Graph,
+    folded: &Folded,
+    homes: &[Option<Home>],
+    slices: &HashMap<ValueId, ConcatSlice>,
+) -> HashMap<ValueId, ValueId> {
+    let mut last_read = vec![None; graph.values.len()];
+    for (t, &i) in folded.nodes.iter().enumerate() {
+        for &v in &graph.nodes[i].inputs {
+            last_read[folded.rep[v]] = Some(t);
+        }
+    }
+    let mut onto = HashMap::new();
+    for (t, &i) in folded.nodes.iter().enumerate() {
+        let node = &graph.nodes[i];
+        let (Op::Conv(attrs), [out], Some((&r, others))) = (&node.op, &node.outputs[..], node.inputs.split_last())
+        else {
+            continue;
+        };
+        let r = folded.rep[r];
+        // Inputs, constants and graph outputs have their homes already.
+        if attrs.residual
+            && homes[r].is_none()
+            && last_read[r] == Some(t)
+            && others.iter().all(|&v| folded.rep[v] != r)
+            && homes[*out].is_none()
+            && !slices.contains_key(out)
+            && !slices.contains_key(&r)
+            && graph.values[r].ty.byte_len() == graph.values[*out].ty.byte_len()
+        {
+            onto.insert(*out, r);
+        }
+    }
+    onto
+}
+
 /// Arena lifetimes for node outputs without a home yet; time `t` is
 /// `folded.nodes[t]` (all steps of one node share it). A concat whose
 /// inputs are `slices` is busy from the first convolution that writes into
-/// it, so that nothing else is placed there meanwhile.
+/// it, so that nothing else is placed there meanwhile. A convolution's
+/// output in `onto` shares its residual's buffer.
 fn assign_temps(
     graph: &Graph,
     folded: &Folded,
     slices: &HashMap<ValueId, ConcatSlice>,
+    onto: &HashMap<ValueId, ValueId>,
     homes: &mut [Option<Home>],
 ) -> Vec<Lifetime> {
     let mut temps: Vec<Lifetime> = Vec::new();
@@ -171,6 +217,9 @@ fn assign_temps(
                     stride: slice.stride,
                     len,
                 });
+            } else if let Some(Some(Home::Temp(k))) = onto.get(&v).map(|&r| homes[r]) {
+                homes[v] = Some(Home::Temp(k));
+                temp_of(v, t, homes);
             } else if matches!(homes[v], None | Some(Home::Temp(_))) {
                 temp_of(v, t, homes);
             }
@@ -834,10 +883,11 @@ impl Lowering<'_> {
         } else {
             None
         };
-        let residual = if attrs.residual {
-            Some(self.buf(ins[next])?)
-        } else {
-            None
+        // The planner gave the output the residual's buffer (`residual_outputs`).
+        let residual = match attrs.residual {
+            true if self.buf(ins[next])? == dst => Some(ConvResidual::InDst),
+            true => Some(ConvResidual::Buf(self.buf(ins[next])?)),
+            false => None,
         };
         Ok(Step::Conv(Box::new(ConvStep {
             window: attrs.window,

@@ -9,8 +9,8 @@ use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDims, RnnDirection, R
 use crate::kernels::spatial::{Axis, Window};
 use crate::kernels::{BinaryOp, CopyPlan, Layout, ReduceKind, Strided, UnaryOp, Where3};
 use crate::plan::{
-    AttentionShape, AttentionStep, BufRef, Constant, ConvStep, ConvTransposeStep, ConvWeightsRef, EmbedSrc, EmbedStep,
-    EmbedTermStep, MatB, MatBias, MatMulStep, Program, ProgramParts, RnnStep, Step, TensorSpec,
+    AttentionShape, AttentionStep, BufRef, Constant, ConvResidual, ConvStep, ConvTransposeStep, ConvWeightsRef,
+    EmbedSrc, EmbedStep, EmbedTermStep, MatB, MatBias, MatMulStep, Program, ProgramParts, RnnStep, Step, TensorSpec,
 };
 use crate::target::Target;
 
@@ -271,7 +271,11 @@ fn conv_info(c: &ConvStep) -> proto::ConvStep {
         depthwise_w,
         bias: c.bias.map(buf),
         activation: Some(activation_info(c.activation)),
-        residual: c.residual.map(buf),
+        residual: match c.residual {
+            Some(ConvResidual::Buf(r)) => Some(buf(r)),
+            _ => None,
+        },
+        residual_in_dst: c.residual == Some(ConvResidual::InDst),
         dst: Some(buf(c.dst)),
         after: (c.after != Activation::None).then(|| activation_info(c.after)),
         dst_stride: if c.dst_stride == c.out_channels {
@@ -325,7 +329,12 @@ fn conv(c: &proto::ConvStep) -> Result<ConvStep> {
         weights,
         bias: opt(&c.bias)?,
         activation: activation(c.activation.as_ref().ok_or_else(|| missing("activation"))?)?,
-        residual: opt(&c.residual)?,
+        residual: match (opt(&c.residual)?, c.residual_in_dst) {
+            (None, false) => None,
+            (Some(r), false) => Some(ConvResidual::Buf(r)),
+            (None, true) => Some(ConvResidual::InDst),
+            (Some(_), true) => crate::bail!(InvalidGraph, "a convolution's residual is both a buffer and its output"),
+        },
         after: c
             .after
             .as_ref()

@@ -446,6 +446,10 @@ pub struct ConvStep {
     /// 8: a convolution writing its channels of a concat); 0: dense.
     #[prost(uint64, tag = "14")]
     pub dst_stride: u64,
+    /// The residual is `dst`'s own values when the step starts (format 9);
+    /// `residual` is then absent.
+    #[prost(bool, tag = "15")]
+    pub residual_in_dst: bool,
 }
 
 /// A channels-last transposed convolution (`plan::ConvTransposeStep`).

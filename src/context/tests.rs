@@ -941,6 +941,70 @@ fn conv_steps_round_trip() {
     assert!(e.message.contains("Conv"), "{e}");
 }
 
+/// A convolution whose output took its residual's buffer (format 9,
+/// `residual_in_dst`) survives the file and runs the same; a file that
+/// names a residual buffer as well, or gives the step a strided output, is
+/// refused at load.
+#[test]
+fn a_residual_in_the_output_round_trips() {
+    use crate::ir::{Activation, Axis, ConvAttrs, Window};
+    use crate::plan::ConvResidual;
+    let axis = |input: usize| Axis {
+        input,
+        output: input,
+        kernel: 3,
+        stride: 1,
+        dilation: 1,
+        pad_begin: 1,
+        pad_end: 1,
+    };
+    let mut g = G::new("onto");
+    let x = g.input("x", &[1, 4, 5, 6]);
+    let u = g.node(Op::Unary(UnaryOp::Abs), &[x], "u");
+    let w = g.constant("w", &[6, 6, 3, 3], row(6 * 6 * 9, 2));
+    let attrs = ConvAttrs {
+        window: Window { h: axis(4), w: axis(5) },
+        groups: 1,
+        bias: false,
+        activation: Activation::None,
+        residual: true,
+        after: Activation::Relu,
+    };
+    let c = g.value("c", &[1, 4, 5, 6]);
+    g.0.add_node("c", Op::Conv(Box::new(attrs)), vec![x, w, u], vec![c]);
+    let y = g.node(Op::Unary(UnaryOp::Neg), &[c], "y");
+    g.0.outputs.push(y);
+    let want = compile(&g.0, Target::Generic).unwrap();
+    let in_dst = |p: &Program| {
+        p.steps()
+            .iter()
+            .any(|s| matches!(s, crate::plan::Step::Conv(c) if c.residual == Some(ConvResidual::InDst)))
+    };
+    assert!(in_dst(&want), "{}", want.op_summary());
+    let mut b = ContextBuilder::new(Target::Generic);
+    b.add_graph("onto", &want).unwrap();
+    let bytes = b.to_bytes().unwrap();
+    let got = parse(&bytes).unwrap().program("onto").unwrap().unwrap();
+    assert_same_program(&got, &want);
+    assert!(in_dst(&got));
+
+    let both = tamper_steps(&bytes, |k| {
+        if let proto::step_info::Kind::Conv(c) = k {
+            c.residual = c.x.clone();
+        }
+    });
+    let err = parse(&both).and_then(|c| c.program("onto").map(|_| ())).unwrap_err();
+    assert!(err.to_string().contains("both a buffer and its output"), "{err}");
+    let mut parts = parts_of(&want);
+    for s in &mut parts.steps {
+        if let crate::plan::Step::Conv(c) = s {
+            c.dst_stride = c.out_channels + 1;
+        }
+    }
+    let e = Program::from_parts(parts).unwrap_err();
+    assert!(e.message.contains("Conv"), "{e}");
+}
+
 /// Two convolutions that only a channel concat reads write into it in place
 /// (format 8): on AVX2 their steps carry the concat's pixel stride, which
 /// survives the file; a stride under the channels, or with a residual, is
@@ -1003,7 +1067,7 @@ fn convolutions_into_a_concat_round_trip() {
             if let crate::plan::Step::Conv(c) = s {
                 if bad == 0 {
                     // A residual with a strided output: the kernels have no stride for it.
-                    c.residual = Some(c.x);
+                    c.residual = Some(crate::plan::ConvResidual::Buf(c.x));
                 } else {
                     c.dst_stride = bad;
                 }

@@ -147,6 +147,49 @@ pub fn writes_strided(target: Target, depthwise: bool, residual: bool) -> bool {
     matches!(target, Target::Avx2 | Target::Avx512) && !depthwise && !residual
 }
 
+/// [`conv`] whose residual is `y` itself: on entry `y` holds the residual
+/// (`c.residual` must be `None`), on return `after(act(conv(x) + bias) +
+/// y)`. The planner gives a convolution the residual's buffer when nothing
+/// reads the residual afterwards (ResNet's, YOLOv8's and MobileNet's skip
+/// connections): the output's lines are then the residual's, read and
+/// written once, not a third stream, as ORT's NCHWc convolution does with
+/// its `Sum` input. The direct kernels read each residual value in the
+/// store that overwrites it; the other paths copy `y` aside first.
+pub fn conv_onto(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    if c.residual.is_some() {
+        return Err(size_error("a residual in its own buffer and in the output at once"));
+    }
+    check(c, y.len(), c.out_channels)?;
+    if let ConvWeights::Packed(groups) = c.weights {
+        if super::conv_direct::usable(isa, groups) {
+            return super::conv_direct::conv_onto(isa, c, groups, y, par);
+        }
+    }
+    RESIDUAL.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut copy) => conv_with_copy(isa, c, y, par, &mut copy),
+        // Re-entered on this thread (a pool running another task while it
+        // waits): a buffer of its own.
+        Err(_) => conv_with_copy(isa, c, y, par, &mut Vec::new()),
+    })
+}
+
+thread_local! {
+    /// The residual's copy for [`conv_onto`]'s paths that cannot read it
+    /// from the output, kept between runs.
+    static RESIDUAL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// [`conv_onto`] by way of a copy of `y` as the residual.
+fn conv_with_copy(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel, copy: &mut Vec<f32>) -> Result<()> {
+    copy.clear();
+    copy.extend_from_slice(y);
+    let c = Conv {
+        residual: Some(&copy[..]),
+        ..*c
+    };
+    conv(isa, &c, y, par)
+}
+
 /// [`conv`] with output pixels `ldo` values apart: `y` is `[batch, h.output,
 /// w.output, ldo]` of which the convolution writes the first `out_channels`
 /// of each pixel and leaves the others alone. This is how a convolution
@@ -553,6 +596,18 @@ mod tests {
                         conv(isa, &c, &mut y, par).unwrap();
                         for (i, (a, b)) in y.iter().zip(&want).enumerate() {
                             assert!((a - b).abs() <= 1e-4 * b.abs() + 1e-4, "{target} [{i}]: {a} vs {b}");
+                        }
+                        if epi {
+                            // The residual in the output buffer: the same values.
+                            let mut y = res.clone();
+                            let onto = Conv { residual: None, ..c };
+                            conv_onto(isa, &onto, &mut y, par).unwrap();
+                            for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                                assert!(
+                                    (a - b).abs() <= 1e-4 * b.abs() + 1e-4,
+                                    "{target} onto [{i}]: {a} vs {b}"
+                                );
+                            }
                         }
                     }
                 }

@@ -79,6 +79,9 @@ struct TileArgs<'a> {
     /// The residual's rows for the tile (row stride as C's), when the
     /// kernel adds it: after the clamp, or with no activation.
     residual: Option<&'a [f32]>,
+    /// The residual is C's own values, which the store reads before it
+    /// overwrites them ([`super::conv::conv_onto`]); `residual` is `None`.
+    onto: bool,
     /// The clamp after the residual (ResNet's Relu after the skip
     /// connection), when the kernel adds the residual.
     after: Option<(f32, f32)>,
@@ -170,10 +173,31 @@ const BLOCK_INPUT_BYTES: usize = 384 * 1024;
 /// with a residual, `ldo` is `out_channels`.
 pub fn conv(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], ldo: usize, par: &dyn Parallel) -> Result<()> {
     assert!(ldo >= c.out_channels && (c.residual.is_none() || ldo == c.out_channels));
+    run(isa, c, packed, y, (ldo, false), par)
+}
+
+/// [`conv`] with `y` holding the residual on entry ([`super::conv::conv_onto`]).
+pub fn conv_onto(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    assert!(
+        c.residual.is_none(),
+        "a residual in its own buffer and in the output at once"
+    );
+    run(isa, c, packed, y, (c.out_channels, true), par)
+}
+
+/// [`conv`] or [`conv_onto`] (`onto`: `y` holds the residual).
+fn run(
+    isa: Isa,
+    c: &Conv<'_>,
+    packed: &[&PackedB],
+    y: &mut [f32],
+    out: (usize, bool),
+    par: &dyn Parallel,
+) -> Result<()> {
     if is_pointwise(c.window) {
-        return pointwise(isa, c, packed, y, ldo, par);
+        return pointwise(isa, c, packed, y, out, par);
     }
-    rows(isa, c, packed, y, ldo, par)
+    rows(isa, c, packed, y, out, par)
 }
 
 /// The values from output pixel `start`, `pixels` of them, `ldo` apart:
@@ -198,7 +222,14 @@ fn pointwise_row(pixels: usize) -> usize {
 /// 1×1, stride 1, no padding: every pixel of every image is one long row,
 /// cut into rows of [`pointwise_row`] pixels (so small images, 7×7 or
 /// 14×14, get whole tiles, and rows to share among threads) and a rest.
-fn pointwise(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], ldo: usize, par: &dyn Parallel) -> Result<()> {
+fn pointwise(
+    isa: Isa,
+    c: &Conv<'_>,
+    packed: &[&PackedB],
+    y: &mut [f32],
+    (ldo, onto): (usize, bool),
+    par: &dyn Parallel,
+) -> Result<()> {
     let pixels = c.batch * c.window.output_pixels();
     let (ci, co) = (c.in_channels, c.out_channels);
     let row = pointwise_row(pixels);
@@ -233,7 +264,7 @@ fn pointwise(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], ldo: us
             &part,
             packed,
             &mut y[pixel_span(start, rows * len, ldo, co)],
-            ldo,
+            (ldo, onto),
             par,
         )?;
     }
@@ -241,7 +272,14 @@ fn pointwise(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], ldo: us
 }
 
 /// The general case: tasks of output rows × weight panels.
-fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], ldo: usize, par: &dyn Parallel) -> Result<()> {
+fn rows(
+    isa: Isa,
+    c: &Conv<'_>,
+    packed: &[&PackedB],
+    y: &mut [f32],
+    (ldo, onto): (usize, bool),
+    par: &dyn Parallel,
+) -> Result<()> {
     let w = c.window;
     let row_len = w.w.output * c.out_channels;
     let rows = c.batch * w.h.output;
@@ -254,7 +292,7 @@ fn rows(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], ldo: usize, 
     let row_bytes = (w.h.stride.max(w.h.extent()) * w.w.input * c.in_channels * 4).max(1);
     let (row_tasks, panel_tasks) = split(isa, c, packed, (rows, panels), row_bytes, par.threads());
     let block = (BLOCK_INPUT_BYTES / row_bytes).clamp(1, rows.div_ceil(row_tasks));
-    let out = Out::new(y, ldo);
+    let out = Out::new(y, ldo, onto);
     par.for_each(row_tasks * panel_tasks, &|t| {
         let (r, p) = (t / panel_tasks, t % panel_tasks);
         let task_rows = share(rows, row_tasks, r);
@@ -326,6 +364,8 @@ struct Out<'a> {
     /// Values between consecutive output pixels (the residual's stride too,
     /// when there is one: then it is the output channels).
     ldo: usize,
+    /// The output holds the residual on entry ([`conv_onto`]).
+    onto: bool,
     _y: PhantomData<&'a mut [f32]>,
 }
 
@@ -336,11 +376,12 @@ struct Out<'a> {
 unsafe impl Sync for Out<'_> {}
 
 impl<'a> Out<'a> {
-    fn new(y: &'a mut [f32], ldo: usize) -> Out<'a> {
+    fn new(y: &'a mut [f32], ldo: usize, onto: bool) -> Out<'a> {
         Out {
             ptr: y.as_mut_ptr(),
             len: y.len(),
             ldo,
+            onto,
             _y: PhantomData,
         }
     }
@@ -468,21 +509,36 @@ fn wide_tiles(isa: Isa, c: &Conv<'_>) -> bool {
 /// Pixels per tile of two panels.
 const WIDE_MR: usize = 6;
 
-/// The activation, residual and activation after it of `rows`, tile rows
-/// of `nc` values one after the other (row `i`'s flat index in the output,
-/// which the residual shares, is `at(i)`), after their store (which applied
-/// an activation of [`in_registers`], and nothing else).
-fn epilogue(isa: Isa, c: &Conv<'_>, rows: &mut [f32], nc: usize, at: impl Fn(usize) -> usize) {
+/// Finishes `tile`, rows of `nc` values one after the other as the kernel
+/// stored them (bias and an activation of [`in_registers`] applied), and
+/// writes row `i` to `out` at flat index `at(i)`, which the residual
+/// shares: the other activation, the residual (read from `out` itself when
+/// it holds it), the activation after it. Each pass runs over the whole
+/// tile: row by row, a row of 16 values fell to the activation loop's
+/// 4-lane remainder (HardSwish after each convolution took 12% of
+/// PP-LCNet's time on a Zen 3).
+fn finish(isa: Isa, c: &Conv<'_>, tile: &mut [f32], nc: usize, out: &Out<'_>, at: impl Fn(usize) -> usize) {
     if c.activation != Activation::None && in_registers(isa, c.activation).is_none() {
-        activate_isa(isa, c.activation, rows);
+        activate_isa(isa, c.activation, tile);
     }
-    if let Some(res) = c.residual {
-        for (i, row) in rows.chunks_exact_mut(nc).enumerate() {
-            row.iter_mut().zip(&res[at(i)..][..nc]).for_each(|(v, &r)| *v += r);
+    if out.onto || c.residual.is_some() {
+        for (i, row) in tile.chunks_exact_mut(nc).enumerate() {
+            // SAFETY: this task's row and panel; the run is dropped at once.
+            #[allow(unsafe_code)]
+            let res: &[f32] = match c.residual {
+                Some(r) => &r[at(i)..][..nc],
+                None => unsafe { out.run(at(i), nc) },
+            };
+            row.iter_mut().zip(res).for_each(|(v, &r)| *v += r);
         }
     }
     if c.after != Activation::None {
-        activate_isa(isa, c.after, rows);
+        activate_isa(isa, c.after, tile);
+    }
+    for (i, row) in tile.chunks_exact(nc).enumerate() {
+        // SAFETY: as above.
+        #[allow(unsafe_code)]
+        copy_run(unsafe { out.run(at(i), nc) }, row);
     }
 }
 
@@ -571,7 +627,7 @@ fn border_tiles(
     }
     let (nc, col0) = (nr.min(cog - j0), g * cog + j0);
     let panel = pb.panel(j0 / nr);
-    s.tile.resize(mr_max(isa) * nr, 0.0);
+    s.tile.resize(mr_max(isa) * nc, 0.0);
     let row_len = w.w.output * out.ldo;
     let act = in_registers(isa, c.activation);
     let mut at = 0;
@@ -586,18 +642,15 @@ fn border_tiles(
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
             act,
             residual: None,
+            onto: false,
             after: None,
             prefetch: prefetch_share(next, i, tiles),
         };
-        tile(isa, (mr, 1), nc, &t, &Out::new(&mut s.tile, nr), 0, nr);
-        for (i, &(r, ow)) in s.border[at..at + mr].iter().enumerate() {
-            let pos = (first_row + r) * row_len + ow * out.ldo + col0;
-            // SAFETY: this task's row and panel; the run is dropped at once.
-            #[allow(unsafe_code)]
-            let run = unsafe { out.run(pos, nc) };
-            run.copy_from_slice(&s.tile[i * nr..][..nc]);
-            epilogue(isa, c, run, nc, |_| pos);
-        }
+        // Rows of nc values one after the other, as `finish` takes them.
+        tile(isa, (mr, 1), nc, &t, &Out::new(&mut s.tile, nc, false), 0, nc);
+        let pixels = &s.border[at..at + mr];
+        let pos = |i: usize| (first_row + pixels[i].0) * row_len + pixels[i].1 * out.ldo + col0;
+        finish(isa, c, &mut s.tile[..mr * nc], nc, out, pos);
         at += mr;
     }
 }
@@ -655,7 +708,8 @@ fn tiles(
     let finishes = kernel_finishes(isa, c);
     let mr_max = if width == 2 { WIDE_MR } else { mr_max(isa) };
     let act = in_registers(isa, c.activation);
-    // A tile's copy for the epilogue, when the kernel's store does not finish it.
+    // Where the kernel stores a tile that [`finish`] then completes, when
+    // its store cannot: rows of `nc` values.
     let mut buf = (!finishes).then_some([0f32; TILE_MAX]);
     let mut ow = cols.start;
     // When the kernel finishes its tiles, each run of equal tiles is one
@@ -681,16 +735,18 @@ fn tiles(
                 .residual
                 .filter(|_| finishes)
                 .map(|r| &r[at..at + (pixels - 1) * out.ldo + nc]),
+            onto: out.onto && finishes,
             after: clamp_of(c.after).filter(|_| finishes),
             prefetch: if i == 0 { prefetch } else { &[] },
         };
-        if nc > nr {
-            tile_wide(isa, (mr, count), &t, out, at, out.ldo);
-        } else {
-            tile(isa, (mr, count), nc, &t, out, at, out.ldo);
-        }
-        if let Some(buf) = buf.as_mut() {
-            tile_epilogue(isa, c, out, at, (mr, nc), buf);
+        match buf.as_mut() {
+            // One tile (`count` is 1 without `finishes`).
+            Some(buf) => {
+                tile(isa, (mr, 1), nc, &t, &Out::new(buf, nc, false), 0, nc);
+                finish(isa, c, &mut buf[..mr * nc], nc, out, |i| at + i * out.ldo);
+            }
+            None if nc > nr => tile_wide(isa, (mr, count), &t, out, at, out.ldo),
+            None => tile(isa, (mr, count), nc, &t, out, at, out.ldo),
         }
         ow += pixels;
     }
@@ -706,37 +762,6 @@ fn balanced_runs(len: usize, max: usize) -> [(usize, usize); 2] {
 
 /// Most values of one tile: 14 pixels x 32 channels (AVX-512).
 const TILE_MAX: usize = 14 * 32;
-
-/// [`epilogue`] on a stored tile of `mr` rows of `nc` values from `at` (row
-/// stride: the output channels), once over a contiguous copy: applied
-/// row by row, a row of 16 values fell to the activation loop's 4-lane
-/// remainder, and HardSwish after each convolution took 12% of PP-LCNet's
-/// time on a Zen 3.
-fn tile_epilogue(
-    isa: Isa,
-    c: &Conv<'_>,
-    out: &Out<'_>,
-    at: usize,
-    (mr, nc): (usize, usize),
-    buf: &mut [f32; TILE_MAX],
-) {
-    let ldo = out.ldo;
-    let buf = &mut buf[..mr * nc];
-    let run = |i: usize| {
-        // SAFETY: this task's row and panel; each run is dropped at once.
-        #[allow(unsafe_code)]
-        unsafe {
-            out.run(at + i * ldo, nc)
-        }
-    };
-    for (i, b) in buf.chunks_exact_mut(nc).enumerate() {
-        copy_run(b, run(i));
-    }
-    epilogue(isa, c, buf, nc, |i| at + i * ldo);
-    for (i, b) in buf.chunks_exact(nc).enumerate() {
-        copy_run(run(i), b);
-    }
-}
 
 /// `dst.copy_from_slice(src)` in 8-value steps of fixed size, which compile
 /// to vector moves: a tile row is 16 or 32 values, too short to pay for a
@@ -809,7 +834,7 @@ fn check_tiles(
             && b_end <= panel_len
             && at + (pixels - 1) * ldc + nc <= out.len
             && t.bias.is_none_or(|b| b.len() == nc)
-            && t.residual.is_none_or(|r| r.len() == (pixels - 1) * ldc + nc),
+            && t.residual.is_none_or(|r| r.len() == (pixels - 1) * ldc + nc && !t.onto),
         "direct convolution tiles out of bounds: {count} x {mr} x {nc}"
     );
 }
@@ -850,6 +875,17 @@ mod x86 {
     use crate::kernels::{avx2, avx2_math};
 
     use super::{RegAct, TileArgs, PREFETCH_A_MIN_K};
+
+    /// Where a tile's residual rows start (row stride C's): its own
+    /// buffer, or C itself with [`TileArgs::onto`].
+    #[inline(always)]
+    fn residual_rows(t: &TileArgs<'_>, c: *mut f32) -> Option<*const f32> {
+        match t.residual {
+            Some(r) => Some(r.as_ptr()),
+            None if t.onto => Some(c as *const f32),
+            None => None,
+        }
+    }
 
     fn mask16(n: usize) -> __mmask16 {
         if n >= 16 {
@@ -1088,8 +1124,9 @@ mod x86 {
                 ),
                 None => (_mm512_setzero_ps(), _mm512_setzero_ps()),
             };
-            // The residual's tile rows, as C's (`tile` checked their length).
-            let res = t.residual.map(|r| r.as_ptr());
+            // The residual's tile rows, as C's (`tile` checked their length),
+            // or C's own, each read before the store that overwrites it.
+            let res = residual_rows(t, c);
             let plus = |v: __m512, at: usize, m: __mmask16| match res {
                 Some(r) => _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, r.add(at))),
                 None => v,
@@ -1168,7 +1205,7 @@ mod x86 {
     /// `j < nc`, is the caller's to write and nothing else refers to it.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn avx2<const MR: usize>(t: &TileArgs<'_>, nc: usize, ldc: usize, c: *mut f32) {
-        if let Some(r) = t.residual {
+        if let Some(r) = residual_rows(t, c) {
             // The next tile's residual and output rows, one line each, into
             // L1 while this tile computes: in a model they come from L3 or
             // memory, MR lines at a stride of the output channels, which
@@ -1179,7 +1216,7 @@ mod x86 {
             // loop instead, the hints made LLVM compile that loop worse.
             for i in MR..2 * MR {
                 // Hints only: prefetching never faults, even past the rows.
-                _mm_prefetch::<_MM_HINT_T0>(r.as_ptr().wrapping_add(i * ldc) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(i * ldc) as *const i8);
                 _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(i * ldc) as *const i8);
             }
         }
@@ -1271,8 +1308,9 @@ mod x86 {
                 Some(RegAct::Silu) => avx2_math::silu8_store(v),
                 Some(RegAct::Sigmoid) => avx2_math::sigmoid8_store(v),
             };
-            // The residual's tile rows, as C's (`tile` checked their length).
-            let res = t.residual.map(|r| r.as_ptr());
+            // The residual's tile rows, as C's (`tile` checked their length),
+            // or C's own, each read before the store that overwrites it.
+            let res = residual_rows(t, c);
             let plus = |v: __m256, at: usize, n: usize| match res {
                 Some(r) => _mm256_add_ps(v, avx2::load(r.add(at), n)),
                 None => v,

@@ -197,6 +197,17 @@ pub enum ConvWeightsRef {
     Depthwise(BufRef),
 }
 
+/// Where a convolution's residual is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvResidual {
+    /// A buffer of its own, of the output's size.
+    Buf(BufRef),
+    /// The destination, which holds the residual when the step starts
+    /// (format 9): the planner gives the output the residual's buffer when
+    /// nothing reads the residual afterwards (`kernels::conv::conv_onto`).
+    InDst,
+}
+
 /// A channels-last convolution (`kernels::conv`): `x [batch, H, W, Ci]` to
 /// `dst [batch, Ho, Wo, Co]` = `after(act(conv(x) + bias) + residual)`;
 /// with `dst_stride > Co`, `dst` is `[batch, Ho, Wo, dst_stride]` of which
@@ -213,7 +224,7 @@ pub struct ConvStep {
     pub weights: ConvWeightsRef,
     pub bias: Option<BufRef>,
     pub activation: Activation,
-    pub residual: Option<BufRef>,
+    pub residual: Option<ConvResidual>,
     /// After the residual; `None` without one.
     pub after: Activation,
     pub dst: BufRef,
@@ -480,7 +491,9 @@ impl Step {
                     v.push((w, Some(F32)));
                 }
                 v.extend(c.bias.map(|b| (b, Some(F32))));
-                v.extend(c.residual.map(|r| (r, Some(F32))));
+                if let Some(ConvResidual::Buf(r)) = c.residual {
+                    v.push((r, Some(F32)));
+                }
                 v
             }
             Step::Pool(p) => p.typed_srcs(),
@@ -1286,9 +1299,15 @@ fn conv(
         weights,
         bias: c.bias.map(|b| src.f32(b)).transpose()?,
         activation: c.activation,
-        residual: c.residual.map(|r| src.f32(r)).transpose()?,
+        residual: match c.residual {
+            Some(ConvResidual::Buf(r)) => Some(src.f32(r)?),
+            _ => None,
+        },
         after: c.after,
     };
+    if c.residual == Some(ConvResidual::InDst) {
+        return kernels::conv::conv_onto(isa, &args, dst, par);
+    }
     kernels::conv::conv_strided(isa, &args, dst, c.dst_stride, par)
 }
 

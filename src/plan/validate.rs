@@ -358,7 +358,12 @@ fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
         .copied();
     let bias_ok = c.bias.is_none() || rest.next() == Some(co);
     let out = len(w.output_pixels(), co);
-    let residual_ok = c.residual.is_none() || rest.next() == out;
+    let residual_ok = match c.residual {
+        None => true,
+        Some(super::ConvResidual::Buf(_)) => rest.next() == out,
+        // The destination is the residual: dense, of the output's size.
+        Some(super::ConvResidual::InDst) => c.dst_stride == co,
+    };
     let after_ok = c.residual.is_some() || c.after == crate::kernels::gemm::Activation::None;
     let dst = c
         .batch
