@@ -4,8 +4,11 @@
 //! Sizes are bytes; every buffer starts at a multiple of [`ARENA_ALIGN`]
 //! (64: a cache line, and enough for every element type and vector load).
 //! Lifetimes are in node indices. A buffer is busy from the node that writes
-//! it to the last node that reads it, inclusive: kernels never run in place,
-//! so a node's inputs and its outputs must not share memory.
+//! it to the last node that reads it, inclusive: kernels do not run in
+//! place, so a node's inputs and its outputs must not share memory. (The one
+//! exception is decided before this plan: `lower` gives a convolution's
+//! output its residual's buffer, one lifetime for both, and the step says
+//! so.)
 
 use crate::error::{Error, Result};
 
