@@ -472,7 +472,7 @@ fn inspect_export_describes_valid_damaged_and_missing_binaries() {
             "\"error\":null".to_string(),
             "\"checksum_ok\":true".to_string(),
             format!("\"file_bytes\":{}", good.len()),
-            "\"format_version\":8".to_string(),
+            format!("\"format_version\":{}", kiln_ep::context::FORMAT_VERSION),
             format!("\"target\":\"{}\"", Target::cpu_best().name()),
             "\"kind\":\"program\"".to_string(),
             "\"context_models\":[\"add_mul_relu_ctx.onnx\"]".to_string(),
