@@ -884,11 +884,14 @@ impl Lowering<'_> {
             None
         };
         // The planner gave the output the residual's buffer (`residual_outputs`).
-        let residual = match attrs.residual {
-            true if self.buf(ins[next])? == dst => Some(ConvResidual::InDst),
-            true => Some(ConvResidual::Buf(self.buf(ins[next])?)),
-            false => None,
-        };
+        let residual = attrs.residual.then(|| self.buf(ins[next])).transpose()?;
+        let residual = residual.map(|r| {
+            if r == dst {
+                ConvResidual::InDst
+            } else {
+                ConvResidual::Buf(r)
+            }
+        });
         Ok(Step::Conv(Box::new(ConvStep {
             window: attrs.window,
             batch,

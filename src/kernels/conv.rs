@@ -165,12 +165,7 @@ pub fn conv_onto(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> R
             return super::conv_direct::conv_onto(isa, c, groups, y, par);
         }
     }
-    RESIDUAL.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut copy) => conv_with_copy(isa, c, y, par, &mut copy),
-        // Re-entered on this thread (a pool running another task while it
-        // waits): a buffer of its own.
-        Err(_) => conv_with_copy(isa, c, y, par, &mut Vec::new()),
-    })
+    super::with_thread_buffer(&RESIDUAL, |copy| conv_with_copy(isa, c, y, par, copy))
 }
 
 thread_local! {
@@ -394,12 +389,7 @@ fn blocks_serial(
     y: &mut [f32],
     par: &dyn Parallel,
 ) -> Result<()> {
-    COLUMNS.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut cols) => blocks_in(isa, c, packed, pixels, rows, y, par, &mut cols),
-        // Re-entered on this thread (a pool running another task while it
-        // waits): a buffer of its own.
-        Err(_) => blocks_in(isa, c, packed, pixels, rows, y, par, &mut Vec::new()),
-    })
+    super::with_thread_buffer(&COLUMNS, |cols| blocks_in(isa, c, packed, pixels, rows, y, par, cols))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -303,12 +303,7 @@ fn rows(
                 row_block(isa, c, packed, block_rows, task_panels.clone(), &out, scratch);
             }
         };
-        SCRATCH.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut scratch) => run(&mut scratch),
-            // Re-entered on this thread (a pool running another task while
-            // it waits): buffers of its own.
-            Err(_) => run(&mut Scratch::default()),
-        });
+        super::with_thread_buffer(&SCRATCH, run);
     });
     Ok(())
 }

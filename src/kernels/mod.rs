@@ -521,6 +521,19 @@ fn par_rows<T: Send>(
 }
 
 /// `dst[i] = op(src[i])`.
+/// Runs `f` with this thread's buffer `key`, kept between runs so that
+/// steady-state runs do not allocate, or with a fresh one when the thread
+/// already holds it (re-entered: a pool running another task while it waits).
+pub(crate) fn with_thread_buffer<T: Default, R>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => f(&mut buf),
+        Err(_) => f(&mut T::default()),
+    })
+}
+
 pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32], par: &dyn Parallel) -> Result<()> {
     if src.len() != dst.len() || op.src_dtype() != DType::F32 || op.dst_dtype() != DType::F32 {
         return Err(length_error(format_args!(
