@@ -2,10 +2,12 @@
 //! gather, cast and `Where`. These are memory-bound, so they are built once
 //! (no per-ISA variants) and are generic over the element's bit pattern: the
 //! plan hands them `u8`/`u16`/`u32`/`u64` views for 1-, 2-, 4- and 8-byte
-//! elements.
+//! elements. A large strided copy runs on the intra-op threads
+//! ([`strided_copy_par`]): two cores stream it faster than one.
 
 use bytemuck::Pod;
 
+use super::parallel::{for_each_block, Blocks, Parallel};
 use super::transpose::{transpose, Transpose2};
 use super::Isa;
 use crate::error::{Error, Result};
@@ -98,14 +100,89 @@ fn transpose_innermost(p: &CopyPlan) -> Option<(usize, usize)> {
 const INLINE_RANK: usize = 8;
 
 /// Runs a copy plan that `fits` the slices (panics where it does not).
-/// `isa` picks the build of the transpose blocks.
 pub fn strided_copy<T: Pod>(isa: Isa, p: &CopyPlan, src: &[T], dst: &mut [T]) {
-    if p.numel() == Some(0) {
+    let all = p.dims.first().map_or(0..1, |&n| 0..n);
+    copy_part(isa, p, 0, all, p.dst_offset, src, dst);
+}
+
+/// Copies smaller than this run on the caller: a copy is memory-bound, and
+/// at 256 KiB (~10 µs) handing half of it to a pool thread pays for itself.
+const PAR_MIN_BYTES: usize = 1 << 18;
+
+/// [`strided_copy`] over `par`: a large copy runs as tasks of index ranges
+/// of one dim ([`split_dim`]), each writing its own contiguous part of `dst`.
+/// At partition edges (NCHW to NHWC and back) and in channel `Split`s and
+/// `Concat`s these copies stream megabytes, which one core alone does at
+/// about half the speed of two.
+pub fn strided_copy_par<T: Pod + Send + Sync>(isa: Isa, p: &CopyPlan, src: &[T], dst: &mut [T], par: &dyn Parallel) {
+    copy_in_parts(isa, p, src, dst, par, PAR_MIN_BYTES);
+}
+
+/// [`strided_copy_par`] for copies of at least `min_bytes`.
+fn copy_in_parts<T: Pod + Send + Sync>(
+    isa: Isa,
+    p: &CopyPlan,
+    src: &[T],
+    dst: &mut [T],
+    par: &dyn Parallel,
+    min_bytes: usize,
+) {
+    let bytes = p.numel().unwrap_or(0).saturating_mul(size_of::<T>());
+    let split = split_dim(p).filter(|_| par.threads() > 1 && bytes >= min_bytes.max(1));
+    let Some((k, window)) = split else {
+        return strided_copy(isa, p, src, dst);
+    };
+    let extent = p.dims[k];
+    let per = extent.div_ceil((2 * par.threads()).min(extent));
+    // Task `t` writes indices `t·per..` of dim `k`: inside its block of `dst`
+    // from the plan's offset, `per` windows long (the last may be shorter).
+    let dst = &mut dst[p.dst_offset..];
+    let blocks = Blocks::new(dst.len(), dst.len(), per * window);
+    for_each_block(par, dst, blocks, &|t, block| {
+        let first = t * per;
+        if first < extent {
+            copy_part(isa, p, k, first..(first + per).min(extent), 0, src, block);
+        }
+    });
+}
+
+/// The dim whose index ranges write disjoint runs of the destination, and
+/// its window (its stride): every destination stride is positive and all
+/// the other dims together reach less than one step of the one with the
+/// largest, so index `i` of that dim writes only within `[i·window,
+/// (i + 1)·window)` from the plan's offset. None otherwise (a broadcast or
+/// reversed destination, a single dim of one element).
+fn split_dim(p: &CopyPlan) -> Option<(usize, usize)> {
+    let strides = &p.dst_strides;
+    let k = (0..strides.len()).max_by_key(|&k| strides[k])?;
+    let window = usize::try_from(strides[k]).ok()?;
+    let mut reach = 1usize;
+    for (j, (&d, &s)) in p.dims.iter().zip(strides).enumerate() {
+        let s = usize::try_from(s).ok().filter(|&s| s > 0)?;
+        if j != k {
+            reach = reach.checked_add(d.checked_sub(1)?.checked_mul(s)?)?;
+        }
+    }
+    (reach <= window && p.dims[k] > 1).then_some((k, window))
+}
+
+/// Indices `range` of dim `k` of `p`, the first of them written at
+/// `dst_offset` in `dst` (the plan's own offset for the whole copy).
+fn copy_part<T: Pod>(
+    isa: Isa,
+    p: &CopyPlan,
+    k: usize,
+    range: std::ops::Range<usize>,
+    dst_offset: usize,
+    src: &[T],
+    dst: &mut [T],
+) {
+    if p.numel() == Some(0) || range.is_empty() {
         return;
     }
     let rank = p.dims.len();
     if rank == 0 {
-        dst[p.dst_offset] = src[p.src_offset];
+        dst[dst_offset] = src[p.src_offset];
         return;
     }
     // The plan's dims, possibly reordered, and an odometer: on the stack
@@ -130,11 +207,14 @@ pub fn strided_copy<T: Pod>(isa: Isa, p: &CopyPlan, src: &[T], dst: &mut [T]) {
     };
     // (rank, rank): no dim moved.
     let (ks, kd) = transpose_innermost(p).unwrap_or((rank, rank));
-    let moved = [ks, kd].into_iter().filter(|&k| k < rank);
-    for (i, k) in (0..rank).filter(|&k| k != ks && k != kd).chain(moved).enumerate() {
-        (dims[i], ss[i], ds[i]) = (p.dims[k], p.src_strides[k], p.dst_strides[k]);
+    let moved = [ks, kd].into_iter().filter(|&j| j < rank);
+    for (i, j) in (0..rank).filter(|&j| j != ks && j != kd).chain(moved).enumerate() {
+        let len = if j == k { range.len() } else { p.dims[j] };
+        (dims[i], ss[i], ds[i]) = (len, p.src_strides[j], p.dst_strides[j]);
     }
-    copy_nd(isa, dims, [p.src_offset, p.dst_offset], ss, ds, index, src, dst);
+    // In range: the plan fits `src`, and index `range.start` is one of its.
+    let src_offset = (p.src_offset as isize + range.start as isize * p.src_strides[k]) as usize;
+    copy_nd(isa, dims, [src_offset, dst_offset], ss, ds, index, src, dst);
 }
 
 /// The loop of [`strided_copy`] over `dims` (rank >= 1), `index` its
@@ -392,6 +472,7 @@ pub fn cast_f32_i32(src: &[f32], dst: &mut [i32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::parallel::ScopedThreads;
     use crate::target::Target;
     use std::fmt::Debug;
 
@@ -422,7 +503,12 @@ mod tests {
 
     /// `strided_copy` by every target against [`naive`], into a `dst`
     /// prefilled with a sentinel (so writes outside the plan show).
-    fn check<T: Pod + PartialEq + Debug>(p: &CopyPlan, src_len: usize, dst_len: usize, make: impl Fn(usize) -> T) {
+    fn check<T: Pod + Send + Sync + PartialEq + Debug>(
+        p: &CopyPlan,
+        src_len: usize,
+        dst_len: usize,
+        make: impl Fn(usize) -> T,
+    ) {
         assert!(p.fits(src_len, dst_len), "{p:?}");
         let src: Vec<T> = (0..src_len).map(&make).collect();
         let mut want = vec![make(usize::MAX); dst_len];
@@ -431,7 +517,82 @@ mod tests {
             let mut got = vec![make(usize::MAX); dst_len];
             strided_copy(isa, p, &src, &mut got);
             assert_eq!(got, want, "{isa:?} {p:?}");
+            // In parts however small, the parts run backwards.
+            let mut got = vec![make(usize::MAX); dst_len];
+            copy_in_parts(isa, p, &src, &mut got, &Backwards, 0);
+            assert_eq!(got, want, "{isa:?} {p:?} in parts");
         }
+    }
+
+    /// Three threads' worth of tasks, run on the caller last to first.
+    struct Backwards;
+
+    // SAFETY: runs f(n - 1), ..., f(0) in order on the caller.
+    #[allow(unsafe_code)]
+    unsafe impl Parallel for Backwards {
+        fn threads(&self) -> usize {
+            3
+        }
+
+        fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+            (0..n).rev().for_each(f)
+        }
+    }
+
+    /// The copies a model's layout changes make (a channel slice of NHWC
+    /// out and in, NCHW to NHWC, a broadcast), big enough to run in parts,
+    /// on two threads, and the plans that must not be split.
+    #[test]
+    fn large_copies_in_parts_match_naive() {
+        let ii = |x: usize| x as isize;
+        let (px, c, total) = (24_000usize, 16usize, 48usize);
+        let plans = [
+            // A Split's second slice of 16 channels of 48.
+            (
+                CopyPlan::new(&[px, c], 16, &[ii(total), 1], 0, &[ii(c), 1]),
+                px * total,
+                px * c,
+            ),
+            // A Concat's input into channels 32.. of 48.
+            (
+                CopyPlan::new(&[px, c], 0, &[ii(c), 1], 32, &[ii(total), 1]),
+                px * c,
+                px * total,
+            ),
+            // NCHW to NHWC: [3, px] to [px, 3].
+            (CopyPlan::new(&[3, px], 0, &[ii(px), 1], 0, &[1, 3]), 3 * px, 3 * px),
+            // Expand of a row.
+            (CopyPlan::new(&[px, c], 0, &[0, 1], 0, &[ii(c), 1]), c, px * c),
+        ];
+        for (p, src_len, dst_len) in &plans {
+            assert!(split_dim(p).is_some(), "{p:?}");
+            assert!(p.numel().unwrap() * 4 >= PAR_MIN_BYTES, "{p:?}");
+            check(p, *src_len, *dst_len, |i| i as u32);
+            let src: Vec<u32> = (0..*src_len).map(|i| i as u32).collect();
+            let mut want = vec![u32::MAX; *dst_len];
+            naive(p, &src, &mut want);
+            let mut got = vec![u32::MAX; *dst_len];
+            strided_copy_par(generic(), p, &src, &mut got, &ScopedThreads(2));
+            assert_eq!(got, want, "{p:?} on two threads");
+        }
+        // Reversed, and two dims writing into each other's windows: not split.
+        let reversed = CopyPlan {
+            dims: vec![px],
+            src_offset: 0,
+            src_strides: vec![1],
+            dst_offset: px - 1,
+            dst_strides: vec![-1],
+        };
+        assert_eq!(split_dim(&reversed), None);
+        let interleaved = CopyPlan {
+            dims: vec![4, 8],
+            src_offset: 0,
+            src_strides: vec![8, 1],
+            dst_offset: 0,
+            dst_strides: vec![2, 1],
+        };
+        assert_eq!(split_dim(&interleaved), None);
+        assert_eq!(split_dim(&CopyPlan::new(&[1], 0, &[1], 0, &[1])), None);
     }
 
     /// `[outer, rows, cols]`: `dst[o, i, j] = src[o, j, i]` with the given

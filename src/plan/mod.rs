@@ -975,7 +975,7 @@ impl Memory<'_, '_, '_> {
                 if !plan.fits(s.len() / size, dst.len() / size) {
                     return Err(cast_err());
                 }
-                by_size!(size, s, dst, |s, d| movement::strided_copy(isa, plan, s, d));
+                by_size!(size, s, dst, |s, d| movement::strided_copy_par(isa, plan, s, d, par));
                 Ok(())
             }
             Step::Gather {
