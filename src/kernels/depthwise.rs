@@ -34,7 +34,12 @@
 //! faster, stride 1 at 56²×144 1.4x, and in cache 3-8% faster; in a
 //! MobileNet-style net the 112²×96 stride-2 layer went from 450 to 280 µs.
 //! Threads get whole output rows: one convolution under
-//! `MIN_PARALLEL_WORK` multiply-adds runs on the caller alone.
+//! `MIN_PARALLEL_WORK` multiply-adds runs on the caller alone. Rows run in
+//! blocks of one image; for stride 1 with pixels of at most 24 channels or
+//! rows shorter than a pixel group, a block runs one channel register at a
+//! time over all its rows, so that the input rows that register reads stay
+//! in L1 from one output row to the next (`simd::channel_outer` has the
+//! measurements).
 //!
 //! Measured with `cargo bench --bench conv_kernels -- dw` (the kernel
 //! alone, 64-byte-aligned activations as ORT allocates, bias + ReLU,
@@ -58,6 +63,7 @@ use super::parallel::Parallel;
 use super::spatial::Window;
 use super::Isa;
 use crate::target::Target;
+use std::ops::Range;
 use std::sync::Mutex;
 
 /// One depthwise convolution's operands.
@@ -116,10 +122,7 @@ pub fn depthwise(d: &Depthwise<'_>, y: &mut [f32], par: &dyn Parallel) {
         (4 * threads).min(work / MIN_TASK_WORK)
     };
     if tasks <= 1 {
-        for (r, row) in y.chunks_mut(row_len).enumerate() {
-            output_row(d, r / win.h.output, r % win.h.output, row);
-        }
-        return;
+        return output_rows(d, 0, y);
     }
     let per = rows.div_ceil(tasks);
     let chunks: Vec<Mutex<(usize, &mut [f32])>> = y
@@ -131,29 +134,56 @@ pub fn depthwise(d: &Depthwise<'_>, y: &mut [f32], par: &dyn Parallel) {
         // Each task locks its own chunk once: never contended.
         let mut guard = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
         let (first, chunk) = &mut *guard;
-        for (r, row) in (*first..).zip(chunk.chunks_mut(row_len)) {
-            output_row(d, r / win.h.output, r % win.h.output, row);
-        }
+        output_rows(d, *first, chunk);
     });
 }
 
-/// Output row `oh` of image `n`, by the build of `d.isa`.
+/// Output bytes a block of rows holds at most (see [`output_rows`]).
+const BLOCK_BYTES: usize = 256 << 10;
+
+/// Output rows `first..` (as many as `y` holds, counted over the batch),
+/// in blocks of rows of one image. The SIMD builds run a block one channel
+/// register at a time over all its rows, so that the input rows a register
+/// reads (three rows of 64 bytes per pixel for a 3×3 window) stay in L1
+/// from one output row to the next; row by row, each output row loaded its
+/// three input rows from L2 again, and every load was a miss.
+fn output_rows(d: &Depthwise<'_>, first: usize, y: &mut [f32]) {
+    let (win, c) = (d.window, d.channels);
+    let row_len = win.w.output * c;
+    let per_block = (BLOCK_BYTES / (row_len * size_of::<f32>()).max(1)).max(1);
+    let mut r = first;
+    let mut rest = y;
+    while !rest.is_empty() {
+        let (n, oh) = (r / win.h.output, r % win.h.output);
+        let count = per_block.min(win.h.output - oh).min(rest.len() / row_len);
+        let (block, tail) = rest.split_at_mut(count * row_len);
+        row_block(d, n, oh..oh + count, block);
+        (r, rest) = (r + count, tail);
+    }
+}
+
+/// Output rows `ohs` of image `n` (`rows` holds them), by the build of `d.isa`.
 #[allow(unsafe_code)] // calls the target_feature builds, see SAFETY below
-fn output_row(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
+fn row_block(d: &Depthwise<'_>, n: usize, ohs: Range<usize>, rows: &mut [f32]) {
     match d.isa.target() {
         // SAFETY: an `Isa` for AVX-512 exists only if this CPU has
         // AVX-512F/BW/VL and FMA; `depthwise` checked the operands' sizes.
         #[cfg(target_arch = "x86_64")]
-        Target::Avx512 => unsafe { isa_builds::avx512(d, n, oh, row) },
+        Target::Avx512 => unsafe { isa_builds::avx512(d, n, ohs, rows) },
         // SAFETY: likewise for AVX2 and FMA.
         #[cfg(target_arch = "x86_64")]
-        Target::Avx2 => unsafe { isa_builds::avx2(d, n, oh, row) },
-        _ => row_impl::<false>(d, n, oh, row),
+        Target::Avx2 => unsafe { isa_builds::avx2(d, n, ohs, rows) },
+        _ => {
+            let row_len = rows.len() / ohs.len().max(1);
+            for (oh, row) in ohs.zip(rows.chunks_mut(row_len)) {
+                row_impl::<false>(d, n, oh, row);
+            }
+        }
     }
-    // A second pass while the row is in L1: residuals after depthwise
+    // A second pass while the rows are in L2: residuals after depthwise
     // convolutions are rare, and this keeps the builds' stores simple.
     if d.after != Activation::None {
-        activate_isa(d.isa, d.after, row);
+        activate_isa(d.isa, d.after, rows);
     }
 }
 
@@ -165,19 +195,19 @@ mod isa_builds {
 
     /// # Safety
     /// The CPU must have AVX-512F/BW/VL and FMA; `d`'s operands must have
-    /// the sizes `depthwise` asserts and `row` be output row (`n`, `oh`).
+    /// the sizes `depthwise` asserts and `rows` be output rows `ohs` of image `n`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    pub(super) unsafe fn avx512(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
+    pub(super) unsafe fn avx512(d: &Depthwise<'_>, n: usize, ohs: Range<usize>, rows: &mut [f32]) {
         // SAFETY: this function's contract.
-        unsafe { simd::row::<__m512>(d, n, oh, row) }
+        unsafe { simd::rows::<__m512>(d, n, ohs, rows) }
     }
 
     /// # Safety
     /// The CPU must have AVX2 and FMA; operands as for [`avx512`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn avx2(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
+    pub(super) unsafe fn avx2(d: &Depthwise<'_>, n: usize, ohs: Range<usize>, rows: &mut [f32]) {
         // SAFETY: this function's contract.
-        unsafe { simd::row::<__m256>(d, n, oh, row) }
+        unsafe { simd::rows::<__m256>(d, n, ohs, rows) }
     }
 }
 
@@ -191,7 +221,7 @@ fn madd<const FMA: bool>(a: f32, x: f32, w: f32) -> f32 {
     }
 }
 
-/// The portable build of one output row (the SIMD builds: [`simd::row`]).
+/// The portable build of one output row (the SIMD builds: [`simd::rows`]).
 fn row_impl<const FMA: bool>(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
     let (win, c) = (d.window, d.channels);
     let image = &d.x[n * win.input_pixels() * c..][..win.input_pixels() * c];
@@ -316,7 +346,7 @@ fn blocks<const FMA: bool, const P: usize, const L: usize>(
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // SIMD intrinsics on raw pointers, bounds proven per function
 mod simd {
-    use super::{epilogue, Activation, Depthwise};
+    use super::{epilogue, Activation, Depthwise, Range};
     use crate::kernels::spatial::Window;
     use std::arch::x86_64::*;
 
@@ -472,7 +502,7 @@ mod simd {
         }
     }
 
-    /// Channels from which stride-1 rows prefetch (see [`row`]).
+    /// Channels from which stride-1 rows prefetch (see [`rows`]).
     const PREFETCH_CHANNELS: usize = 64;
 
     /// The most input columns a [`group`] reads: (P − 1)·S + K.
@@ -487,7 +517,8 @@ mod simd {
         Leaky,
     }
 
-    /// One output row's operands as raw pointers (bounds: `row`'s contract).
+    /// One output row's operands as raw pointers (bounds: [`rows`]'s contract).
+    #[derive(Clone, Copy)]
     struct Row<'a, V: Vector> {
         win: &'a Window,
         c: usize,
@@ -504,17 +535,40 @@ mod simd {
         hi: V,
     }
 
-    /// Output row `oh` of image `n`, activation and residual included.
+    impl<V: Vector> Row<'_, V> {
+        /// The row `i` rows further down (`row_len` values each).
+        ///
+        /// # Safety
+        /// That row is one of [`rows`]'s.
+        #[inline(always)]
+        unsafe fn down(&self, i: usize, row_len: usize) -> Self {
+            // SAFETY: the caller's (the output and the residual hold that row).
+            unsafe {
+                Row {
+                    oh: self.oh + i,
+                    out: self.out.add(i * row_len),
+                    residual: self.residual.map(|r| r.add(i * row_len)),
+                    ..*self
+                }
+            }
+        }
+    }
+
+    /// Output rows `ohs` of image `n`, activation and residual included.
     ///
     /// # Safety
     /// The CPU must have `V`'s features (AVX-512F, or AVX2 and FMA); `d`'s
-    /// operands must have the sizes `depthwise` asserts and `row` be output
-    /// row (`n`, `oh`): then every pointer below stays inside its slice
-    /// (input rows `ih < h.input`, columns `iw < w.input`, channels `< c`).
+    /// operands must have the sizes `depthwise` asserts and `out` be output
+    /// rows `ohs` of image `n`: then every pointer below stays inside its
+    /// slice (input rows `ih < h.input`, columns `iw < w.input`, channels `< c`).
     #[inline(always)]
-    pub(super) unsafe fn row<V: Vector>(d: &Depthwise<'_>, n: usize, oh: usize, row: &mut [f32]) {
+    pub(super) unsafe fn rows<V: Vector>(d: &Depthwise<'_>, n: usize, ohs: Range<usize>, out: &mut [f32]) {
         let (win, c) = (d.window, d.channels);
-        assert_eq!(row.len(), win.w.output * c);
+        let row_len = win.w.output * c;
+        assert!(ohs.end <= win.h.output && out.len() == ohs.len() * row_len);
+        if ohs.is_empty() {
+            return;
+        }
         let (fused, lo, hi, after) = match d.activation {
             Activation::None => (Fused::None, 0.0, 0.0, false),
             Activation::Relu => (Fused::Relu, 0.0, 0.0, false),
@@ -522,18 +576,18 @@ mod simd {
             Activation::LeakyRelu(a) => (Fused::Leaky, a, 0.0, false),
             _ => (Fused::None, 0.0, 0.0, true),
         };
-        let row_start = (n * win.h.output + oh) * win.w.output * c;
+        let row_start = (n * win.h.output + ohs.start) * row_len;
         // SAFETY: the function's contract (`x` holds `batch` images, the
         // residual the whole output); the CPU has V's features.
         let t = unsafe {
             Row::<V> {
                 win,
                 c,
-                oh,
+                oh: ohs.start,
                 image: d.x.as_ptr().add(n * win.input_pixels() * c),
                 weights: d.weights.as_ptr(),
                 bias: d.bias.map(|b| b.as_ptr()),
-                out: row.as_mut_ptr(),
+                out: out.as_mut_ptr(),
                 residual: d.residual.filter(|_| !after).map(|r| r.as_ptr().add(row_start)),
                 fused,
                 lo: V::splat(lo),
@@ -546,22 +600,122 @@ mod simd {
         // stride 2 always; stride 1 only with wide rows, where the hardware
         // prefetcher falls behind. Narrow stride-1 rows lost time to it.
         let prefetch = w.stride == 2 || c >= PREFETCH_CHANNELS;
+        let count = ohs.len();
         // SAFETY: the function's contract.
         unsafe {
             match (square, w.kernel, w.stride, prefetch) {
-                (true, 3, 1, false) => pixels::<V, 3, 1, 8, false>(&t),
-                (true, 3, 1, true) => pixels::<V, 3, 1, 8, true>(&t),
+                (true, 3, 1, false) => block::<V, 3, 1, 8, false>(&t, count),
+                (true, 3, 1, true) => block::<V, 3, 1, 8, true>(&t, count),
                 // 8 pixels need 17 input registers: too many for AVX2's 16.
-                (true, 3, 2, _) if V::LANES == 16 => pixels::<V, 3, 2, 8, true>(&t),
-                (true, 3, 2, _) => pixels::<V, 3, 2, 4, true>(&t),
-                (true, 5, 1, false) => pixels::<V, 5, 1, 8, false>(&t),
-                (true, 5, 1, true) => pixels::<V, 5, 1, 8, true>(&t),
-                (true, 5, 2, _) => pixels::<V, 5, 2, 4, true>(&t),
-                _ => pixels::<V, 0, 1, 1, false>(&t),
+                (true, 3, 2, _) if V::LANES == 16 => block::<V, 3, 2, 8, true>(&t, count),
+                (true, 3, 2, _) => block::<V, 3, 2, 4, true>(&t, count),
+                (true, 5, 1, false) => block::<V, 5, 1, 8, false>(&t, count),
+                (true, 5, 1, true) => block::<V, 5, 1, 8, true>(&t, count),
+                (true, 5, 2, _) => block::<V, 5, 2, 4, true>(&t, count),
+                _ => block::<V, 0, 1, 1, false>(&t, count),
             }
         }
         if after {
-            epilogue(d, n, oh, row);
+            for (oh, row) in ohs.zip(out.chunks_mut(row_len)) {
+                epilogue(d, n, oh, row);
+            }
+        }
+    }
+
+    /// Whether a block of rows runs one channel register at a time over all
+    /// its rows (see `output_rows`) rather than row by row with every
+    /// channel of a pixel group at once. Measured in-process against each
+    /// other on a Sapphire Rapids class Xeon (3×3, stride 1, one thread,
+    /// three runs): the register-outer order won at 80²×24 (+24–48%,
+    /// AVX-512 and AVX2) and 7²×960 (+13–30%), and lost at 112²×32 and
+    /// 56²×144 (−4% to −30%), where a pass over one register reads a line in
+    /// every pixel, which the hardware prefetchers follow worse than the
+    /// contiguous rows; elsewhere the two were within noise. So: narrow
+    /// pixels (one or two registers) or rows shorter than a pixel group.
+    fn channel_outer(stride: usize, k: usize, c: usize, out_w: usize) -> bool {
+        stride == 1 && k > 0 && (c <= 24 || out_w < 8)
+    }
+
+    /// `count` output rows from `t`'s: one channel register at a time over
+    /// all of them where [`channel_outer`] says so, else row by row.
+    ///
+    /// # Safety
+    /// [`rows`]'s, for rows `t.oh..t.oh + count`.
+    #[inline(always)]
+    unsafe fn block<V: Vector, const K: usize, const S: usize, const P: usize, const PF: bool>(
+        t: &Row<'_, V>,
+        count: usize,
+    ) {
+        let c = t.c;
+        let row_len = t.win.w.output * c;
+        if !channel_outer(S, K, c, t.win.w.output) {
+            for i in 0..count {
+                // SAFETY: the caller's, row i of its rows.
+                unsafe { pixels::<V, K, S, P, PF>(&t.down(i, row_len)) };
+            }
+            return;
+        }
+        let full = c - c % V::LANES;
+        // SAFETY (this block): the caller's; channels c0..c0 + LANES <= c,
+        // or the mask's lanes full..c; rows inside the caller's.
+        unsafe {
+            let mut c0 = 0;
+            while c0 < full {
+                for i in 0..count {
+                    channel::<V, true, K, S, P, PF>(&t.down(i, row_len), c0, None);
+                }
+                c0 += V::LANES;
+            }
+            if c > full {
+                let m = V::mask(c - full);
+                for i in 0..count {
+                    channel::<V, false, K, S, P, PF>(&t.down(i, row_len), full, Some(m));
+                }
+            }
+        }
+    }
+
+    /// Every pixel of `t`'s row for channels `c0..` (one register, all
+    /// lanes when `FULL`, else those of `m`). `K > 0`: a K×K window,
+    /// dilation 1, width stride `S`: groups of `P` pixels (then 4, 2, 1),
+    /// see [`group`]. `K == 0`: any window, pixel by pixel, tap by tap
+    /// ([`pixel`]).
+    ///
+    /// # Safety
+    /// [`group`]'s for each group of the row.
+    #[inline(always)]
+    unsafe fn channel<V: Vector, const FULL: bool, const K: usize, const S: usize, const P: usize, const PF: bool>(
+        t: &Row<'_, V>,
+        c0: usize,
+        m: Option<V::Mask>,
+    ) {
+        let out_w = t.win.w.output;
+        if K == 0 {
+            for ow in 0..out_w {
+                // SAFETY: the caller's; ow < out_w.
+                unsafe { pixel::<V, FULL>(t, c0, m, ow) };
+            }
+            return;
+        }
+        let rows: [Option<usize>; K] = core::array::from_fn(|kh| t.win.h.source(t.oh, kh));
+        // SAFETY (each call): the caller's; ow + the group's pixels <= out_w.
+        unsafe {
+            let mut ow = 0;
+            while ow + P <= out_w {
+                group_at::<V, FULL, K, S, P, PF>(t, &rows, ow, c0, m);
+                ow += P;
+            }
+            if ow + 4 <= out_w && P > 4 {
+                group_at::<V, FULL, K, S, 4, false>(t, &rows, ow, c0, m);
+                ow += 4;
+            }
+            if ow + 2 <= out_w && P > 2 {
+                group_at::<V, FULL, K, S, 2, false>(t, &rows, ow, c0, m);
+                ow += 2;
+            }
+            if ow < out_w {
+                group_at::<V, FULL, K, S, 1, false>(t, &rows, ow, c0, m);
+            }
         }
     }
 
@@ -571,19 +725,19 @@ mod simd {
     /// tap ([`pixel`]).
     ///
     /// # Safety
-    /// [`row`]'s.
+    /// [`rows`]'s, for `t`'s row.
     #[inline(always)]
     unsafe fn pixels<V: Vector, const K: usize, const S: usize, const P: usize, const PF: bool>(t: &Row<'_, V>) {
         let (c, out_w) = (t.c, t.win.w.output);
         let full = c - c % V::LANES;
         let tail = (c > full).then(|| {
-            // SAFETY: the CPU has V's features ([`row`]'s contract).
+            // SAFETY: the CPU has V's features ([`rows`]'s contract).
             unsafe { V::mask(c - full) }
         });
         if K == 0 {
             for ow in 0..out_w {
                 for c0 in (0..full).step_by(V::LANES) {
-                    // SAFETY: [`row`]'s contract; channels c0..c0 + LANES <= c.
+                    // SAFETY: [`rows`]'s contract; channels c0..c0 + LANES <= c.
                     unsafe { pixel::<V, true>(t, c0, None, ow) };
                 }
                 if let Some(m) = tail {
@@ -594,7 +748,7 @@ mod simd {
             return;
         }
         let rows: [Option<usize>; K] = core::array::from_fn(|kh| t.win.h.source(t.oh, kh));
-        // SAFETY (each call): [`row`]'s contract; ow + the group's pixels
+        // SAFETY (each call): [`rows`]'s contract; ow + the group's pixels
         // <= out_w; channels as above.
         unsafe {
             let mut ow = 0;
@@ -672,6 +826,31 @@ mod simd {
         }
     }
 
+    /// [`group`], with or without column tests.
+    ///
+    /// # Safety
+    /// [`group`]'s.
+    #[inline(always)]
+    unsafe fn group_at<V: Vector, const FULL: bool, const K: usize, const S: usize, const P: usize, const PF: bool>(
+        t: &Row<'_, V>,
+        rows: &[Option<usize>; K],
+        ow: usize,
+        c0: usize,
+        m: Option<V::Mask>,
+    ) {
+        let w = &t.win.w;
+        // Whether every column the group reads is inside the input.
+        let inside = ow * S >= w.pad_begin && (ow + P - 1) * S + K <= w.input + w.pad_begin;
+        // SAFETY: the caller's.
+        unsafe {
+            if inside {
+                group::<V, FULL, true, K, S, P, PF>(t, rows, ow, c0, m)
+            } else {
+                group::<V, FULL, false, K, S, P, PF>(t, rows, ow, c0, m)
+            }
+        }
+    }
+
     /// Channels `c0..` (one register: all lanes when `FULL`, else those of
     /// `m`) of output pixels `ow..ow + P`, accumulators in registers.
     /// Input column `j` of the group feeds pixel `p` through tap `j − p·S`,
@@ -682,7 +861,7 @@ mod simd {
     /// the next group's new input columns (the module's notes on speed).
     ///
     /// # Safety
-    /// [`row`]'s; `ow + P <= w.output`, and when `INSIDE` every column the
+    /// [`rows`]'s; `ow + P <= w.output`, and when `INSIDE` every column the
     /// group reads inside the input; channels `c0..c0 + LANES <= c`
     /// when `FULL`, else the lanes of `m` from `c0` are `< c`.
     #[inline(always)]
