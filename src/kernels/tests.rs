@@ -412,6 +412,42 @@ fn parallel_runs_match_serial() {
     assert_eq!(a, b);
 }
 
+/// Counts the tasks it runs (on three scoped threads).
+struct CountingPool(std::sync::atomic::AtomicUsize);
+
+// SAFETY: ScopedThreads's for_each, which keeps the contract.
+#[allow(unsafe_code)]
+unsafe impl super::parallel::Parallel for CountingPool {
+    fn threads(&self) -> usize {
+        3
+    }
+
+    fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        self.0.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        ScopedThreads(3).for_each(n, f)
+    }
+}
+
+/// A transformer's layer norm of 64 tokens × 384 is split over threads
+/// (it costs several ns per element), an elementwise op of that size is
+/// not, and either gives the serial result.
+#[test]
+fn layer_norm_of_a_short_sequence_runs_in_parts() {
+    let isa = Isa::new(Target::cpu_best()).unwrap();
+    let (rows, len) = (64, 384);
+    let x = data(rows * len, 5);
+    let g = data(len, 6);
+    let (mut a, mut b) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+    layer_norm(isa, len, 1e-5, false, &x, &g, None, &mut a, &Serial).unwrap();
+    let pool = CountingPool(Default::default());
+    layer_norm(isa, len, 1e-5, false, &x, &g, None, &mut b, &pool).unwrap();
+    assert_eq!(a, b);
+    assert!(pool.0.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+    let pool = CountingPool(Default::default());
+    unary(isa, UnaryOp::Gelu, &x, &mut b, &pool).unwrap();
+    assert_eq!(pool.0.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
 // ---------------------------------------------------------------------------
 // Non-finite and extreme inputs: what ORT's CPU EP gives (measured with ORT
 // 1.31.1; python/tests/test_nonfinite.py compares every op with it).
