@@ -347,7 +347,7 @@ fn blocks<const FMA: bool, const P: usize, const L: usize>(
 #[allow(unsafe_code)] // SIMD intrinsics on raw pointers, bounds proven per function
 mod simd {
     use super::{epilogue, Activation, Depthwise, Range};
-    use crate::kernels::spatial::Window;
+    use crate::kernels::spatial::{Axis, Window};
     use std::arch::x86_64::*;
 
     /// One SIMD register of f32 lanes. Every method is `unsafe`: the CPU
@@ -770,6 +770,12 @@ mod simd {
         }
     }
 
+    /// Whether every column a group of `P` pixels from `ow` reads is inside the input.
+    #[inline(always)]
+    fn inside<const K: usize, const S: usize, const P: usize>(w: &Axis, ow: usize) -> bool {
+        ow * S >= w.pad_begin && (ow + P - 1) * S + K <= w.input + w.pad_begin
+    }
+
     /// [`group_channels_at`], with or without column tests.
     ///
     /// # Safety
@@ -782,12 +788,9 @@ mod simd {
         full: usize,
         tail: Option<V::Mask>,
     ) {
-        let w = &t.win.w;
-        // Whether every column the group reads is inside the input.
-        let inside = ow * S >= w.pad_begin && (ow + P - 1) * S + K <= w.input + w.pad_begin;
         // SAFETY: the caller's.
         unsafe {
-            if inside {
+            if inside::<K, S, P>(&t.win.w, ow) {
                 group_channels_at::<V, true, K, S, P, PF>(t, rows, ow, full, tail)
             } else {
                 group_channels_at::<V, false, K, S, P, PF>(t, rows, ow, full, tail)
@@ -838,12 +841,9 @@ mod simd {
         c0: usize,
         m: Option<V::Mask>,
     ) {
-        let w = &t.win.w;
-        // Whether every column the group reads is inside the input.
-        let inside = ow * S >= w.pad_begin && (ow + P - 1) * S + K <= w.input + w.pad_begin;
         // SAFETY: the caller's.
         unsafe {
-            if inside {
+            if inside::<K, S, P>(&t.win.w, ow) {
                 group::<V, FULL, true, K, S, P, PF>(t, rows, ow, c0, m)
             } else {
                 group::<V, FULL, false, K, S, P, PF>(t, rows, ow, c0, m)
