@@ -142,11 +142,11 @@ pub fn depthwise(d: &Depthwise<'_>, y: &mut [f32], par: &dyn Parallel) {
 const BLOCK_BYTES: usize = 256 << 10;
 
 /// Output rows `first..` (as many as `y` holds, counted over the batch),
-/// in blocks of rows of one image. The SIMD builds run a block one channel
-/// register at a time over all its rows, so that the input rows a register
-/// reads (three rows of 64 bytes per pixel for a 3×3 window) stay in L1
-/// from one output row to the next; row by row, each output row loaded its
-/// three input rows from L2 again, and every load was a miss.
+/// in blocks of rows of one image. Where `simd::channel_outer` says so, the
+/// SIMD builds run a block one channel register at a time over all its
+/// rows, so that the input rows a register reads (three rows of one line
+/// per pixel for a 3×3 window) stay in L1 from one output row to the next;
+/// row by row, each output row loads its three input rows from L2 again.
 fn output_rows(d: &Depthwise<'_>, first: usize, y: &mut [f32]) {
     let (win, c) = (d.window, d.channels);
     let row_len = win.w.output * c;
@@ -630,8 +630,8 @@ mod simd {
     /// AVX-512 and AVX2) and 7²×960 (+13–30%), and lost at 112²×32 and
     /// 56²×144 (−4% to −30%), where a pass over one register reads a line in
     /// every pixel, which the hardware prefetchers follow worse than the
-    /// contiguous rows; elsewhere the two were within noise. So: narrow
-    /// pixels (one or two registers) or rows shorter than a pixel group.
+    /// contiguous rows; elsewhere the two were within noise. So: pixels of
+    /// at most 24 channels, or rows shorter than a pixel group.
     fn channel_outer(stride: usize, k: usize, c: usize, out_w: usize) -> bool {
         stride == 1 && k > 0 && (c <= 24 || out_w < 8)
     }
@@ -676,10 +676,9 @@ mod simd {
     }
 
     /// Every pixel of `t`'s row for channels `c0..` (one register, all
-    /// lanes when `FULL`, else those of `m`). `K > 0`: a K×K window,
-    /// dilation 1, width stride `S`: groups of `P` pixels (then 4, 2, 1),
-    /// see [`group`]. `K == 0`: any window, pixel by pixel, tap by tap
-    /// ([`pixel`]).
+    /// lanes when `FULL`, else those of `m`): a K×K window (`K > 0`),
+    /// dilation 1, width stride `S`, in groups of `P` pixels (then 4, 2, 1),
+    /// see [`group`].
     ///
     /// # Safety
     /// [`group`]'s for each group of the row.
@@ -690,13 +689,6 @@ mod simd {
         m: Option<V::Mask>,
     ) {
         let out_w = t.win.w.output;
-        if K == 0 {
-            for ow in 0..out_w {
-                // SAFETY: the caller's; ow < out_w.
-                unsafe { pixel::<V, FULL>(t, c0, m, ow) };
-            }
-            return;
-        }
         let rows: [Option<usize>; K] = core::array::from_fn(|kh| t.win.h.source(t.oh, kh));
         // SAFETY (each call): the caller's; ow + the group's pixels <= out_w.
         unsafe {

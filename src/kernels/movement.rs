@@ -100,6 +100,7 @@ fn transpose_innermost(p: &CopyPlan) -> Option<(usize, usize)> {
 const INLINE_RANK: usize = 8;
 
 /// Runs a copy plan that `fits` the slices (panics where it does not).
+/// `isa` picks the build of the transpose blocks.
 pub fn strided_copy<T: Pod>(isa: Isa, p: &CopyPlan, src: &[T], dst: &mut [T]) {
     let all = p.dims.first().map_or(0..1, |&n| 0..n);
     copy_part(isa, p, 0, all, p.dst_offset, src, dst);
