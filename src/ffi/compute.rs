@@ -397,7 +397,10 @@ unsafe impl crate::kernels::parallel::Parallel for OrtParallel<'_> {
         // While learning, every call starts with a rendezvous (so a Compute
         // of several steps learns in one Run); a check of a one-thread plan
         // is one rendezvous.
-        if self.pool.learning() || self.probe.swap(false, Ordering::Relaxed) {
+        // The flag is spent by the first call either way: a Compute that
+        // learnt all it needed from its first calls makes no check after.
+        let claimed = self.probe.swap(false, Ordering::Relaxed);
+        if self.pool.learning() || claimed {
             // A refused call proves nothing: keep the host's count, which
             // only costs speed.
             let joined = self.rendezvous().unwrap_or(true);
