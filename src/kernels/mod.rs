@@ -538,7 +538,6 @@ fn par_rows_of<T: Send>(
     });
 }
 
-/// `dst[i] = op(src[i])`.
 /// Runs `f` with this thread's buffer `key`, kept between runs so that
 /// steady-state runs do not allocate, or with a fresh one when the thread
 /// already holds it (re-entered: a pool running another task while it waits).
@@ -552,6 +551,7 @@ pub(crate) fn with_thread_buffer<T: Default, R>(
     })
 }
 
+/// `dst[i] = op(src[i])`.
 pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32], par: &dyn Parallel) -> Result<()> {
     if src.len() != dst.len() || op.src_dtype() != DType::F32 || op.dst_dtype() != DType::F32 {
         return Err(length_error(format_args!(
