@@ -293,7 +293,7 @@ fn strided_conv(graph: &Graph, node: &Node, target: Target) -> bool {
     let depthwise = shape(node.inputs[0])
         .get(3)
         .is_some_and(|&ci| is_depthwise(ci, attrs.groups, shape(node.inputs[1])));
-    conv::writes_strided(target, depthwise, attrs.residual)
+    conv::writes_strided(target, depthwise)
 }
 
 /// Whether a convolution of `ci` input channels in `groups` groups with

@@ -26,7 +26,7 @@ pub enum Compatibility {
     Unsupported,
 }
 
-/// e.g. `kiln;format=9;version=0.1.0;target=x86_64-avx512`.
+/// e.g. `kiln;format=10;version=0.1.0;target=x86_64-avx512`.
 pub fn compatibility_info(target: Target) -> String {
     format!(
         "kiln;format={FORMAT_VERSION};version={KILN_VERSION};target={}",

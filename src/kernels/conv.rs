@@ -141,10 +141,9 @@ pub fn conv(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> Result
 
 /// Whether a convolution can write output pixels more than `out_channels`
 /// values apart on `target` ([`conv_strided`]): the direct kernels can, for
-/// packed (not depthwise) weights and no residual, which would need a
-/// stride of its own.
-pub fn writes_strided(target: Target, depthwise: bool, residual: bool) -> bool {
-    matches!(target, Target::Avx2 | Target::Avx512) && !depthwise && !residual
+/// packed (not depthwise) weights; a residual keeps its own dense pixels.
+pub fn writes_strided(target: Target, depthwise: bool) -> bool {
+    matches!(target, Target::Avx2 | Target::Avx512) && !depthwise
 }
 
 /// [`conv`] whose residual is `y` itself: on entry `y` holds the residual
@@ -195,14 +194,13 @@ pub fn conv_strided(isa: Isa, c: &Conv<'_>, y: &mut [f32], ldo: usize, par: &dyn
     if ldo != c.out_channels {
         return match c.weights {
             ConvWeights::Packed(groups)
-                if writes_strided(isa.target(), false, c.residual.is_some())
-                    && super::conv_direct::usable(isa, groups) =>
+                if writes_strided(isa.target(), false) && super::conv_direct::usable(isa, groups) =>
             {
                 super::conv_direct::conv(isa, c, groups, y, ldo, par)
             }
             _ => Err(size_error(
-                "an output pixel stride other than the output channels needs packed weights, no residual and an \
-                 AVX2 or AVX-512 target",
+                "an output pixel stride other than the output channels needs packed weights and an AVX2 or \
+                 AVX-512 target",
             )),
         };
     }
@@ -601,10 +599,9 @@ mod tests {
                         }
                     }
                 }
-                if after == Activation::None && writes_strided(target, false, false) {
+                if writes_strided(target, false) {
                     let c = Conv {
                         weights: ConvWeights::Packed(&refs),
-                        residual: None,
                         ..base
                     };
                     check_strided(isa, &c, &wt);
@@ -615,7 +612,8 @@ mod tests {
 
     /// `conv_strided` writes each output pixel's channels `ldo` values apart,
     /// from channel 3 of a wider buffer, and leaves every other value alone
-    /// (a convolution writing its channels of a concat's output).
+    /// (a convolution writing its channels of a concat's output); its
+    /// residual, if any, stays dense (YOLOv8's bottlenecks).
     fn check_strided(isa: Isa, c: &Conv<'_>, wt: &[f32]) {
         let (co, pixels) = (c.out_channels, c.batch * c.window.output_pixels());
         let mut want = vec![0.0; pixels * co];

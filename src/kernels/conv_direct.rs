@@ -76,9 +76,13 @@ struct TileArgs<'a> {
     bias: Option<&'a [f32]>,
     /// The activation, when the kernel applies it in registers.
     act: Option<RegAct>,
-    /// The residual's rows for the tile (row stride as C's), when the
+    /// The residual's rows for the tile (`res_ld` apart), when the
     /// kernel adds it: after the clamp, or with no activation.
     residual: Option<&'a [f32]>,
+    /// Values between the residual's rows: C's `ldc` when C holds it
+    /// (`onto`), the output channels when it has a buffer of its own
+    /// (then C may be a concat's output, its pixels further apart).
+    res_ld: usize,
     /// The residual is C's own values, which the store reads before it
     /// overwrites them ([`super::conv::conv_onto`]); `residual` is `None`.
     onto: bool,
@@ -90,13 +94,13 @@ struct TileArgs<'a> {
 }
 
 impl TileArgs<'_> {
-    /// Tile `i` of a run of tiles of `mr` pixels (C's row stride `ldc`):
-    /// its pixels and residual rows `i·mr` on; only the first prefetches.
+    /// Tile `i` of a run of tiles of `mr` pixels: its pixels and residual
+    /// rows `i·mr` on; only the first prefetches.
     #[inline(always)]
-    fn nth(&self, i: usize, mr: usize, ldc: usize) -> Self {
+    fn nth(&self, i: usize, mr: usize) -> Self {
         Self {
             a0: self.a0 + i * mr * self.pixel_step,
-            residual: self.residual.map(|r| &r[i * mr * ldc..]),
+            residual: self.residual.map(|r| &r[i * mr * self.res_ld..]),
             prefetch: if i == 0 { self.prefetch } else { &[] },
             ..*self
         }
@@ -170,9 +174,9 @@ const BLOCK_INPUT_BYTES: usize = 384 * 1024;
 /// `y = conv(x)` for sizes [`super::conv`] has checked and weights for which
 /// [`usable`] holds. Output pixels are `ldo >= out_channels` values apart
 /// (more when the convolution writes its channels of a concat's output);
-/// with a residual, `ldo` is `out_channels`.
+/// a residual's are `out_channels` apart either way.
 pub fn conv(isa: Isa, c: &Conv<'_>, packed: &[&PackedB], y: &mut [f32], ldo: usize, par: &dyn Parallel) -> Result<()> {
-    assert!(ldo >= c.out_channels && (c.residual.is_none() || ldo == c.out_channels));
+    assert!(ldo >= c.out_channels);
     run(isa, c, packed, y, (ldo, false), par)
 }
 
@@ -356,8 +360,7 @@ fn share(len: usize, n: usize, i: usize) -> Range<usize> {
 struct Out<'a> {
     ptr: *mut f32,
     len: usize,
-    /// Values between consecutive output pixels (the residual's stride too,
-    /// when there is one: then it is the output channels).
+    /// Values between consecutive output pixels.
     ldo: usize,
     /// The output holds the residual on entry ([`conv_onto`]).
     onto: bool,
@@ -379,6 +382,22 @@ impl<'a> Out<'a> {
             onto,
             _y: PhantomData,
         }
+    }
+
+    /// Values between the residual's pixels: the output's own when it
+    /// holds the residual, else the residual buffer's dense `co`.
+    fn res_ld(&self, co: usize) -> usize {
+        if self.onto {
+            self.ldo
+        } else {
+            co
+        }
+    }
+
+    /// Where the residual value of output element `at` (pixel `at / ldo`,
+    /// channel `at % ldo`) is, its pixels `res_ld` apart.
+    fn res_at(&self, at: usize, co: usize) -> usize {
+        at / self.ldo * self.res_ld(co) + at % self.ldo
     }
 
     /// The `len` elements from `at`.
@@ -521,7 +540,7 @@ fn finish(isa: Isa, c: &Conv<'_>, tile: &mut [f32], nc: usize, out: &Out<'_>, at
             // SAFETY: this task's row and panel; the run is dropped at once.
             #[allow(unsafe_code)]
             let res: &[f32] = match c.residual {
-                Some(r) => &r[at(i)..][..nc],
+                Some(r) => &r[out.res_at(at(i), c.out_channels)..][..nc],
                 None => unsafe { out.run(at(i), nc) },
             };
             row.iter_mut().zip(res).for_each(|(v, &r)| *v += r);
@@ -637,6 +656,7 @@ fn border_tiles(
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
             act,
             residual: None,
+            res_ld: nc,
             onto: false,
             after: None,
             prefetch: prefetch_share(next, i, tiles),
@@ -700,6 +720,7 @@ fn tiles(
     let (nc, col0) = ((width * nr).min(cog - j0), g * cog + j0);
     let panel = pb.panels(j0 / nr, width);
     let pixel_step = c.window.w.stride * c.in_channels;
+    let res_ld = out.res_ld(c.out_channels);
     let finishes = kernel_finishes(isa, c);
     let mr_max = if width == 2 { WIDE_MR } else { mr_max(isa) };
     let act = in_registers(isa, c.activation);
@@ -726,10 +747,11 @@ fn tiles(
             panel,
             bias: c.bias.map(|b| &b[col0..col0 + nc]),
             act,
-            residual: c
-                .residual
-                .filter(|_| finishes)
-                .map(|r| &r[at..at + (pixels - 1) * out.ldo + nc]),
+            residual: c.residual.filter(|_| finishes).map(|r| {
+                let from = out.res_at(at, c.out_channels);
+                &r[from..from + (pixels - 1) * res_ld + nc]
+            }),
+            res_ld,
             onto: out.onto && finishes,
             after: clamp_of(c.after).filter(|_| finishes),
             prefetch: if i == 0 { prefetch } else { &[] },
@@ -829,7 +851,9 @@ fn check_tiles(
             && b_end <= panel_len
             && at + (pixels - 1) * ldc + nc <= out.len
             && t.bias.is_none_or(|b| b.len() == nc)
-            && t.residual.is_none_or(|r| r.len() == (pixels - 1) * ldc + nc && !t.onto),
+            && t.residual
+                .is_none_or(|r| r.len() == (pixels - 1) * t.res_ld + nc && !t.onto)
+            && (!t.onto || t.res_ld == ldc),
         "direct convolution tiles out of bounds: {count} x {mr} x {nc}"
     );
 }
@@ -871,7 +895,7 @@ mod x86 {
 
     use super::{RegAct, TileArgs, PREFETCH_A_MIN_K};
 
-    /// Where a tile's residual rows start (row stride C's): its own
+    /// Where a tile's residual rows start (`t.res_ld` apart): its own
     /// buffer, or C itself with [`TileArgs::onto`].
     #[inline(always)]
     fn residual_rows(t: &TileArgs<'_>, c: *mut f32) -> Option<*const f32> {
@@ -909,7 +933,7 @@ mod x86 {
             ) {
                 for i in 0..count {
                     // SAFETY: tile i of the run the caller checked.
-                    unsafe { $kernel::<MR>(&t.nth(i, MR, ldc), nc, ldc, c.add(i * MR * ldc)) }
+                    unsafe { $kernel::<MR>(&t.nth(i, MR), nc, ldc, c.add(i * MR * ldc)) }
                 }
             }
         };
@@ -949,7 +973,7 @@ mod x86 {
             for i in MR..2 * MR {
                 for line in 0..4 {
                     // Hints only: prefetching never faults, even past the rows.
-                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(i * ldc + 16 * line) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(i * t.res_ld + 16 * line) as *const i8);
                     if !t.onto {
                         _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(i * ldc + 16 * line) as *const i8);
                     }
@@ -1135,7 +1159,7 @@ mod x86 {
                 ),
                 None => (_mm512_setzero_ps(), _mm512_setzero_ps()),
             };
-            // The residual's tile rows, as C's (`tile` checked their length),
+            // The residual's tile rows (`tile` checked their length),
             // or C's own, each read before the store that overwrites it.
             let res = residual_rows(t, c);
             let plus = |v: __m512, at: usize, m: __mmask16| match res {
@@ -1147,9 +1171,9 @@ mod x86 {
             let fix = |v: __m512| act16::<ANY>(v, t.act);
             for (i, acc) in acc.iter().enumerate() {
                 let row = c.add(i * ldc);
-                _mm512_mask_storeu_ps(row, m0, last(plus(fix(_mm512_add_ps(acc[0], bias0)), i * ldc, m0)));
+                _mm512_mask_storeu_ps(row, m0, last(plus(fix(_mm512_add_ps(acc[0], bias0)), i * t.res_ld, m0)));
                 if m1 != 0 {
-                    let v1 = last(plus(fix(_mm512_add_ps(acc[1], bias1)), i * ldc + 16, m1));
+                    let v1 = last(plus(fix(_mm512_add_ps(acc[1], bias1)), i * t.res_ld + 16, m1));
                     _mm512_mask_storeu_ps(row.add(16), m1, v1);
                 }
             }
@@ -1227,7 +1251,7 @@ mod x86 {
             // loop instead, the hints made LLVM compile that loop worse.
             for i in MR..2 * MR {
                 // Hints only: prefetching never faults, even past the rows.
-                _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(i * ldc) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(i * t.res_ld) as *const i8);
                 _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(i * ldc) as *const i8);
             }
         }
@@ -1319,7 +1343,7 @@ mod x86 {
                 Some(RegAct::Silu) => avx2_math::silu8_store(v),
                 Some(RegAct::Sigmoid) => avx2_math::sigmoid8_store(v),
             };
-            // The residual's tile rows, as C's (`tile` checked their length),
+            // The residual's tile rows (`tile` checked their length),
             // or C's own, each read before the store that overwrites it.
             let res = residual_rows(t, c);
             let plus = |v: __m256, at: usize, n: usize| match res {
@@ -1331,9 +1355,9 @@ mod x86 {
             let last = |v: __m256| if AFTER { clamp(v, after_lo, after_hi) } else { v };
             for (i, acc) in acc.iter().enumerate() {
                 let row = c.add(i * ldc);
-                avx2::store(row, n0, last(plus(fix(_mm256_add_ps(acc[0], bias0)), i * ldc, n0)));
+                avx2::store(row, n0, last(plus(fix(_mm256_add_ps(acc[0], bias0)), i * t.res_ld, n0)));
                 if nc > 8 {
-                    let v1 = last(plus(fix(_mm256_add_ps(acc[1], bias1)), i * ldc + 8, n1));
+                    let v1 = last(plus(fix(_mm256_add_ps(acc[1], bias1)), i * t.res_ld + 8, n1));
                     avx2::store(row.add(8), n1, v1);
                 }
             }

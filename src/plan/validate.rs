@@ -369,7 +369,7 @@ fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
         .batch
         .checked_mul(w.output_pixels())
         .and_then(|pixels| crate::kernels::conv::strided_len(pixels, c.dst_stride, co));
-    let stride_ok = c.dst_stride == co || (c.dst_stride > co && c.residual.is_none());
+    let stride_ok = c.dst_stride >= co;
     weights_ok
         && after_ok
         && bias_ok
