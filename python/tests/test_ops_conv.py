@@ -349,6 +349,57 @@ def _concat_model(dims):
                   [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("y", "u", "y2")], inits)
 
 
+def _c2f_model(dims):
+    """YOLOv8's C2f block: a 1x1 convolution split in two halves by channel, a
+    bottleneck (two 3x3 convolutions and the skip connection) on the second, and a
+    Concat of both halves and the bottleneck's output read by a 1x1 convolution."""
+    specs = {"cv1": (8, 6, 1, 1), "m1": (4, 4, 3, 3), "m2": (4, 4, 3, 3), "cv2": (5, 12, 1, 1)}
+    inits = [onnx.numpy_helper.from_array(np.array([4, 4], np.int64), "halves")]
+    for i, (name, shape) in enumerate(specs.items()):
+        inits.append(onnx.numpy_helper.from_array(_rand(shape, 60 + i), f"w_{name}"))
+        inits.append(onnx.numpy_helper.from_array(_rand((shape[0],), 70 + i), f"b_{name}"))
+
+    def conv(x, name, out, **attrs):
+        return h.make_node("Conv", [x, f"w_{name}", f"b_{name}"], [out], **attrs)
+
+    nodes = [conv("x", "cv1", "c1"),
+             h.make_node("Split", ["c1", "halves"], ["s0", "s1"], axis=1),
+             conv("s1", "m1", "m1", pads=[1, 1, 1, 1]), conv("m1", "m2", "m2", pads=[1, 1, 1, 1]),
+             h.make_node("Add", ["s1", "m2"], ["m"]),
+             h.make_node("Concat", ["s0", "s1", "m"], ["cat"], axis=1),
+             conv("cat", "cv2", "y")]
+    return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, dims)],
+                  [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_split_half_and_bottleneck_write_into_their_concat(threads, tmp_path, kiln_dev):
+    """In a C2f block, the Split's first half (read only by the Concat) is copied
+    straight into its channels of the concat, and the bottleneck's last convolution
+    with its skip connection writes its channels in place (its residual, the second
+    half, read densely): only the second half, which the bottleneck also reads, is
+    copied twice. Outputs match the CPU EP at two sizes from one session and after
+    an EPContext round trip."""
+    path = _save(_c2f_model(["n", 6, "h", "w"]), tmp_path, "c2f")
+    feeds = [{"x": _rand(s, 80 + i)} for i, s in enumerate([(1, 6, 9, 23), (2, 6, 14, 11)])]
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, options=CLAIM_ALL, threads=threads)
+    for f, outs in zip(feeds, run.all_outputs):
+        _, want = tu.run_cpu(path, f)
+        np.testing.assert_allclose(outs[0], want[0], rtol=RTOL, atol=ATOL)
+    static = _save(_c2f_model([1, 6, 9, 23]), tmp_path, "static")
+    data = tu.compile_model(static, kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
+    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    # 2 layout transposes (x, y), 4 convolutions, the first half's copy into the
+    # concat, the second half's copy into its own buffer and from there into the concat.
+    assert "Concat+InPlace x1" in notes and "; 9 steps;" in notes, notes
+    ctx = os.path.join(str(tmp_path), "c2f_ctx.onnx")
+    with open(ctx, "wb") as f:
+        f.write(data)
+    loaded = tu.run_fully_on_kiln(ctx, kiln_dev, feeds[0], options=CLAIM_ALL, threads=threads)
+    _, want = tu.run_cpu(static, feeds[0])
+    np.testing.assert_allclose(loaded.outputs[0], want[0], rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_convolutions_write_into_their_concat(threads, tmp_path, kiln_dev):
     """Convolutions that only a channel Concat reads write their channels of its

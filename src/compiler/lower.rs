@@ -41,8 +41,8 @@ enum Home {
     Output(usize),
     /// Index into the arena plan.
     Temp(usize),
-    /// A convolution's output that only a channel concat reads, written in
-    /// place into the concat's output (arena buffer `temp`): from value
+    /// A convolution's or `Slice`'s output that only a channel concat reads,
+    /// written in place into the concat's output (arena buffer `temp`): from value
     /// `channel` of each pixel, pixels `stride` values apart, `len` bytes.
     Slice {
         temp: usize,
@@ -52,7 +52,7 @@ enum Home {
     },
 }
 
-/// Where a convolution output goes in the output of the concat that reads it.
+/// Where a convolution's or `Slice`'s output goes in the output of the concat that reads it.
 #[derive(Clone, Copy, Debug)]
 struct ConcatSlice {
     concat: ValueId,
@@ -267,7 +267,7 @@ fn concat_slices(
             let writes_in_place = folded.rep[v] == v
                 && homes[v].is_none()
                 && uses[v] == 1
-                && producer[v].is_some_and(|p| strided_conv(graph, &graph.nodes[p], target));
+                && producer[v].is_some_and(|p| writes_strided(graph, &graph.nodes[p], target));
             if writes_in_place {
                 slices.insert(
                     v,
@@ -284,10 +284,15 @@ fn concat_slices(
     slices
 }
 
-/// Whether `node` is a convolution whose kernel can write a strided output.
-fn strided_conv(graph: &Graph, node: &Node, target: Target) -> bool {
-    let Op::Conv(attrs) = &node.op else {
-        return false;
+/// Whether `node` can write its output with pixels further apart than its
+/// channels: a convolution whose kernel can, or a `Slice` (a strided copy,
+/// whatever the destination's strides: YOLOv8's C2f blocks split a
+/// convolution's channels and concat the first half unchanged).
+fn writes_strided(graph: &Graph, node: &Node, target: Target) -> bool {
+    let attrs = match &node.op {
+        Op::Conv(attrs) => attrs,
+        Op::Slice { .. } => return true,
+        _ => return false,
     };
     let shape = |v: ValueId| &graph.values[v].ty.shape;
     let depthwise = shape(node.inputs[0])
@@ -298,7 +303,7 @@ fn strided_conv(graph: &Graph, node: &Node, target: Target) -> bool {
 
 /// Whether a convolution of `ci` input channels in `groups` groups with
 /// weights of shape `w` (`[Co, Ci/g, kh, kw]`) runs as depthwise: one
-/// filter per channel. Lowering and [`strided_conv`] must agree on it.
+/// filter per channel. Lowering and [`writes_strided`] must agree on it.
 fn is_depthwise(ci: usize, groups: usize, w: &[usize]) -> bool {
     groups == ci && w.get(..2) == Some(&[ci, 1][..])
 }
@@ -458,7 +463,7 @@ impl Lowering<'_> {
                 let src_strides: Vec<isize> = st.iter().zip(steps).map(|(&s, &k)| s * k).collect();
                 Step::Strided {
                     dtype: self.dtype(out),
-                    plan: CopyPlan::new(&dims, offset as usize, &src_strides, 0, &strides(&dims)),
+                    plan: CopyPlan::new(&dims, offset as usize, &src_strides, 0, &self.out_strides(out)),
                     src: self.buf(ins[0])?,
                     dst,
                 }
@@ -1098,13 +1103,23 @@ impl Lowering<'_> {
         })
     }
 
-    /// Values between a convolution output's pixels: its channels, or the
-    /// concat's when it is written in place there.
+    /// Values between the pixels of a value (channels last): its channels,
+    /// or the concat's when it is written in place there.
     fn pixel_stride(&self, v: ValueId) -> usize {
         match self.homes[self.rep[v]] {
             Some(Home::Slice { stride, .. }) => stride,
             _ => self.shape(v).last().copied().unwrap_or(1),
         }
+    }
+
+    /// Row-major strides of `v`'s elements where it is stored: its own
+    /// buffer's, or with pixels [`Self::pixel_stride`] apart in a concat's.
+    fn out_strides(&self, v: ValueId) -> Vec<isize> {
+        let mut shape = self.shape(v).to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = self.pixel_stride(v);
+        }
+        strides(&shape)
     }
 
     fn written_in_place(&self, v: ValueId) -> bool {
