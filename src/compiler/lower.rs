@@ -6,7 +6,7 @@
 //! straight into the caller's output), and all other intermediates live in
 //! the scratch arena laid out by `memplan`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::alias::Folded;
 use super::generic::PackedWeights;
@@ -64,7 +64,7 @@ struct ConcatSlice {
 pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded, packs: Option<&PackedWeights>) -> Result<Program> {
     let mut homes = vec![None; graph.values.len()];
     let copies = assign_io_homes(graph, &folded.rep, &mut homes);
-    let slices = concat_slices(graph, folded, &homes, target);
+    let (slices, filled) = concat_slices(graph, folded, &homes, target);
     let onto = residual_outputs(graph, folded, &homes, &slices);
     let temps = assign_temps(graph, folded, &slices, &onto, &mut homes);
     let arena = plan_arena(&temps)?;
@@ -72,6 +72,7 @@ pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded, packs: Optio
         graph,
         target,
         homes: &homes,
+        filled: &filled,
         rep: &folded.rep,
         temps: &temps,
         offsets: &arena.offsets,
@@ -228,18 +229,23 @@ fn assign_temps(
     temps
 }
 
-/// Convolution outputs that a channel concat (NHWC, the last axis) alone
-/// reads, and that the convolution kernels can write in place into the
-/// concat's output: SqueezeNet's fire modules, DenseNet's and YOLOv8's
-/// blocks then skip the concat's copy of them (ORT's NCHWc concat copies
-/// whole contiguous planes; kiln's NHWC one copies runs of a pixel's
-/// channels, 30% slower).
+/// Values written in place into a channel concat's output (NHWC, the last
+/// axis), and the concat inputs that are therefore there before it runs:
+///
+/// - convolution (and `Slice`) outputs that the concat alone reads
+///   (SqueezeNet's fire modules, DenseNet's and YOLOv8's blocks: ORT's
+///   NCHWc concat copies whole contiguous planes; kiln's NHWC one copies
+///   runs of a pixel's channels, 30% slower);
+/// - a convolution's output split by channel into consecutive inputs of the
+///   concat ([`split_run`], YOLOv8's C2f blocks): the convolution writes all
+///   its channels there, a half that only the concat reads is no copy at
+///   all, and one that others read too is copied out of the concat.
 fn concat_slices(
     graph: &Graph,
     folded: &Folded,
     homes: &[Option<Home>],
     target: Target,
-) -> HashMap<ValueId, ConcatSlice> {
+) -> (HashMap<ValueId, ConcatSlice>, HashSet<ValueId>) {
     let mut uses = vec![0usize; graph.values.len()];
     let mut producer = vec![None; graph.values.len()];
     for &i in &folded.nodes {
@@ -252,6 +258,8 @@ fn concat_slices(
         }
     }
     let mut slices = HashMap::new();
+    let mut filled = HashSet::new();
+    let free = |v: ValueId| folded.rep[v] == v && homes[v].is_none();
     for &i in &folded.nodes {
         let node = &graph.nodes[i];
         let (Op::Concat { axis }, [out]) = (&node.op, &node.outputs[..]) else {
@@ -261,27 +269,72 @@ fn concat_slices(
         if ty.shape.len() != 4 || *axis != 3 || ty.dtype != DType::F32 || homes[*out].is_some() {
             continue;
         }
-        let mut channel = 0;
-        for &v in &node.inputs {
-            let co = graph.values[v].ty.shape[3];
-            let writes_in_place = folded.rep[v] == v
-                && homes[v].is_none()
-                && uses[v] == 1
-                && producer[v].is_some_and(|p| writes_strided(graph, &graph.nodes[p], target));
-            if writes_in_place {
-                slices.insert(
-                    v,
-                    ConcatSlice {
-                        concat: *out,
-                        channel,
-                        stride: ty.shape[3],
-                    },
-                );
+        let stride = ty.shape[3];
+        let (mut channel, mut k) = (0, 0);
+        while k < node.inputs.len() {
+            let v = node.inputs[k];
+            let at = |channel| ConcatSlice {
+                concat: *out,
+                channel,
+                stride,
+            };
+            let run = split_run(graph, &producer, &node.inputs[k..])
+                .filter(|&(src, n)| free(src) && uses[src] == n)
+                .filter(|&(src, _)| producer[src].is_some_and(|p| writes_strided(graph, &graph.nodes[p], target)));
+            if let Some((src, n)) = run {
+                slices.insert(src, at(channel));
+                for &u in &node.inputs[k..k + n] {
+                    if free(u) && uses[u] == 1 {
+                        slices.insert(u, at(channel));
+                    }
+                    filled.insert(u);
+                    channel += graph.values[u].ty.shape[3];
+                }
+                k += n;
+                continue;
             }
-            channel += co;
+            let writes_in_place =
+                free(v) && uses[v] == 1 && producer[v].is_some_and(|p| writes_strided(graph, &graph.nodes[p], target));
+            if writes_in_place {
+                slices.insert(v, at(channel));
+                filled.insert(v);
+            }
+            channel += graph.values[v].ty.shape[3];
+            k += 1;
         }
     }
-    slices
+    (slices, filled)
+}
+
+/// The first `n` of `inputs` (at least one) as a channel split of one value:
+/// each the output of a `Slice` of the last axis alone (step 1, whole other
+/// dims) of the same 4-D value, their channel ranges one after the other
+/// from 0 to its last channel. Returns (that value, n).
+fn split_run(graph: &Graph, producer: &[Option<usize>], inputs: &[ValueId]) -> Option<(ValueId, usize)> {
+    let mut src = None;
+    let mut next = 0;
+    for (n, &u) in inputs.iter().enumerate() {
+        let node = &graph.nodes[producer[u]?];
+        let Op::Slice { starts, steps } = &node.op else {
+            return None;
+        };
+        let v = node.inputs[0];
+        let (vs, us) = (&graph.values[v].ty.shape, &graph.values[u].ty.shape);
+        let channel_slice = vs.len() == 4
+            && us.len() == 4
+            && vs[..3] == us[..3]
+            && starts[..3] == [0, 0, 0]
+            && steps.iter().all(|&s| s == 1)
+            && starts[3] == next;
+        if !channel_slice || *src.get_or_insert(v) != v {
+            return None;
+        }
+        next += us[3];
+        if next == vs[3] {
+            return Some((v, n + 1));
+        }
+    }
+    None
 }
 
 /// Whether `node` can write its output with pixels further apart than its
@@ -312,6 +365,9 @@ struct Lowering<'g> {
     graph: &'g Graph,
     target: Target,
     homes: &'g [Option<Home>],
+    /// Concat inputs whose channels of the concat's output are written
+    /// before the concat runs (see [`concat_slices`]): it copies none of them.
+    filled: &'g HashSet<ValueId>,
     rep: &'g [ValueId],
     temps: &'g [Lifetime],
     offsets: &'g [usize],
@@ -443,7 +499,7 @@ impl Lowering<'_> {
                     let s = self.shape(v).to_vec();
                     let plan = CopyPlan::new(&s, 0, &strides(&s), at * dst_strides[*axis] as usize, &dst_strides);
                     at += s[*axis];
-                    if self.written_in_place(v) {
+                    if self.filled.contains(&v) {
                         continue;
                     }
                     let src = self.buf(v)?;
@@ -457,7 +513,10 @@ impl Lowering<'_> {
                 return Ok(());
             }
             Op::Slice { starts, steps } => {
-                let st = strides(self.shape(ins[0]));
+                if self.passed_through(ins[0], out, starts, steps) {
+                    return Ok(());
+                }
+                let st = self.out_strides(ins[0]);
                 let dims = self.shape(out).to_vec();
                 let offset: isize = starts.iter().zip(&st).map(|(&a, &s)| a as isize * s).sum();
                 let src_strides: Vec<isize> = st.iter().zip(steps).map(|(&s, &k)| s * k).collect();
@@ -1122,8 +1181,32 @@ impl Lowering<'_> {
         strides(&shape)
     }
 
-    fn written_in_place(&self, v: ValueId) -> bool {
-        matches!(self.homes[self.rep[v]], Some(Home::Slice { .. }))
+    /// Whether `out`, the slice of `src` from `starts` by `steps`, already
+    /// lies where `src`'s values put it: a channel split passed through
+    /// into the concat that `src` is written into ([`concat_slices`]).
+    fn passed_through(&self, src: ValueId, out: ValueId, starts: &[usize], steps: &[isize]) -> bool {
+        let (
+            Some(Home::Slice {
+                temp, channel, stride, ..
+            }),
+            Some(Home::Slice {
+                temp: t,
+                channel: c,
+                stride: s,
+                ..
+            }),
+        ) = (self.homes[self.rep[src]], self.homes[self.rep[out]])
+        else {
+            return false;
+        };
+        let Some((&last, outer)) = starts.split_last() else {
+            return false;
+        };
+        temp == t
+            && stride == s
+            && channel + last == c
+            && outer.iter().all(|&a| a == 0)
+            && steps.iter().all(|&k| k == 1)
     }
 
     fn constant(&mut self, k: usize) -> usize {
