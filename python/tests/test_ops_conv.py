@@ -400,6 +400,57 @@ def test_split_half_and_bottleneck_write_into_their_concat(threads, tmp_path, ki
     np.testing.assert_allclose(loaded.outputs[0], want[0], rtol=RTOL, atol=ATOL)
 
 
+def _neck_model(dims):
+    """YOLOv8's neck: a map upsampled 2x (nearest) and concatenated with a map of
+    twice its size, then a 1x1 convolution; the upsampled map is read only by
+    the concat, the other map by a second convolution too (so it is copied)."""
+    specs = {"deep": (6, 4, 3, 3), "lat": (5, 4, 1, 1), "out": (4, 11, 1, 1), "side": (3, 5, 1, 1)}
+    inits = [onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+             onnx.numpy_helper.from_array(np.zeros(0, np.float32), "roi")]
+    for i, (name, shape) in enumerate(specs.items()):
+        inits.append(onnx.numpy_helper.from_array(_rand(shape, 90 + i), f"w_{name}"))
+        inits.append(onnx.numpy_helper.from_array(_rand((shape[0],), 95 + i), f"b_{name}"))
+
+    def conv(x, name, out, **attrs):
+        return h.make_node("Conv", [x, f"w_{name}", f"b_{name}"], [out], **attrs)
+
+    nodes = [conv("x", "deep", "d", pads=[1, 1, 1, 1], strides=[2, 2]),
+             h.make_node("Resize", ["d", "roi", "scales"], ["up"], mode="nearest"),
+             conv("x", "lat", "lat"),
+             h.make_node("Concat", ["up", "lat"], ["cat"], axis=1),
+             conv("cat", "out", "y"), conv("lat", "side", "y2")]
+    return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, dims)],
+                  [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("y", "y2")], inits)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_upsampled_map_is_written_into_its_concat(threads, tmp_path, kiln_dev):
+    """A Resize whose output only a channel Concat reads writes its channels of the
+    concat's output in place (no copy of it); outputs match the CPU EP at two sizes
+    from one session and after an EPContext round trip."""
+    path = _save(_neck_model(["n", 4, "h", "w"]), tmp_path, "neck")
+    feeds = [{"x": _rand(s, 100 + i)} for i, s in enumerate([(1, 4, 10, 14), (2, 4, 8, 6)])]
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, options=CLAIM_ALL, threads=threads)
+    for f, outs in zip(feeds, run.all_outputs):
+        names, want = tu.run_cpu(path, f)
+        for name, w, a in zip(names, want, outs):
+            np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL, err_msg=name)
+    static = _save(_neck_model([1, 4, 10, 14]), tmp_path, "static")
+    data = tu.compile_model(static, kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
+    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    # 3 layout transposes (x, once for its two convolutions; y, y2), 4
+    # convolutions, the Resize and the copy of the lateral map (also read by the
+    # side convolution) into the concat.
+    assert "Concat+InPlace x1" in notes and "Transpose x3" in notes and "; 9 steps;" in notes, notes
+    ctx = os.path.join(str(tmp_path), "neck_ctx.onnx")
+    with open(ctx, "wb") as f:
+        f.write(data)
+    loaded = tu.run_fully_on_kiln(ctx, kiln_dev, feeds[0], options=CLAIM_ALL, threads=threads)
+    _, want = tu.run_cpu(static, feeds[0])
+    for w, a in zip(want, loaded.outputs):
+        np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_convolutions_write_into_their_concat(threads, tmp_path, kiln_dev):
     """Convolutions that only a channel Concat reads write their channels of its

@@ -46,6 +46,7 @@ pub(crate) fn propagate(g: &mut Graph) -> Result<()> {
         subst: HashMap::new(),
         materialised: HashSet::new(),
         moved: HashMap::new(),
+        view_of: HashMap::new(),
     };
     for node in old_nodes {
         pass.node(node)?;
@@ -76,6 +77,10 @@ struct Layout<'g> {
     /// `(value, perm)` → the value transposed by `perm`, already made (a
     /// permuted constant, or a plain operand moved into a view's layout).
     moved: HashMap<(ValueId, Vec<usize>), ValueId>,
+    /// `(stored, perm)` → the first view of it: a later one is that value,
+    /// so that a tensor read by several spatial ops (a graph input feeding
+    /// two convolutions) is transposed once, not once per reader.
+    view_of: HashMap<(ValueId, Vec<usize>), ValueId>,
 }
 
 /// How a pushed op's output relates to its stored result.
@@ -142,6 +147,8 @@ impl Layout<'_> {
         for k in 0..self.g.outputs.len() {
             let v = self.g.outputs[k];
             if let Some(&s) = self.subst.get(&v) {
+                // `s` may be a view (an output equal to an earlier view).
+                let s = self.materialise(s);
                 self.g.add_node("layout", Op::Reshape, vec![s], vec![v]);
                 self.subst.remove(&v);
             } else {
@@ -157,7 +164,10 @@ impl Layout<'_> {
             self.subst.insert(out, stored);
         } else if moves_only_unit_dims(&self.g.ty(stored).shape, &perm) {
             self.g.add_node("layout", Op::Reshape, vec![stored], vec![out]);
+        } else if let Some(&first) = self.view_of.get(&(stored, perm.clone())) {
+            self.subst.insert(out, first);
         } else {
+            self.view_of.insert((stored, perm.clone()), out);
             self.views.insert(out, View { stored, perm });
         }
     }

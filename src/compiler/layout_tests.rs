@@ -133,6 +133,28 @@ fn a_value_read_by_layout_sensitive_ops_keeps_one_transpose() {
     assert_eq!(transposes(&opt), 3, "{:?}", opt.nodes);
 }
 
+/// A channels-first value read by several spatial ops (a partition's input
+/// feeding two convolutions, a Reshape's output feeding a convolution and
+/// its residual path) is transposed once, the other readers reading that
+/// transpose; as a graph output too.
+#[test]
+fn a_value_read_by_several_spatial_ops_is_transposed_once() {
+    let mut b = Builder::new();
+    let x = b.input("x", &[2, 3, 4, 5]);
+    let c1 = conv(&mut b, x, 3, 4, "c1");
+    let c2 = conv(&mut b, x, 3, 4, "c2");
+    let sum = b.bin(BinaryOp::Add, c1, c2, "sum");
+    // The same channels-last view of x, returned as a graph output.
+    let xl = t(&mut b, x, &NHWC, "x.nhwc");
+    for v in [sum, xl] {
+        b.output(v);
+    }
+    assert_eq!(transposes(&b.g), 5);
+    let opt = check_same(&b.g, 0.0);
+    // x to channels-last once (c1, c2 and the output read it), sum out.
+    assert_eq!(transposes(&opt), 2, "{:?}", opt.nodes);
+}
+
 #[test]
 fn concat_split_reduce_softmax_cast_and_where_follow_the_layout() {
     let mut b = Builder::new();

@@ -338,13 +338,14 @@ fn split_run(graph: &Graph, producer: &[Option<usize>], inputs: &[ValueId]) -> O
 }
 
 /// Whether `node` can write its output with pixels further apart than its
-/// channels: a convolution whose kernel can, or a `Slice` (a strided copy,
+/// channels: a convolution whose kernel can, a `Slice` (a strided copy,
 /// whatever the destination's strides: YOLOv8's C2f blocks split a
-/// convolution's channels and concat the first half unchanged).
+/// convolution's channels and concat the first half unchanged) or a
+/// `Resize` (YOLOv8's neck upsamples a map into each concat).
 fn writes_strided(graph: &Graph, node: &Node, target: Target) -> bool {
     let attrs = match &node.op {
         Op::Conv(attrs) => attrs,
-        Op::Slice { .. } => return true,
+        Op::Slice { .. } | Op::Resize(_) => return true,
         _ => return false,
     };
     let shape = |v: ValueId| &graph.values[v].ty.shape;
@@ -587,7 +588,7 @@ impl Lowering<'_> {
             | Op::OneHot { .. } => Step::Index(Box::new(self.index_step(&node.op, ins, out, dst)?)),
             Op::Rnn(attrs) => self.rnn(attrs, ins, dst)?,
             Op::Conv(attrs) => self.conv(attrs, ins, out, dst)?,
-            Op::Pool { .. } | Op::Resize(_) => Step::Pool(Box::new(self.pool_step(&node.op, ins, dst)?)),
+            Op::Pool { .. } | Op::Resize(_) => Step::Pool(Box::new(self.pool_step(&node.op, ins, out, dst)?)),
             Op::GroupNorm { .. } | Op::Lrn(_) | Op::ArgReduce { .. } | Op::TopK { .. } => {
                 Step::Norm(Box::new(self.norm_step(&node.op, ins, dst)?))
             }
@@ -700,7 +701,7 @@ impl Lowering<'_> {
     }
 
     /// The step of a pool or resize (issue #13); input `[N, H, W, C]`.
-    fn pool_step(&mut self, op: &Op, ins: &[ValueId], dst: BufRef) -> Result<PoolStep> {
+    fn pool_step(&mut self, op: &Op, ins: &[ValueId], out: ValueId, dst: BufRef) -> Result<PoolStep> {
         let s = self.shape(ins[0]).to_vec();
         let (batch, channels) = (s[0], s[3]);
         let src = self.buf(ins[0])?;
@@ -721,6 +722,7 @@ impl Lowering<'_> {
                 channels,
                 src,
                 dst,
+                dst_stride: self.pixel_stride(out),
             },
             _ => return Err(internal(format_args!("{op} is not a pool or resize"))),
         })

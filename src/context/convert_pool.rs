@@ -25,6 +25,7 @@ pub(super) fn pool_info(step: &PoolStep) -> K {
             channels,
             src,
             dst,
+            dst_stride,
         } => {
             let (mode, a, exclude_outside) = match attrs.interp {
                 Interp::Nearest(m) => (nearest_kind(m), 0.0, false),
@@ -42,6 +43,7 @@ pub(super) fn pool_info(step: &PoolStep) -> K {
                 channels: *channels as u64,
                 src: Some(buf(*src)),
                 dst: Some(buf(*dst)),
+                dst_stride: if dst_stride == channels { 0 } else { *dst_stride as u64 },
             })
         }
     }
@@ -74,6 +76,10 @@ pub(super) fn pool_step(kind: &K) -> Result<PoolStep> {
             channels: usize_of(r.channels, "channel count")?,
             src: buf_ref(&r.src)?,
             dst: buf_ref(&r.dst)?,
+            dst_stride: match r.dst_stride {
+                0 => usize_of(r.channels, "channel count")?,
+                s => usize_of(s, "output pixel stride")?,
+            },
         },
         _ => crate::bail!(InvalidGraph, "not a pool or resize step"),
     })

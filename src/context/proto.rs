@@ -1176,6 +1176,10 @@ pub struct ResizeStep {
     pub src: Option<BufInfo>,
     #[prost(message, optional, tag = "10")]
     pub dst: Option<BufInfo>,
+    /// Values between output pixels when more than `channels` (format 10:
+    /// a resize writing its channels of a concat); 0: dense.
+    #[prost(uint64, tag = "11")]
+    pub dst_stride: u64,
 }
 
 /// `kernels::resize::ResizeAxis`.

@@ -492,7 +492,7 @@ isa_kernels! {
     fn rnn_gate_isa(f: recurrent::RnnActivation, clip: Option<f32>, x: &mut [f32]) => recurrent::gate;
     // Pools and resize (issue #13).
     fn pool_rows_isa(kind: pool::PoolKind, s: &pool::PoolShape, x: &[f32], first: usize, y: &mut [f32]) => pool::pool_rows;
-    fn resize_rows_isa(r: &resize::ResizeAttrs, taps: &[resize::Taps; 2], c: usize, x: &[f32], first: usize, y: &mut [f32]) => resize::resize_rows;
+    fn resize_rows_isa(r: &resize::ResizeAttrs, taps: &[resize::Taps; 2], c: (usize, usize), x: &[f32], first: usize, y: &mut [f32]) => resize::resize_rows;
 }
 
 /// Elements below which a step is not worth splitting over threads.
@@ -533,8 +533,10 @@ fn par_rows_of<T: Send>(
     let tasks = (threads * 4).min(rows).min(total / min_elems).max(2);
     let per = rows.div_ceil(tasks);
     let blocks = parallel::Blocks::new(dst.len(), dst.len(), per * row_len);
+    // The last row may be shorter than `row_len` (strided outputs end
+    // after their last pixel's values).
     parallel::for_each_block(par, dst, blocks, &|t, chunk| {
-        f(t * per..t * per + chunk.len() / row_len, chunk)
+        f(t * per..t * per + chunk.len().div_ceil(row_len), chunk)
     });
 }
 

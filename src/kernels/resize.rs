@@ -177,34 +177,62 @@ fn axis_taps(r: &ResizeAttrs, a: &ResizeAxis) -> Taps {
     t
 }
 
-/// `y` (`[batch, h.output, w.output, channels]`) = the resize of `x`
+/// `y` (`[batch, h.output, w.output, channels]`, pixels `ldo >= channels`
+/// values apart: more when the resize writes its channels of a concat's
+/// output, YOLOv8's upsampling before each neck concat) = the resize of `x`
 /// (`[batch, h.input, w.input, channels]`), one task per output row, in
-/// `isa`'s build of the loops.
-pub fn resize(isa: Isa, r: &ResizeAttrs, batch: usize, channels: usize, x: &[f32], y: &mut [f32], par: &dyn Parallel) {
-    let row_len = r.w.output * channels;
+/// `isa`'s build of the loops. Values between a pixel's channels and the
+/// next pixel are left alone.
+#[allow(clippy::too_many_arguments)]
+pub fn resize(
+    isa: Isa,
+    r: &ResizeAttrs,
+    batch: usize,
+    channels: usize,
+    x: &[f32],
+    y: &mut [f32],
+    ldo: usize,
+    par: &dyn Parallel,
+) {
+    let row_len = r.w.output * ldo;
     let rows = batch * r.h.output;
-    assert_eq!(y.len(), rows * row_len, "resize output size");
+    let pixels = rows * r.w.output;
+    assert!(ldo >= channels, "resize output pixel stride");
+    assert_eq!(
+        Some(y.len()),
+        super::conv::strided_len(pixels, ldo, channels),
+        "resize output size"
+    );
     assert_eq!(x.len(), batch * r.h.input * r.w.input * channels, "resize input size");
     if y.is_empty() {
         return;
     }
     let taps = [axis_taps(r, &r.h), axis_taps(r, &r.w)];
     super::par_rows(par, rows, row_len, y, &|range, chunk| {
-        super::resize_rows_isa(isa, r, &taps, channels, x, range.start, chunk)
+        super::resize_rows_isa(isa, r, &taps, (channels, ldo), x, range.start, chunk)
     });
 }
 
-/// Output rows `first..` (as many as `y` holds) of a resize with the H and
-/// W tap tables `taps`.
+/// Output rows `first..` (as many as `y` holds; the last may end after its
+/// last pixel's `c` values) of a resize with the H and W tap tables `taps`,
+/// output pixels `ldo` values apart.
 #[inline(always)]
-pub(super) fn resize_rows(r: &ResizeAttrs, taps: &[Taps; 2], c: usize, x: &[f32], first: usize, y: &mut [f32]) {
+pub(super) fn resize_rows(
+    r: &ResizeAttrs,
+    taps: &[Taps; 2],
+    (c, ldo): (usize, usize),
+    x: &[f32],
+    first: usize,
+    y: &mut [f32],
+) {
     let [th, tw] = taps;
     let (hin, win) = (r.h.input, r.w.input);
     let mut line = vec![0f32; c];
-    for (row_i, row) in (first..).zip(y.chunks_mut(r.w.output * c)) {
+    for (row_i, row) in (first..).zip(y.chunks_mut(r.w.output * ldo)) {
         let (n, oh) = (row_i / r.h.output, row_i % r.h.output);
         let image = &x[n * hin * win * c..][..hin * win * c];
-        for (ow, out) in row.chunks_mut(c).enumerate() {
+        for (ow, pixel) in row.chunks_mut(ldo).enumerate() {
+            let out = &mut pixel[..c];
             if th.per == 1 && tw.per == 1 {
                 let (ih, iw) = (th.index[oh], tw.index[ow]);
                 out.copy_from_slice(&image[(ih * win + iw) * c..][..c]);
@@ -261,6 +289,7 @@ mod tests {
             1,
             x,
             &mut y,
+            1,
             &Serial,
         );
         y
@@ -276,6 +305,42 @@ mod tests {
         // half_pixel: edges clamp, the middle interpolates.
         let r = attrs(Interp::Linear, CoordMode::HalfPixel, 3, 6);
         assert_eq!(run(&r, &x), [1.0, 1.25, 1.75, 2.5, 3.5, 4.0]);
+    }
+
+    /// Pixels `ldo` apart (a resize writing its channels of a concat's
+    /// output) hold the dense result's values, on one and two threads, and
+    /// the values between them are left alone.
+    #[test]
+    fn strided_output_matches_dense() {
+        let (batch, c, ldo) = (2, 3, 7);
+        let axis = |input, output| ResizeAxis {
+            input,
+            output,
+            scale: output as f32 / input as f32,
+        };
+        for interp in [Interp::Nearest(NearestMode::Floor), Interp::Linear] {
+            let r = ResizeAttrs {
+                interp,
+                coord: CoordMode::HalfPixel,
+                h: axis(5, 10),
+                w: axis(4, 8),
+            };
+            let x: Vec<f32> = (0..batch * 5 * 4 * c).map(|i| (i as f32 * 0.37).sin()).collect();
+            let pixels = batch * 10 * 8;
+            let isa = Isa::new(crate::target::Target::Generic).unwrap();
+            let mut dense = vec![0.0; pixels * c];
+            resize(isa, &r, batch, c, &x, &mut dense, c, &Serial);
+            let threads = crate::kernels::parallel::ScopedThreads(2);
+            for par in [&Serial as &dyn Parallel, &threads] {
+                let mut y = vec![-9.0; (pixels - 1) * ldo + c];
+                resize(isa, &r, batch, c, &x, &mut y, ldo, par);
+                for (i, &v) in y.iter().enumerate() {
+                    let (p, j) = (i / ldo, i % ldo);
+                    let want = if j < c { dense[p * c + j] } else { -9.0 };
+                    assert_eq!(v, want, "{interp:?} value {i}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub enum PoolStep {
         channels: usize,
         src: BufRef,
         dst: BufRef,
+        /// Values between output pixels: `channels`, or more when the
+        /// resize writes its channels of a concat's output (format 10).
+        dst_stride: usize,
     },
 }
 
@@ -69,12 +72,20 @@ impl PoolStep {
                 shape.is_valid() && shape.src_len() == Some(s[0]) && shape.dst_len() == Some(d)
             }
             PoolStep::Resize {
-                attrs, batch, channels, ..
+                attrs,
+                batch,
+                channels,
+                dst_stride,
+                ..
             } => {
                 let len = |h: usize, w: usize| [h, w, *channels].iter().try_fold(*batch, |n, &x| n.checked_mul(x));
+                let pixels = [attrs.h.output, attrs.w.output]
+                    .iter()
+                    .try_fold(*batch, |n, &x| n.checked_mul(x));
                 attrs.is_valid()
+                    && dst_stride >= channels
                     && len(attrs.h.input, attrs.w.input) == Some(s[0])
-                    && len(attrs.h.output, attrs.w.output) == Some(d)
+                    && pixels.and_then(|p| crate::kernels::conv::strided_len(p, *dst_stride, *channels)) == Some(d)
             }
         }
     }
@@ -101,8 +112,18 @@ impl PoolStep {
                 batch,
                 channels,
                 src: s,
+                dst_stride,
                 ..
-            } => resize::resize(isa, attrs, *batch, *channels, src.f32(*s)?, as_f32_mut(dst)?, par),
+            } => resize::resize(
+                isa,
+                attrs,
+                *batch,
+                *channels,
+                src.f32(*s)?,
+                as_f32_mut(dst)?,
+                *dst_stride,
+                par,
+            ),
         }
         Ok(())
     }
