@@ -349,6 +349,29 @@ def _concat_model(dims):
                   [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("y", "u", "y2")], inits)
 
 
+def _in_place_notes(make, cin, sizes, seed, name, tmp_path, kiln_dev, threads):
+    """Runs `make(dims)` (input "x" of `cin` channels) on kiln at `sizes` from one
+    session, and its static form at the first size after an EPContext round trip,
+    every output against the CPU EP; returns the compiled partition's notes."""
+    path = _save(make(["n", cin, "h", "w"]), tmp_path, name)
+    feeds = [{"x": _rand(s, seed + i)} for i, s in enumerate(sizes)]
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, options=CLAIM_ALL, threads=threads)
+    for f, outs in zip(feeds, run.all_outputs):
+        names, want = tu.run_cpu(path, f)
+        for out, w, a in zip(names, want, outs):
+            np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL, err_msg=out)
+    static = _save(make(list(sizes[0])), tmp_path, "static")
+    data = tu.compile_model(static, kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
+    ctx = os.path.join(str(tmp_path), f"{name}_ctx.onnx")
+    with open(ctx, "wb") as f:
+        f.write(data)
+    loaded = tu.run_fully_on_kiln(ctx, kiln_dev, feeds[0], options=CLAIM_ALL, threads=threads)
+    _, want = tu.run_cpu(static, feeds[0])
+    for w, a in zip(want, loaded.outputs):
+        np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL)
+    return " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+
+
 def _c2f_model(dims):
     """YOLOv8's C2f block: a 1x1 convolution split in two halves by channel, a
     bottleneck (two 3x3 convolutions and the skip connection) on the second, and a
@@ -381,23 +404,10 @@ def test_split_half_and_bottleneck_write_into_their_concat(threads, tmp_path, ki
     only the second half, which the bottleneck reads, is copied, once, out of the
     concat. Outputs match the CPU EP at two sizes from one session and after an
     EPContext round trip."""
-    path = _save(_c2f_model(["n", 6, "h", "w"]), tmp_path, "c2f")
-    feeds = [{"x": _rand(s, 80 + i)} for i, s in enumerate([(1, 6, 9, 23), (2, 6, 14, 11)])]
-    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, options=CLAIM_ALL, threads=threads)
-    for f, outs in zip(feeds, run.all_outputs):
-        _, want = tu.run_cpu(path, f)
-        np.testing.assert_allclose(outs[0], want[0], rtol=RTOL, atol=ATOL)
-    static = _save(_c2f_model([1, 6, 9, 23]), tmp_path, "static")
-    data = tu.compile_model(static, kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
-    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    notes = _in_place_notes(_c2f_model, 6, [(1, 6, 9, 23), (2, 6, 14, 11)], 80, "c2f",
+                            tmp_path, kiln_dev, threads)
     # 2 layout transposes (x, y), 4 convolutions and the second half's copy.
     assert "Concat+InPlace x1" in notes and "; 7 steps;" in notes, notes
-    ctx = os.path.join(str(tmp_path), "c2f_ctx.onnx")
-    with open(ctx, "wb") as f:
-        f.write(data)
-    loaded = tu.run_fully_on_kiln(ctx, kiln_dev, feeds[0], options=CLAIM_ALL, threads=threads)
-    _, want = tu.run_cpu(static, feeds[0])
-    np.testing.assert_allclose(loaded.outputs[0], want[0], rtol=RTOL, atol=ATOL)
 
 
 def _neck_model(dims):
@@ -428,27 +438,12 @@ def test_upsampled_map_is_written_into_its_concat(threads, tmp_path, kiln_dev):
     """A Resize whose output only a channel Concat reads writes its channels of the
     concat's output in place (no copy of it); outputs match the CPU EP at two sizes
     from one session and after an EPContext round trip."""
-    path = _save(_neck_model(["n", 4, "h", "w"]), tmp_path, "neck")
-    feeds = [{"x": _rand(s, 100 + i)} for i, s in enumerate([(1, 4, 10, 14), (2, 4, 8, 6)])]
-    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, options=CLAIM_ALL, threads=threads)
-    for f, outs in zip(feeds, run.all_outputs):
-        names, want = tu.run_cpu(path, f)
-        for name, w, a in zip(names, want, outs):
-            np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL, err_msg=name)
-    static = _save(_neck_model([1, 4, 10, 14]), tmp_path, "static")
-    data = tu.compile_model(static, kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
-    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    notes = _in_place_notes(_neck_model, 4, [(1, 4, 10, 14), (2, 4, 8, 6)], 100, "neck",
+                            tmp_path, kiln_dev, threads)
     # 3 layout transposes (x, once for its two convolutions; y, y2), 4
     # convolutions, the Resize and the copy of the lateral map (also read by the
     # side convolution) into the concat.
     assert "Concat+InPlace x1" in notes and "Transpose x3" in notes and "; 9 steps;" in notes, notes
-    ctx = os.path.join(str(tmp_path), "neck_ctx.onnx")
-    with open(ctx, "wb") as f:
-        f.write(data)
-    loaded = tu.run_fully_on_kiln(ctx, kiln_dev, feeds[0], options=CLAIM_ALL, threads=threads)
-    _, want = tu.run_cpu(static, feeds[0])
-    for w, a in zip(want, loaded.outputs):
-        np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -458,25 +453,9 @@ def test_convolutions_write_into_their_concat(threads, tmp_path, kiln_dev):
     copied as before, and every output matches the CPU EP: at two image sizes and
     batches from one session, on one and two threads, and after an EPContext
     round trip."""
-    m = _concat_model(["n", 8, "h", "w"])
-    path = _save(m, tmp_path, "concat")
-    feeds = [{"x": _rand(s, 30 + i)} for i, s in enumerate([(1, 8, 9, 23), (2, 8, 14, 11)])]
-    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, options=CLAIM_ALL, threads=threads)
-    for f, outs in zip(feeds, run.all_outputs):
-        names, want = tu.run_cpu(path, f)
-        for name, w, a in zip(names, want, outs):
-            np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL, err_msg=name)
-    static = _save(_concat_model([1, 8, 9, 23]), tmp_path, "static")
-    data = tu.compile_model(static, kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
-    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    notes = _in_place_notes(_concat_model, 8, [(1, 8, 9, 23), (2, 8, 14, 11)], 30, "concat",
+                            tmp_path, kiln_dev, threads)
     assert "Concat+InPlace x2" in notes and "Concat x" not in notes, notes
     # 4 layout transposes (x; y, u, y2), 10 convolutions, the MaxPool, and a copy
     # into the first concat for dw, mp and u only: e1, e3, res, f1 and f3 have none.
     assert "; 18 steps;" in notes, notes
-    ctx = os.path.join(str(tmp_path), "concat_ctx.onnx")
-    with open(ctx, "wb") as f:
-        f.write(data)
-    loaded = tu.run_fully_on_kiln(ctx, kiln_dev, feeds[0], options=CLAIM_ALL, threads=threads)
-    _, want = tu.run_cpu(static, feeds[0])
-    for w, a in zip(want, loaded.outputs):
-        np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL)
