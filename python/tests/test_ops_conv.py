@@ -372,11 +372,13 @@ def _in_place_notes(make, cin, sizes, seed, name, tmp_path, kiln_dev, threads):
     return " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
 
 
-def _c2f_model(dims):
+def _c2f_model(dims, shared=False):
     """YOLOv8's C2f block: a 1x1 convolution split in two halves by channel, a
     bottleneck (two 3x3 convolutions and the skip connection) on the second, and a
-    Concat of both halves and the bottleneck's output read by a 1x1 convolution."""
-    specs = {"cv1": (8, 6, 1, 1), "m1": (4, 4, 3, 3), "m2": (4, 4, 3, 3), "cv2": (5, 12, 1, 1)}
+    Concat of both halves and the bottleneck's output read by a 1x1 convolution.
+    `shared`: a second Concat reads the halves too, the second one twice."""
+    specs = {"cv1": (8, 6, 1, 1), "m1": (4, 4, 3, 3), "m2": (4, 4, 3, 3), "cv2": (5, 12, 1, 1),
+             "cv3": (3, 12, 1, 1)}
     inits = [onnx.numpy_helper.from_array(np.array([4, 4], np.int64), "halves")]
     for i, (name, shape) in enumerate(specs.items()):
         inits.append(onnx.numpy_helper.from_array(_rand(shape, 60 + i), f"w_{name}"))
@@ -391,8 +393,12 @@ def _c2f_model(dims):
              h.make_node("Add", ["s1", "m2"], ["m"]),
              h.make_node("Concat", ["s0", "s1", "m"], ["cat"], axis=1),
              conv("cat", "cv2", "y")]
+    outs = ["y"]
+    if shared:
+        nodes += [h.make_node("Concat", ["s0", "s1", "s1"], ["cat2"], axis=1), conv("cat2", "cv3", "y2")]
+        outs.append("y2")
     return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, dims)],
-                  [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+                  [h.make_tensor_value_info(n, T.FLOAT, None) for n in outs], inits)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -408,6 +414,15 @@ def test_split_half_and_bottleneck_write_into_their_concat(threads, tmp_path, ki
                             tmp_path, kiln_dev, threads)
     # 2 layout transposes (x, y), 4 convolutions and the second half's copy.
     assert "Concat+InPlace x1" in notes and "; 7 steps;" in notes, notes
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_split_halves_read_by_two_concats(threads, tmp_path, kiln_dev):
+    """A split whose halves two Concats read (one of them the second half twice):
+    the convolution writes into one concat only, and every other slot is copied."""
+    notes = _in_place_notes(lambda d: _c2f_model(d, shared=True), 6, [(1, 6, 9, 23), (2, 6, 14, 11)], 85,
+                            "c2f_shared", tmp_path, kiln_dev, threads)
+    assert "Concat+InPlace" in notes, notes
 
 
 def _neck_model(dims):

@@ -245,7 +245,7 @@ fn concat_slices(
     folded: &Folded,
     homes: &[Option<Home>],
     target: Target,
-) -> (HashMap<ValueId, ConcatSlice>, HashSet<ValueId>) {
+) -> (HashMap<ValueId, ConcatSlice>, HashSet<(ValueId, usize)>) {
     let mut uses = vec![0usize; graph.values.len()];
     let mut producer = vec![None; graph.values.len()];
     for &i in &folded.nodes {
@@ -279,15 +279,15 @@ fn concat_slices(
                 stride,
             };
             let run = split_run(graph, &producer, &node.inputs[k..])
-                .filter(|&(src, n)| free(src) && uses[src] == n)
+                .filter(|&(src, n)| free(src) && uses[src] == n && !slices.contains_key(&src))
                 .filter(|&(src, _)| producer[src].is_some_and(|p| writes_strided(graph, &graph.nodes[p], target)));
             if let Some((src, n)) = run {
                 slices.insert(src, at(channel));
-                for &u in &node.inputs[k..k + n] {
+                for (j, &u) in node.inputs.iter().enumerate().skip(k).take(n) {
                     if free(u) && uses[u] == 1 {
                         slices.insert(u, at(channel));
                     }
-                    filled.insert(u);
+                    filled.insert((*out, j));
                     channel += graph.values[u].ty.shape[3];
                 }
                 k += n;
@@ -297,7 +297,7 @@ fn concat_slices(
                 free(v) && uses[v] == 1 && producer[v].is_some_and(|p| writes_strided(graph, &graph.nodes[p], target));
             if writes_in_place {
                 slices.insert(v, at(channel));
-                filled.insert(v);
+                filled.insert((*out, k));
             }
             channel += graph.values[v].ty.shape[3];
             k += 1;
@@ -366,9 +366,10 @@ struct Lowering<'g> {
     graph: &'g Graph,
     target: Target,
     homes: &'g [Option<Home>],
-    /// Concat inputs whose channels of the concat's output are written
-    /// before the concat runs (see [`concat_slices`]): it copies none of them.
-    filled: &'g HashSet<ValueId>,
+    /// Concat inputs, as (concat output, input position), whose channels of
+    /// the concat's output are written before the concat runs (see
+    /// [`concat_slices`]): it copies none of them.
+    filled: &'g HashSet<(ValueId, usize)>,
     rep: &'g [ValueId],
     temps: &'g [Lifetime],
     offsets: &'g [usize],
@@ -496,11 +497,11 @@ impl Lowering<'_> {
                 let out_shape = self.shape(out).to_vec();
                 let dst_strides = strides(&out_shape);
                 let mut at = 0usize;
-                for &v in ins {
+                for (k, &v) in ins.iter().enumerate() {
                     let s = self.shape(v).to_vec();
                     let plan = CopyPlan::new(&s, 0, &strides(&s), at * dst_strides[*axis] as usize, &dst_strides);
                     at += s[*axis];
-                    if self.filled.contains(&v) {
+                    if self.filled.contains(&(out, k)) {
                         continue;
                     }
                     let src = self.buf(v)?;
