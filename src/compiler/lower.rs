@@ -260,6 +260,7 @@ fn concat_slices(
     let mut slices = HashMap::new();
     let mut filled = HashSet::new();
     let free = |v: ValueId| folded.rep[v] == v && homes[v].is_none();
+    let strided = |v: ValueId| producer[v].is_some_and(|p| writes_strided(graph, &graph.nodes[p], target));
     for &i in &folded.nodes {
         let node = &graph.nodes[i];
         let (Op::Concat { axis }, [out]) = (&node.op, &node.outputs[..]) else {
@@ -269,18 +270,16 @@ fn concat_slices(
         if ty.shape.len() != 4 || *axis != 3 || ty.dtype != DType::F32 || homes[*out].is_some() {
             continue;
         }
-        let stride = ty.shape[3];
+        let at = |channel| ConcatSlice {
+            concat: *out,
+            channel,
+            stride: ty.shape[3],
+        };
         let (mut channel, mut k) = (0, 0);
         while k < node.inputs.len() {
             let v = node.inputs[k];
-            let at = |channel| ConcatSlice {
-                concat: *out,
-                channel,
-                stride,
-            };
             let run = split_run(graph, &producer, &node.inputs[k..])
-                .filter(|&(src, n)| free(src) && uses[src] == n && !slices.contains_key(&src))
-                .filter(|&(src, _)| producer[src].is_some_and(|p| writes_strided(graph, &graph.nodes[p], target)));
+                .filter(|&(src, n)| free(src) && uses[src] == n && !slices.contains_key(&src) && strided(src));
             if let Some((src, n)) = run {
                 slices.insert(src, at(channel));
                 for (j, &u) in node.inputs.iter().enumerate().skip(k).take(n) {
@@ -293,9 +292,7 @@ fn concat_slices(
                 k += n;
                 continue;
             }
-            let writes_in_place =
-                free(v) && uses[v] == 1 && producer[v].is_some_and(|p| writes_strided(graph, &graph.nodes[p], target));
-            if writes_in_place {
+            if free(v) && uses[v] == 1 && strided(v) {
                 slices.insert(v, at(channel));
                 filled.insert((*out, k));
             }
