@@ -15,7 +15,10 @@
 //!
 //! As in [`super::epilogue`], the convolution's current output must have
 //! exactly one reader and not be a graph output, and the fused node takes
-//! the place of the last node it absorbs.
+//! the place of the last node it absorbs. A Reshape that keeps the channels
+//! last may stand between the convolution and what it absorbs (not a
+//! residual): the fused convolution then keeps its place and output, and
+//! the Reshape writes the absorbed node's output.
 
 use super::epilogue::activation;
 use super::patterns::{strip_ones, View};
@@ -46,7 +49,26 @@ fn round(g: &mut Graph) -> usize {
         if taken[i] || taken[j] {
             continue;
         }
-        if let Some(new) = absorb(g, &v, node, attrs, &snapshot.nodes[j]) {
+        if let Some((r, k)) = reshape_between(&v, node, j) {
+            // conv → Reshape → next: the convolution absorbs `next` and
+            // keeps its own output; the Reshape then writes next's output.
+            if taken[k] {
+                continue;
+            }
+            let Some(mut new) = absorb(g, &v, node, attrs, &snapshot.nodes[k], r) else {
+                continue;
+            };
+            new.outputs = node.outputs.clone();
+            g.nodes[i] = new;
+            g.nodes[j].outputs = snapshot.nodes[k].outputs.clone();
+            dead[k] = true;
+            taken[i] = true;
+            taken[j] = true;
+            taken[k] = true;
+            count += 1;
+            continue;
+        }
+        if let Some(new) = absorb(g, &v, node, attrs, &snapshot.nodes[j], node.outputs[0]) {
             g.nodes[j] = new;
             dead[i] = true;
             taken[i] = true;
@@ -77,11 +99,29 @@ fn per_channel(g: &Graph, c: ValueId, co: usize) -> Option<Vec<f32>> {
     }
 }
 
-/// The convolution `conv` extended by `next`, if possible (adding the new
-/// weight and bias constants to `g`).
-fn absorb(g: &mut Graph, v: &View<'_>, conv: &Node, attrs: &ConvAttrs, next: &Node) -> Option<Node> {
+/// When node `j`, the sole reader of `conv`'s output, is a Reshape that
+/// keeps the channels last (Magika's Squeeze of a 1-D convolution's unit
+/// width) and has one reader: its output and that reader.
+fn reshape_between(v: &View<'_>, conv: &Node, j: usize) -> Option<(ValueId, usize)> {
+    let r = &v.g.nodes[j];
+    if r.op != Op::Reshape {
+        return None;
+    }
+    let (from, to) = (
+        &v.g.values[conv.outputs[0]].ty.shape,
+        &v.g.values[r.outputs[0]].ty.shape,
+    );
+    (from.last() == to.last()).then_some(())?;
+    Some((r.outputs[0], v.sole_use(r.outputs[0])?))
+}
+
+/// The convolution `conv` extended by `next`, which reads its output as
+/// `out` (the output itself, or a Reshape of it keeping the channels last:
+/// then no residual), if possible (adding the new weight and bias
+/// constants to `g`).
+fn absorb(g: &mut Graph, v: &View<'_>, conv: &Node, attrs: &ConvAttrs, next: &Node, out: ValueId) -> Option<Node> {
     let s = v.g;
-    let out = conv.outputs[0];
+    let reshaped = out != conv.outputs[0];
     let out_ty = s.values[out].ty.clone();
     if s.values[next.outputs[0]].ty != out_ty {
         return None; // broadcasting would change the shape
@@ -132,7 +172,7 @@ fn absorb(g: &mut Graph, v: &View<'_>, conv: &Node, attrs: &ConvAttrs, next: &No
                 bias = Some(add_constant(g, "conv_bias", &[co], vals)?);
                 a.bias = true;
             }
-            None if !a.residual && s.values[c].ty == out_ty => {
+            None if !a.residual && !reshaped && s.values[c].ty == out_ty => {
                 a.residual = true;
                 residual = Some(c);
             }

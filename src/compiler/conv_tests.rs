@@ -173,6 +173,38 @@ fn what_does_not_fold() {
     assert_eq!(fused_ops(&b.g), ["Conv", "Add"]);
 }
 
+/// A Reshape keeping the channels last between the convolution and its
+/// per-channel shift and activation (Magika's Squeeze of a 1-D
+/// convolution's unit width) does not stop them folding; a residual after
+/// it, or a Reshape that moves the channels, does.
+#[test]
+fn folds_through_a_reshape_that_keeps_the_channels_last() {
+    let build = |shape: &[usize], residual: bool| {
+        let mut b = Builder::new();
+        let (_, c) = conv(&mut b, 4, 6, 1, true);
+        let r = b.op_shaped(Op::Reshape, &[c], "squeeze", Some(shape));
+        let a = if residual {
+            let z = b.input("z", shape);
+            b.bin(BinaryOp::Add, r, z, "a")
+        } else {
+            let d = b.constant("d", &[6], data(6, 9));
+            b.bin(BinaryOp::Add, d, r, "a")
+        };
+        let y = b.un(UnaryOp::Relu, a, "y");
+        b.output(y);
+        b.g
+    };
+    assert_eq!(fused_ops(&build(&[5, 6, 6], false)), ["Conv+Bias+Relu", "Reshape"]);
+    assert_eq!(
+        fused_ops(&build(&[5, 6, 6], true)),
+        ["Conv+Bias", "Reshape", "Add", "Relu"]
+    );
+    assert_eq!(
+        fused_ops(&build(&[5, 36], true)),
+        ["Conv+Bias", "Reshape", "Add", "Relu"]
+    );
+}
+
 /// The outputs of `p` (a specialisation of `d`'s graph, input `x`) and of
 /// a static compile of that graph at `dims`, on the same input.
 fn against_static(d: &crate::ir::tests::D, p: &crate::plan::Program, dims: [i64; 4]) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {

@@ -4,7 +4,8 @@
 //!   `Div(x, √2)` or `Mul(x, 1/√2)`, and the halving in any of the three
 //!   common places (`(x·(1+erf))·0.5`, `(x·0.5)·(1+erf)`, `x·((1+erf)·0.5)`);
 //! - tanh-GELU: `x·0.5·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, the cube as
-//!   `Pow(x, 3)` or `x·(x·x)`, with the same tails;
+//!   any product of Mul nodes (`Pow(x, 3)`, `x·(x·x)`, `x·(x·(0.044715·x))`),
+//!   with the same tails;
 //! - LayerNorm: `ReduceMean → Sub → Pow(2)|Mul → ReduceMean → Add(eps) →
 //!   Sqrt → Div`, then optionally `Mul(γ)` and `Add(β)` with constant
 //!   per-feature γ/β, over trailing axes;
@@ -266,25 +267,11 @@ fn gelu_tanh(v: &View<'_>, ti: usize, _: &mut Graph) -> Option<Rewrite> {
     }
     let mut found = None;
     for (x, q) in [(un.inputs[0], un.inputs[1]), (un.inputs[1], un.inputs[0])] {
-        let Some((qi, qn)) = v.producer(q) else { continue };
-        let Some(r) = v.with_scalar(qn, BinaryOp::Mul, 0.044_715) else {
-            continue;
-        };
-        if v.sole_use(q) != Some(ui) || v.sole_use(r) != Some(qi) {
-            continue;
-        }
-        let Some((ri, rn)) = v.producer(r) else { continue };
-        if v.with_scalar(rn, BinaryOp::Pow, 3.0) == Some(x) {
-            found = Some((x, vec![qi, ri]));
-            break;
-        }
-        // x · (x · x) in either order.
-        if let Some(x2) = v.other(rn, BinaryOp::Mul, x) {
-            if let Some((x2i, x2n)) = v.producer(x2) {
-                if x2n.op == Op::Binary(BinaryOp::Mul) && x2n.inputs == [x, x] && v.sole_use(x2) == Some(ri) {
-                    found = Some((x, vec![qi, ri, x2i]));
-                    break;
-                }
+        let mut nodes = Vec::new();
+        if let Some((3, coef)) = product(v, q, x, ui, &mut nodes, 0) {
+            if (coef - 0.044_715).abs() <= 1e-5 * 0.044_715 {
+                found = Some((x, nodes));
+                break;
             }
         }
     }
@@ -299,6 +286,44 @@ fn gelu_tanh(v: &View<'_>, ti: usize, _: &mut Graph) -> Option<Rewrite> {
         UnaryOp::GeluTanh
     };
     finish(v, x, fin, Op::Unary(op), remove)
+}
+
+/// `q` as a product of powers of `x` and f32 scalars, through Mul and
+/// `Pow(x, 3)` nodes each read only by the node above (`user`): the power
+/// of `x` and the scalars' product, the nodes pushed onto `nodes`. The
+/// cube of tanh-GELU is written `0.044715 · x³`, `x · (x · (0.044715 · x))`
+/// (jax2tf, Magika) and other ways.
+fn product(
+    v: &View<'_>,
+    q: ValueId,
+    x: ValueId,
+    user: usize,
+    nodes: &mut Vec<usize>,
+    depth: usize,
+) -> Option<(u32, f64)> {
+    if q == x {
+        return Some((1, 1.0));
+    }
+    if let Some(s) = v.scalar(q) {
+        return Some((0, s));
+    }
+    let (qi, qn) = v.producer(q)?;
+    if depth > 4 || v.sole_use(q)? != user {
+        return None;
+    }
+    nodes.push(qi);
+    if v.with_scalar(qn, BinaryOp::Pow, 3.0) == Some(x) {
+        return Some((3, 1.0));
+    }
+    if qn.op != Op::Binary(BinaryOp::Mul) {
+        return None;
+    }
+    let (pa, ca) = product(v, qn.inputs[0], x, qi, nodes, depth + 1)?;
+    if qn.inputs[1] == qn.inputs[0] {
+        return Some((2 * pa, ca * ca));
+    }
+    let (pb, cb) = product(v, qn.inputs[1], x, qi, nodes, depth + 1)?;
+    Some((pa + pb, ca * cb))
 }
 
 /// `ReduceMean(x, axes, keepdims=1)` node feeding only `user`.

@@ -191,32 +191,69 @@ fn near_miss_gelu_is_left_alone() {
     assert!(ops(&opt).contains(&"Erf".to_string()));
 }
 
+/// `x + 0.044715 · x³`'s cube term written as `form` says; `coef` and
+/// `power` (of x) let a test break it.
+fn cube_term(b: &mut Builder, x: ValueId, form: usize, coef: f32, power: usize) -> ValueId {
+    let c = b.scalar("c", coef);
+    match form {
+        // c · Pow(x, 3)
+        0 => {
+            let three = b.scalar("three", power as f32);
+            let cube = b.bin(BinaryOp::Pow, x, three, "cube");
+            b.bin(BinaryOp::Mul, cube, c, "m")
+        }
+        // (x · (x · x)) · c
+        1 => {
+            let x2 = b.bin(BinaryOp::Mul, x, x, "x2");
+            let cube = if power == 3 {
+                b.bin(BinaryOp::Mul, x, x2, "cube")
+            } else {
+                x2
+            };
+            b.bin(BinaryOp::Mul, cube, c, "m")
+        }
+        // x · (x · (c · x)), as jax2tf writes it (Magika)
+        _ => {
+            let mut m = b.bin(BinaryOp::Mul, c, x, "cx");
+            for i in 1..power {
+                m = b.bin(BinaryOp::Mul, x, m, &format!("m{i}"));
+            }
+            m
+        }
+    }
+}
+
+fn tanh_gelu_graph(form: usize, coef: f32, power: usize) -> Graph {
+    let mut b = Builder::new();
+    let x = b.input("x", &[3, 16]);
+    let m = cube_term(&mut b, x, form, coef, power);
+    let s = b.bin(BinaryOp::Add, x, m, "s");
+    let k = b.scalar("k", 0.797_884_6);
+    let u = b.bin(BinaryOp::Mul, s, k, "u");
+    let t = b.un(UnaryOp::Tanh, u, "t");
+    let one = b.scalar("one", 1.0);
+    let a = b.bin(BinaryOp::Add, t, one, "a");
+    let half = b.scalar("half", 0.5);
+    let h = b.bin(BinaryOp::Mul, x, half, "h");
+    let y = b.bin(BinaryOp::Mul, h, a, "y");
+    b.output(y);
+    b.g
+}
+
 #[test]
 fn tanh_gelu_is_recognised() {
-    for cube_by_pow in [true, false] {
-        let mut b = Builder::new();
-        let x = b.input("x", &[3, 16]);
-        let cube = if cube_by_pow {
-            let three = b.scalar("three", 3.0);
-            b.bin(BinaryOp::Pow, x, three, "cube")
-        } else {
-            let x2 = b.bin(BinaryOp::Mul, x, x, "x2");
-            b.bin(BinaryOp::Mul, x, x2, "cube")
-        };
-        let c = b.scalar("c", 0.044715);
-        let m = b.bin(BinaryOp::Mul, cube, c, "m");
-        let s = b.bin(BinaryOp::Add, x, m, "s");
-        let k = b.scalar("k", 0.797_884_6);
-        let u = b.bin(BinaryOp::Mul, s, k, "u");
-        let t = b.un(UnaryOp::Tanh, u, "t");
-        let one = b.scalar("one", 1.0);
-        let a = b.bin(BinaryOp::Add, t, one, "a");
-        let half = b.scalar("half", 0.5);
-        let h = b.bin(BinaryOp::Mul, x, half, "h");
-        let y = b.bin(BinaryOp::Mul, h, a, "y");
-        b.output(y);
-        let opt = check_passes_agree(&b.g);
-        assert_eq!(ops(&opt), ["Gelu(tanh)"]);
+    for form in 0..3 {
+        let opt = check_passes_agree(&tanh_gelu_graph(form, 0.044715, 3));
+        assert_eq!(ops(&opt), ["Gelu(tanh)"], "form {form}");
+        // Another coefficient, or a square for the cube: not GELU.
+        for (coef, power) in [(0.05, 3), (0.044715, 2)] {
+            let opt = check_passes_agree(&tanh_gelu_graph(form, coef, power));
+            assert!(
+                ops(&opt).contains(&"Tanh".to_string()),
+                "form {form} {coef} x^{power}: {:?}",
+                ops(&opt)
+            );
+        }
     }
 }
 

@@ -166,7 +166,14 @@ fn slice(imp: &mut Importer, n: &NodeDesc, out: &str) -> Result<(), Why> {
         st[a] = if count > 0 { start as usize } else { 0 };
         sp[a] = steps[k] as isize;
     }
-    imp.emit(n, Op::Slice { starts: st, steps: sp }, &[x], Some(out), Some(&shape))?;
+    // A Slice that keeps every element in order (jax2tf writes `x[:, :]` as
+    // one) is another name for its input, not a copy.
+    let op = if shape == s && sp.iter().all(|&k| k == 1) {
+        Op::Reshape
+    } else {
+        Op::Slice { starts: st, steps: sp }
+    };
+    imp.emit(n, op, &[x], Some(out), Some(&shape))?;
     Ok(())
 }
 

@@ -847,6 +847,32 @@ fn bert_layer_end_to_end() {
 }
 
 #[test]
+fn a_slice_keeping_every_element_is_no_step() {
+    // jax2tf's `x[:, :, :]`: ends past the dims, one axis not listed.
+    for (ends, steps) in [([i64::MAX, 6], 1), ([4, 6], 1), ([-100, -100], -1)] {
+        let mut d = D::new(13);
+        let x = d.input("x", 1, &[4, 6, 3]);
+        let starts = d.i64s("starts", if steps == 1 { &[0, 0] } else { &[100, 100] });
+        let ends = d.i64s("ends", &ends);
+        let axes = d.i64s("axes", &[0, 1]);
+        let step = d.i64s("steps", &[steps, steps]);
+        let s = d.node("Slice", &[&x, &starts, &ends, &axes, &step], vec![]);
+        let y = d.node("Relu", &[&s], vec![]);
+        d.output(&y);
+        let inputs = random_inputs(&d, 5);
+        let p = check_and_run(&d, &inputs, 0.0);
+        let kinds: Vec<String> = p.steps().iter().map(|s| s.kind()).collect();
+        // A reversing slice keeps every element too, but not in order.
+        let want = if steps == 1 {
+            vec!["Relu"]
+        } else {
+            vec!["StridedCopy", "Relu"]
+        };
+        assert_eq!(kinds, want, "ends {ends:?} steps {steps}");
+    }
+}
+
+#[test]
 fn a_large_constant_of_shape_runs_as_an_expand() {
     // Too large to fold into a constant: kiln expands the value at run time.
     let mut d = D::new(17);
