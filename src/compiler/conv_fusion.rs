@@ -49,10 +49,10 @@ fn round(g: &mut Graph) -> usize {
         if taken[i] || taken[j] {
             continue;
         }
-        if let Some((r, k)) = reshape_between(&v, node, j) {
-            // conv → Reshape → next: the convolution absorbs `next` and
-            // keeps its own output; the Reshape then writes next's output.
-            if taken[k] {
+        if let Some((last, r, k)) = reshape_between(&v, node, j) {
+            // conv → Reshape(s) → next: the convolution absorbs `next` and
+            // keeps its own output; the last Reshape then writes next's.
+            if taken[last] || taken[k] {
                 continue;
             }
             let Some(mut new) = absorb(g, &v, node, attrs, &snapshot.nodes[k], r) else {
@@ -60,10 +60,11 @@ fn round(g: &mut Graph) -> usize {
             };
             new.outputs = node.outputs.clone();
             g.nodes[i] = new;
-            g.nodes[j].outputs = snapshot.nodes[k].outputs.clone();
+            g.nodes[last].outputs = snapshot.nodes[k].outputs.clone();
             dead[k] = true;
             taken[i] = true;
             taken[j] = true;
+            taken[last] = true;
             taken[k] = true;
             count += 1;
             continue;
@@ -99,20 +100,23 @@ fn per_channel(g: &Graph, c: ValueId, co: usize) -> Option<Vec<f32>> {
     }
 }
 
-/// When node `j`, the sole reader of `conv`'s output, is a Reshape that
-/// keeps the channels last (Magika's Squeeze of a 1-D convolution's unit
-/// width) and has one reader: its output and that reader.
-fn reshape_between(v: &View<'_>, conv: &Node, j: usize) -> Option<(ValueId, usize)> {
-    let r = &v.g.nodes[j];
-    if r.op != Op::Reshape {
-        return None;
+/// When node `j`, the sole reader of `conv`'s output, starts a chain of
+/// Reshapes that keep the channels last (Magika's Squeeze of a 1-D
+/// convolution's unit width, after an all-keeping Slice), each read only by
+/// the next: the last Reshape, its output and that output's one reader.
+fn reshape_between(v: &View<'_>, conv: &Node, mut j: usize) -> Option<(usize, ValueId, usize)> {
+    let channels = v.g.values[conv.outputs[0]].ty.shape.last();
+    loop {
+        let r = &v.g.nodes[j];
+        if r.op != Op::Reshape || v.g.values[r.outputs[0]].ty.shape.last() != channels {
+            return None;
+        }
+        let k = v.sole_use(r.outputs[0])?;
+        if v.g.nodes[k].op != Op::Reshape {
+            return Some((j, r.outputs[0], k));
+        }
+        j = k;
     }
-    let (from, to) = (
-        &v.g.values[conv.outputs[0]].ty.shape,
-        &v.g.values[r.outputs[0]].ty.shape,
-    );
-    (from.last() == to.last()).then_some(())?;
-    Some((r.outputs[0], v.sole_use(r.outputs[0])?))
 }
 
 /// The convolution `conv` extended by `next`, which reads its output as
