@@ -101,19 +101,22 @@ fn per_channel(g: &Graph, c: ValueId, co: usize) -> Option<Vec<f32>> {
 }
 
 /// When node `j`, the sole reader of `conv`'s output, starts a chain of
-/// Reshapes that keep the channels last (Magika's Squeeze of a 1-D
-/// convolution's unit width, after an all-keeping Slice), each read only by
-/// the next: the last Reshape, its output and that output's one reader.
+/// Reshapes, each read only by the next, the last of which ends with the
+/// channels (Magika's `[N, L, 1, C] → [N, L, C, 1] → [N, L, C]`, the
+/// Squeeze of a 1-D convolution's unit width in channels-last): the last
+/// Reshape, its output and that output's one reader. A Reshape keeps the
+/// values' order, so value `i` is still channel `i % C`.
 fn reshape_between(v: &View<'_>, conv: &Node, mut j: usize) -> Option<(usize, ValueId, usize)> {
     let channels = v.g.values[conv.outputs[0]].ty.shape.last();
     loop {
         let r = &v.g.nodes[j];
-        if r.op != Op::Reshape || v.g.values[r.outputs[0]].ty.shape.last() != channels {
+        if r.op != Op::Reshape {
             return None;
         }
         let k = v.sole_use(r.outputs[0])?;
         if v.g.nodes[k].op != Op::Reshape {
-            return Some((j, r.outputs[0], k));
+            let ends_with_channels = v.g.values[r.outputs[0]].ty.shape.last() == channels;
+            return ends_with_channels.then_some((j, r.outputs[0], k));
         }
         j = k;
     }

@@ -173,16 +173,16 @@ fn what_does_not_fold() {
     assert_eq!(fused_ops(&b.g), ["Conv", "Add"]);
 }
 
-/// Reshapes keeping the channels last between the convolution and its
-/// per-channel shift and activation (Magika's all-keeping Slice and Squeeze
-/// of a 1-D convolution's unit width) do not stop them folding; a residual
-/// after them, or a Reshape that moves the channels, does.
+/// Reshapes between the convolution and its per-channel shift and
+/// activation, the last ending with the channels (Magika's `[N, L, 1, C] →
+/// [N, L, C, 1] → [N, L, C]`), do not stop them folding; a residual after
+/// them, or a last Reshape that does not end with the channels, does.
 #[test]
 fn folds_through_a_reshape_that_keeps_the_channels_last() {
     let build = |shape: &[usize], residual: bool| {
         let mut b = Builder::new();
         let (_, c) = conv(&mut b, 4, 6, 1, true);
-        let r = b.op_shaped(Op::Reshape, &[c], "slice", Some(&[1, 5, 6, 6]));
+        let r = b.op_shaped(Op::Reshape, &[c], "unit_last", Some(&[1, 5, 6, 6, 1]));
         let r = b.op_shaped(Op::Reshape, &[r], "squeeze", Some(shape));
         let a = if residual {
             let z = b.input("z", shape);
