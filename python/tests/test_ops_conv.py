@@ -474,3 +474,62 @@ def test_convolutions_write_into_their_concat(threads, tmp_path, kiln_dev):
     # 4 layout transposes (x; y, u, y2), 10 convolutions, the MaxPool, and a copy
     # into the first concat for dw, mp and u only: e1, e3, res, f1 and f3 have none.
     assert "; 18 steps;" in notes, notes
+
+
+def _conv1d_over_h_model(dims):
+    """jax2tf's 1-D convolution block (Magika): x [N, L, C] -> Unsqueeze(-1) ->
+    a Slice keeping everything -> Transpose to [N, C, L, 1] -> Conv 5x1 -> a Slice
+    keeping everything -> Squeeze -> bias Add -> tanh-GELU written
+    x * (0.5 * (1 + tanh(0.7978845 * (x + x * (x * (0.044715 * x)))))) -> Transpose
+    back to [N, L, C]."""
+    n, length, c, co = dims[0], dims[1], 6, 16
+    f32 = lambda name, v: onnx.numpy_helper.from_array(np.asarray(v, np.float32), name)  # noqa: E731
+    i64 = lambda name, v: onnx.numpy_helper.from_array(np.asarray(v, np.int64), name)  # noqa: E731
+    inits = [onnx.numpy_helper.from_array(_rand((co, c, 5, 1), 1), "w"), f32("b", _rand((co, 1), 2)),
+             i64("minus1", [-1]), i64("zero", [0]), i64("big", [2**62]), i64("ax1", [1]),
+             f32("k3", 0.044715), f32("k2", 0.7978845608), f32("one", 1.0), f32("half", 0.5)]
+    nodes = [
+        h.make_node("Unsqueeze", ["x", "minus1"], ["u"]),
+        h.make_node("Slice", ["u", "zero", "big", "ax1"], ["s"]),
+        h.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 1, 3]),
+        h.make_node("Conv", ["t", "w"], ["cv"], kernel_shape=[5, 1], pads=[2, 0, 2, 0]),
+        h.make_node("Slice", ["cv", "zero", "big", "ax1"], ["s2"]),
+        h.make_node("Squeeze", ["s2", "minus1"], ["q"]),
+        h.make_node("Add", ["q", "b"], ["a"]),
+        h.make_node("Mul", ["k3", "a"], ["g1"]),
+        h.make_node("Mul", ["a", "g1"], ["g2"]),
+        h.make_node("Mul", ["a", "g2"], ["g3"]),
+        h.make_node("Add", ["a", "g3"], ["g4"]),
+        h.make_node("Mul", ["k2", "g4"], ["g5"]),
+        h.make_node("Tanh", ["g5"], ["g6"]),
+        h.make_node("Add", ["one", "g6"], ["g7"]),
+        h.make_node("Mul", ["half", "g7"], ["g8"]),
+        h.make_node("Mul", ["a", "g8"], ["g9"]),
+        h.make_node("Transpose", ["g9"], ["y"], perm=[0, 2, 1]),
+    ]
+    return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, [n, length, c])],
+                  [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv1d_over_h_block_is_one_step(threads, tmp_path, kiln_dev):
+    """The block runs as one convolution with its bias and GELU in the epilogue:
+    the all-keeping Slices are aliases, the layout transposes cancel with the
+    model's, the GELU's cube written as three products matches, and the fusion
+    looks through the Squeeze. Outputs match the CPU EP at two lengths from one
+    session and after an EPContext round trip."""
+    path = _save(_conv1d_over_h_model(["n", "l"]), tmp_path, "conv1d_h")
+    feeds = [{"x": _rand((2, 37, 6), 90)}, {"x": _rand((1, 120, 6), 91)}]
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, options=CLAIM_ALL, threads=threads)
+    for f, (got,) in zip(feeds, run.all_outputs):
+        _, (want,) = tu.run_cpu(path, f)
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    static = _save(_conv1d_over_h_model([2, 37]), tmp_path, "conv1d_h_static")
+    data = tu.compile_model(static, kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
+    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    assert "Conv+Bias+Gelu(tanh) x1" in notes and "; 1 steps;" in notes, notes
+    ctx = os.path.join(str(tmp_path), "conv1d_h_ctx.onnx")
+    with open(ctx, "wb") as f:
+        f.write(data)
+    (got,) = tu.run_fully_on_kiln(ctx, kiln_dev, feeds[0], options=CLAIM_ALL, threads=threads).outputs
+    np.testing.assert_allclose(got, tu.run_cpu(static, feeds[0])[1][0], rtol=RTOL, atol=ATOL)
