@@ -15,10 +15,10 @@
 //!
 //! As in [`super::epilogue`], the convolution's current output must have
 //! exactly one reader and not be a graph output, and the fused node takes
-//! the place of the last node it absorbs. A Reshape that keeps the channels
-//! last may stand between the convolution and what it absorbs (not a
-//! residual): the fused convolution then keeps its place and output, and
-//! the Reshape writes the absorbed node's output.
+//! the place of the last node it absorbs. Reshapes may stand between the
+//! convolution and what it absorbs (not a residual) when the last one ends
+//! with the channels: the fused convolution then keeps its place and
+//! output, and the last Reshape writes the absorbed node's output.
 
 use super::epilogue::activation;
 use super::patterns::{strip_ones, View};
@@ -123,9 +123,9 @@ fn reshape_between(v: &View<'_>, conv: &Node, mut j: usize) -> Option<(usize, Va
 }
 
 /// The convolution `conv` extended by `next`, which reads its output as
-/// `out` (the output itself, or a Reshape of it keeping the channels last:
-/// then no residual), if possible (adding the new weight and bias
-/// constants to `g`).
+/// `out` (the output itself, or the last of [`reshape_between`]'s
+/// Reshapes: then no residual), if possible (adding the new weight and
+/// bias constants to `g`).
 fn absorb(g: &mut Graph, v: &View<'_>, conv: &Node, attrs: &ConvAttrs, next: &Node, out: ValueId) -> Option<Node> {
     let s = v.g;
     let reshaped = out != conv.outputs[0];
