@@ -1,5 +1,5 @@
-//! `exp`, sigmoid, tanh and SiLU over rows on AVX2 + FMA, two vectors per
-//! loop iteration.
+//! `exp`, sigmoid, tanh and SiLU over rows on AVX2 + FMA (8 lanes) and
+//! AVX-512 (16 lanes, the same operations), two vectors per loop iteration.
 //!
 //! The portable loops (`math::exp` and friends in `elementwise::unary` and
 //! the recurrent gates) vectorise to one 8-lane vector per iteration, and
@@ -52,44 +52,34 @@ unsafe fn pow2i(n: __m256i) -> __m256 {
     unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n, _mm256_set1_epi32(127)))) }
 }
 
-/// `math::exp_with::<Fused>`, lane by lane.
+/// `math::exp_with::<Fused>`, lane by lane, on 8 or 16 lanes.
 #[inline(always)]
-unsafe fn exp8(x: __m256) -> __m256 {
+unsafe fn exp_v<V: Lanes>(x: V) -> V {
     // SAFETY: the caller's CPU; register operations only.
     unsafe {
         // clamp(x, -104, 89) keeping NaN: max/min return their second
         // operand when one is NaN.
-        let xc = _mm256_min_ps(splat(89.0), _mm256_max_ps(splat(-104.0), x));
-        let t = _mm256_fmadd_ps(xc, splat(LOG2E), splat(MAGIC));
-        let n = _mm256_sub_ps(t, splat(MAGIC));
-        let ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(MAGIC.to_bits() as i32));
+        let xc = V::splat(89.0).min(V::splat(-104.0).max(x));
+        let t = xc.fmadd(V::splat(LOG2E), V::splat(MAGIC));
+        let n = t.sub(V::splat(MAGIC));
         // fma(-n, c, x) is fnmadd(n, c, x): negating is exact.
-        let r = _mm256_fnmadd_ps(n, splat(LN2_LO), _mm256_fnmadd_ps(n, splat(LN2_HI), xc));
-        let mut p = splat(EXP_POLY[0]);
+        let r = n.fnmadd(V::splat(LN2_LO), n.fnmadd(V::splat(LN2_HI), xc));
+        let mut p = V::splat(EXP_POLY[0]);
         for &c in &EXP_POLY[1..] {
-            p = _mm256_fmadd_ps(p, r, splat(c));
+            p = p.fmadd(r, V::splat(c));
         }
-        let p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), splat(1.0));
-        let n1 = _mm256_srai_epi32::<1>(ni);
-        let y = _mm256_mul_ps(_mm256_mul_ps(p, pow2i(n1)), pow2i(_mm256_sub_epi32(ni, n1)));
-        let y = _mm256_blendv_ps(
-            y,
-            splat(f32::INFINITY),
-            _mm256_cmp_ps::<_CMP_GT_OQ>(x, splat(EXP_INF_ABOVE)),
-        );
-        _mm256_blendv_ps(
-            y,
-            _mm256_setzero_ps(),
-            _mm256_cmp_ps::<_CMP_LT_OQ>(x, splat(EXP_ZERO_BELOW)),
-        )
+        let p = p.mul(r).fmadd(r, r).add(V::splat(1.0));
+        let (s1, s2) = t.pow2_halves();
+        let y = p.mul(s1).mul(s2);
+        y.inf_where_above(x, EXP_INF_ABOVE).zero_where_below(x, EXP_ZERO_BELOW)
     }
 }
 
 /// `x / (1 + e^-x)`: sigmoid for `x = 1`, SiLU for `x = x` (`math::sigmoid`, `math::silu`).
 #[inline(always)]
-unsafe fn over_one_plus_exp_neg(num: __m256, x: __m256) -> __m256 {
+unsafe fn over_one_plus_exp_neg<V: Lanes>(num: V, x: V) -> V {
     // SAFETY: the caller's CPU; register operations only.
-    unsafe { _mm256_div_ps(num, _mm256_add_ps(splat(1.0), exp8(_mm256_xor_ps(x, splat(-0.0))))) }
+    unsafe { num.div(V::splat(1.0).add(exp_v(x.neg()))) }
 }
 
 /// Largest `-x` whose `e^-x` [`store_den`] computes; above it the
@@ -154,6 +144,23 @@ pub(super) trait Lanes: Copy {
     unsafe fn exponent_bits(self, bias: i32) -> Self;
     /// `inf` in the lanes where `x > limit`, else `self`.
     unsafe fn inf_where_above(self, x: Self, limit: f32) -> Self;
+    /// 0 in the lanes where `x < limit`, else `self`.
+    unsafe fn zero_where_below(self, x: Self, limit: f32) -> Self;
+    /// `then` in the lanes where `a < limit`, else `self`.
+    unsafe fn where_below(self, a: Self, limit: f32, then: Self) -> Self;
+    /// `|self|`.
+    unsafe fn abs(self) -> Self;
+    /// `|self|` with the sign of `s`.
+    unsafe fn copysign(self, s: Self) -> Self;
+    /// For `self = n + MAGIC` (an integer `n` in its low mantissa bits):
+    /// `2^(n >> 1)` and `2^(n - (n >> 1))`, as `math::exp_with` splits `2^n`.
+    unsafe fn pow2_halves(self) -> (Self, Self);
+    /// Lanes read from `p`.
+    unsafe fn load(p: *const f32) -> Self;
+    /// Lanes written to `p`.
+    unsafe fn store(self, p: *mut f32);
+    /// How many lanes.
+    const N: usize;
 }
 
 impl Lanes for __m256 {
@@ -211,6 +218,40 @@ impl Lanes for __m256 {
     unsafe fn inf_where_above(self, x: Self, limit: f32) -> Self {
         unsafe { _mm256_blendv_ps(self, splat(f32::INFINITY), _mm256_cmp_ps::<_CMP_GT_OQ>(x, splat(limit))) }
     }
+    #[inline(always)]
+    unsafe fn zero_where_below(self, x: Self, limit: f32) -> Self {
+        unsafe { _mm256_blendv_ps(self, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(x, splat(limit))) }
+    }
+    #[inline(always)]
+    unsafe fn where_below(self, a: Self, limit: f32, then: Self) -> Self {
+        unsafe { _mm256_blendv_ps(self, then, _mm256_cmp_ps::<_CMP_LT_OQ>(a, splat(limit))) }
+    }
+    #[inline(always)]
+    unsafe fn abs(self) -> Self {
+        unsafe { _mm256_andnot_ps(splat(-0.0), self) }
+    }
+    #[inline(always)]
+    unsafe fn copysign(self, s: Self) -> Self {
+        let sign = unsafe { splat(-0.0) };
+        unsafe { _mm256_or_ps(_mm256_andnot_ps(sign, self), _mm256_and_ps(sign, s)) }
+    }
+    #[inline(always)]
+    unsafe fn pow2_halves(self) -> (Self, Self) {
+        unsafe {
+            let ni = _mm256_sub_epi32(_mm256_castps_si256(self), _mm256_set1_epi32(MAGIC.to_bits() as i32));
+            let n1 = _mm256_srai_epi32::<1>(ni);
+            (pow2i(n1), pow2i(_mm256_sub_epi32(ni, n1)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        unsafe { _mm256_storeu_ps(p, self) }
+    }
+    const N: usize = 8;
 }
 
 impl Lanes for __m512 {
@@ -271,6 +312,51 @@ impl Lanes for __m512 {
             _mm512_mask_blend_ps(above, self, _mm512_set1_ps(f32::INFINITY))
         }
     }
+    #[inline(always)]
+    unsafe fn zero_where_below(self, x: Self, limit: f32) -> Self {
+        unsafe {
+            let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(limit));
+            _mm512_mask_blend_ps(below, self, _mm512_setzero_ps())
+        }
+    }
+    #[inline(always)]
+    unsafe fn where_below(self, a: Self, limit: f32, then: Self) -> Self {
+        unsafe { _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, _mm512_set1_ps(limit)), self, then) }
+    }
+    #[inline(always)]
+    unsafe fn abs(self) -> Self {
+        unsafe { _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(self), _mm512_set1_epi32(i32::MAX))) }
+    }
+    #[inline(always)]
+    unsafe fn copysign(self, s: Self) -> Self {
+        unsafe {
+            let (a, b) = (_mm512_castps_si512(self), _mm512_castps_si512(s));
+            let (magnitude, sign) = (_mm512_set1_epi32(i32::MAX), _mm512_set1_epi32(i32::MIN));
+            _mm512_castsi512_ps(_mm512_or_si512(
+                _mm512_and_si512(a, magnitude),
+                _mm512_and_si512(b, sign),
+            ))
+        }
+    }
+    #[inline(always)]
+    unsafe fn pow2_halves(self) -> (Self, Self) {
+        unsafe {
+            let ni = _mm512_sub_epi32(_mm512_castps_si512(self), _mm512_set1_epi32(MAGIC.to_bits() as i32));
+            let n1 = _mm512_srai_epi32::<1>(ni);
+            let pow2 =
+                |n: __m512i| _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n, _mm512_set1_epi32(127))));
+            (pow2(n1), pow2(_mm512_sub_epi32(ni, n1)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        unsafe { _mm512_storeu_ps(p, self) }
+    }
+    const N: usize = 16;
 }
 
 /// SiLU for the direct convolution's store ([`store_den`]).
@@ -316,125 +402,155 @@ pub(super) unsafe fn sigmoid8_store(x: __m256) -> __m256 {
 /// `math::tanh`: an odd polynomial below 0.625, `1 - 2 / (e^2|x| + 1)` with
 /// x's sign above (plain multiplies and adds, as there).
 #[inline(always)]
-unsafe fn tanh8(x: __m256) -> __m256 {
+unsafe fn tanh_v<V: Lanes>(x: V) -> V {
     // SAFETY: the caller's CPU; register operations only.
     unsafe {
-        let sign = splat(-0.0);
-        let a = _mm256_andnot_ps(sign, x);
-        let z = _mm256_mul_ps(x, x);
-        let mut q = splat(TANH_POLY[0]);
+        let a = x.abs();
+        let z = x.mul(x);
+        let mut q = V::splat(TANH_POLY[0]);
         for &c in &TANH_POLY[1..] {
-            q = _mm256_add_ps(_mm256_mul_ps(q, z), splat(c));
+            q = q.mul(z).add(V::splat(c));
         }
-        let small = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(q, z), x), x);
-        let e = exp8(_mm256_mul_ps(splat(2.0), a));
-        let big = _mm256_sub_ps(splat(1.0), _mm256_div_ps(splat(2.0), _mm256_add_ps(e, splat(1.0))));
-        let big = _mm256_or_ps(_mm256_andnot_ps(sign, big), _mm256_and_ps(sign, x));
-        _mm256_blendv_ps(big, small, _mm256_cmp_ps::<_CMP_LT_OQ>(a, splat(0.625)))
+        let small = q.mul(z).mul(x).add(x);
+        let e = exp_v(V::splat(2.0).mul(a));
+        let big = V::splat(1.0).sub(V::splat(2.0).div(e.add(V::splat(1.0))));
+        big.copysign(x).where_below(a, 0.625, small)
     }
-}
-
-/// SiLU of one vector: `Fun::Silu`'s lanes, and the direct convolution's
-/// store.
-///
-/// # Safety
-/// AVX2 and FMA available.
-#[inline(always)]
-pub(super) unsafe fn silu8(x: __m256) -> __m256 {
-    // SAFETY: the caller's CPU.
-    unsafe { over_one_plus_exp_neg(x, x) }
-}
-
-/// Sigmoid of one vector: `Fun::Sigmoid`'s lanes, and the convolution's store.
-///
-/// # Safety
-/// AVX2 and FMA available.
-#[inline(always)]
-pub(super) unsafe fn sigmoid8(x: __m256) -> __m256 {
-    // SAFETY: the caller's CPU.
-    unsafe { over_one_plus_exp_neg(splat(1.0), x) }
 }
 
 /// `dst[i] = f(src[i])` for `i < n`, two vectors per iteration; `src` may be `dst`.
 ///
 /// # Safety
-/// AVX2 and FMA available; `src` readable and `dst` writable for `n` values.
+/// The CPU has `V`'s instructions; `src` readable and `dst` writable for `n` values.
 #[inline(always)]
-unsafe fn rows(src: *const f32, dst: *mut f32, n: usize, f: impl Fn(__m256) -> __m256) {
+unsafe fn rows<V: Lanes, const K: usize>(src: *const f32, dst: *mut f32, n: usize, f: impl Fn(V) -> V) {
     let mut i = 0;
-    // SAFETY (every load and store below): i + 16 (or + 8) <= n, which the
+    // SAFETY (every load and store below): i + K·N (or + N) <= n, which the
     // caller grants for src and dst; each value is read before its store.
-    while i + 16 <= n {
+    while i + K * V::N <= n {
         unsafe {
-            let (x0, x1) = (_mm256_loadu_ps(src.add(i)), _mm256_loadu_ps(src.add(i + 8)));
-            let (y0, y1) = (f(x0), f(x1));
-            _mm256_storeu_ps(dst.add(i), y0);
-            _mm256_storeu_ps(dst.add(i + 8), y1);
+            let x: [V; K] = std::array::from_fn(|j| V::load(src.add(i + j * V::N)));
+            let y = x.map(&f);
+            for (j, y) in y.into_iter().enumerate() {
+                y.store(dst.add(i + j * V::N));
+            }
         }
-        i += 16;
+        i += K * V::N;
     }
-    while i + 8 <= n {
-        unsafe { _mm256_storeu_ps(dst.add(i), f(_mm256_loadu_ps(src.add(i)))) };
-        i += 8;
+    while i + V::N <= n {
+        unsafe { f(V::load(src.add(i))).store(dst.add(i)) };
+        i += V::N;
     }
     if i < n {
         // The last values through a full vector (zeros in the other lanes).
-        let mut buf = [0f32; 8];
-        // SAFETY: n - i < 8 values of src and dst, as the caller grants.
+        let mut buf = [0f32; 16];
+        // SAFETY: n - i < N <= 16 values of src and dst, as the caller grants.
         unsafe {
             std::ptr::copy(src.add(i), buf.as_mut_ptr(), n - i);
-            _mm256_storeu_ps(buf.as_mut_ptr(), f(_mm256_loadu_ps(buf.as_ptr())));
+            f(V::load(buf.as_ptr())).store(buf.as_mut_ptr());
             std::ptr::copy(buf.as_ptr(), dst.add(i), n - i);
         }
     }
 }
 
-/// `rows` of `f`, compiled with AVX2 and FMA.
+/// `rows` of `$f` on `$v`'s lanes. A macro, not a generic function: the
+/// closures must be written inside the `#[target_feature]` function, whose
+/// features they inherit (defined in a plain generic helper, they did not
+/// and called every intrinsic out of line: Exp 20x slower).
+macro_rules! run_lanes {
+    ($v:ty, $k:literal, $f:expr, $src:expr, $dst:expr, $n:expr) => {
+        match $f {
+            Fun::Exp => rows::<$v, $k>($src, $dst, $n, |x: $v| exp_v(x)),
+            Fun::Sigmoid => rows::<$v, $k>($src, $dst, $n, |x: $v| over_one_plus_exp_neg(<$v>::splat(1.0), x)),
+            // tanh's two branches keep more values live: two vectors.
+            Fun::Tanh => rows::<$v, 2>($src, $dst, $n, |x: $v| tanh_v(x)),
+            Fun::Silu => rows::<$v, $k>($src, $dst, $n, |x: $v| over_one_plus_exp_neg(x, x)),
+        }
+    };
+}
+
+/// [`run_lanes`] on 8 lanes, compiled with AVX2 and FMA.
 ///
 /// # Safety
 /// As for [`rows`].
 #[target_feature(enable = "avx2,fma")]
 unsafe fn run(f: Fun, src: *const f32, dst: *mut f32, n: usize) {
     // SAFETY: the caller's CPU and pointers.
+    unsafe { run_lanes!(__m256, 2, f, src, dst, n) }
+}
+
+/// [`run_lanes`] on 16 lanes, compiled with AVX-512: the same operations,
+/// so the same bits. The portable loop it replaces on this target has no
+/// FMA (`math` evaluates with plain multiplies and adds there).
+///
+/// # Safety
+/// As for [`rows`], with AVX-512F.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn run512(f: Fun, src: *const f32, dst: *mut f32, n: usize) {
+    // SAFETY: the caller's CPU and pointers.
+    unsafe { run_lanes!(__m512, 4, f, src, dst, n) }
+}
+
+/// `rows` of `f` on `isa`'s vectors; false (nothing written) on the
+/// generic target.
+///
+/// # Safety
+/// `src` readable and `dst` writable for `n` values.
+unsafe fn run_on(isa: Isa, f: Fun, src: *const f32, dst: *mut f32, n: usize) -> bool {
+    // SAFETY: an `Isa` of a target exists only where the CPU has its
+    // features (`Isa::new`): AVX2 and FMA, or AVX-512F (with both); the
+    // pointers are the caller's.
     unsafe {
-        match f {
-            Fun::Exp => rows(src, dst, n, |x| exp8(x)),
-            Fun::Sigmoid => rows(src, dst, n, |x| sigmoid8(x)),
-            Fun::Tanh => rows(src, dst, n, |x| tanh8(x)),
-            Fun::Silu => rows(src, dst, n, |x| silu8(x)),
+        match isa.target() {
+            Target::Avx2 => run(f, src, dst, n),
+            Target::Avx512 => run512(f, src, dst, n),
+            Target::Generic => return false,
         }
     }
-}
-
-/// `dst[i] = f(src[i])` when `isa` is the AVX2 target; false (nothing
-/// written) for any other.
-pub(super) fn map(isa: Isa, f: Fun, src: &[f32], dst: &mut [f32]) -> bool {
-    if isa.target() != Target::Avx2 {
-        return false;
-    }
-    let n = src.len().min(dst.len());
-    // SAFETY: an AVX2 `Isa` exists only where the CPU has AVX2 and FMA
-    // (`Isa::new`); both slices hold n values.
-    unsafe { run(f, src.as_ptr(), dst.as_mut_ptr(), n) };
     true
 }
 
-/// `x[i] = f(x[i])` when `isa` is the AVX2 target; false (nothing written)
-/// for any other.
+/// `dst[i] = f(src[i])` on the AVX2 and AVX-512 targets; false (nothing
+/// written) on the generic one.
+pub(super) fn map(isa: Isa, f: Fun, src: &[f32], dst: &mut [f32]) -> bool {
+    let n = src.len().min(dst.len());
+    // SAFETY: both slices hold n values.
+    unsafe { run_on(isa, f, src.as_ptr(), dst.as_mut_ptr(), n) }
+}
+
+/// `x[i] = f(x[i])` on the AVX2 and AVX-512 targets; false (nothing
+/// written) on the generic one.
 pub(super) fn map_in_place(isa: Isa, f: Fun, x: &mut [f32]) -> bool {
-    if isa.target() != Target::Avx2 {
-        return false;
-    }
     let p = x.as_mut_ptr();
     // SAFETY: as in `map`; each value is read before it is written.
-    unsafe { run(f, p, p, x.len()) };
-    true
+    unsafe { run_on(isa, f, p, p, x.len()) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kernels::math::{exp_with, Fused, MulAdd};
+
+    /// SiLU of one vector: `Fun::Silu`'s lanes (the unary ops' reference for
+    /// the store's form).
+    ///
+    /// # Safety
+    /// AVX2 and FMA available.
+    #[inline(always)]
+    unsafe fn silu8(x: __m256) -> __m256 {
+        // SAFETY: the caller's CPU.
+        unsafe { over_one_plus_exp_neg(x, x) }
+    }
+
+    /// Sigmoid of one vector: `Fun::Sigmoid`'s lanes.
+    ///
+    /// # Safety
+    /// AVX2 and FMA available.
+    #[inline(always)]
+    unsafe fn sigmoid8(x: __m256) -> __m256 {
+        // SAFETY: the caller's CPU.
+        unsafe { over_one_plus_exp_neg(splat(1.0), x) }
+    }
 
     /// The scalar definitions, with fused multiply-adds in `exp`.
     fn scalar(f: Fun, x: f32) -> f32 {
@@ -560,13 +676,19 @@ mod tests {
 
     #[test]
     fn every_lane_is_the_scalar_definition_bit_for_bit() {
-        // Every machine kiln is tested on has AVX2 (both kinds CI meets).
-        let isa = Isa::new(Target::Avx2).expect("an AVX2 CPU");
+        // Every machine kiln is tested on has AVX2 (both kinds CI meets);
+        // the AVX-512 lanes are checked where the CPU has them.
+        let avx2 = Isa::new(Target::Avx2).expect("an AVX2 CPU");
         let generic = Isa::new(Target::Generic).unwrap();
         assert!(!map(generic, Fun::Exp, &[1.0], &mut [0.0]));
         assert_eq!(Fused::madd(2.0, 3.0, 1.0), 7.0);
         let x = values();
-        for f in [Fun::Exp, Fun::Sigmoid, Fun::Tanh, Fun::Silu] {
+        let isas = [Some(avx2), Isa::new(Target::Avx512)];
+        for (isa, f) in isas
+            .into_iter()
+            .flatten()
+            .flat_map(|i| [Fun::Exp, Fun::Sigmoid, Fun::Tanh, Fun::Silu].map(|f| (i, f)))
+        {
             // Every length from 0 to 40 (both loops and every tail), then all.
             for n in (0..=40).chain([x.len()]) {
                 let mut y = vec![f32::NAN; n];
@@ -578,7 +700,8 @@ mod tests {
                     let same = |v: f32| v.to_bits() == want.to_bits() || v.is_nan() && want.is_nan();
                     assert!(
                         same(yi) && same(zi),
-                        "{f:?}({xi}) [{i} of {n}] = {yi} / {zi}, want {want}"
+                        "{} {f:?}({xi}) [{i} of {n}] = {yi} / {zi}, want {want}",
+                        isa.target()
                     );
                 }
             }

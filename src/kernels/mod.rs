@@ -570,8 +570,8 @@ pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32], par: &dyn Para
     Ok(())
 }
 
-/// `op` by `avx2_math` (two vectors at a time) if it has the op and `isa`
-/// is the AVX2 target; false (nothing written) otherwise.
+/// `op` by `avx2_math` (two vectors at a time, FMA) if it has the op and
+/// `isa` is the AVX2 or AVX-512 target; false (nothing written) otherwise.
 fn unary_avx2(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
