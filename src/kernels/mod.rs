@@ -563,11 +563,34 @@ pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32], par: &dyn Para
         )));
     }
     par_rows(par, dst.len(), 1, dst, &|r, d| {
-        if !unary_avx2(isa, op, &src[r.clone()], d) {
+        if !unary_avx2(isa, op, &src[r.clone()], d) && !unary_gelu(isa, op, &src[r.clone()], d) {
             unary_isa(isa, op, &src[r], d)
         }
     });
     Ok(())
+}
+
+/// A GELU as the GEMM epilogue computes it (FMA polynomials, where the
+/// portable loop multiplies and adds apart), block by block, on the AVX2
+/// and AVX-512 targets; false (nothing written) otherwise or for other ops.
+fn unary_gelu(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32]) -> bool {
+    /// Values per block: copied, then activated while in L1.
+    const BLOCK: usize = 2048;
+    let act = match op {
+        UnaryOp::Gelu => gemm::Activation::GeluErf,
+        UnaryOp::GeluTanh => gemm::Activation::GeluTanh,
+        UnaryOp::GeluWritten => gemm::Activation::GeluErfWritten,
+        UnaryOp::GeluTanhWritten => gemm::Activation::GeluTanhWritten,
+        _ => return false,
+    };
+    if isa.target() == Target::Generic {
+        return false;
+    }
+    for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
+        d.copy_from_slice(s);
+        activate_isa(isa, act, d);
+    }
+    true
 }
 
 /// `op` by `avx2_math` (two vectors at a time, FMA) if it has the op and
