@@ -278,11 +278,25 @@ fn conv_info(c: &ConvStep) -> proto::ConvStep {
         residual_in_dst: c.residual == Some(ConvResidual::InDst),
         dst: Some(buf(c.dst)),
         after: (c.after != Activation::None).then(|| activation_info(c.after)),
-        dst_stride: if c.dst_stride == c.out_channels {
-            0
-        } else {
-            c.dst_stride as u64
-        },
+        dst_stride: stride_info(c.dst_stride, c.out_channels),
+    }
+}
+
+/// An output pixel stride as the format stores it: 0 when it is `dense`
+/// (the channel count, what files before format 8 and 10 meant).
+pub(super) fn stride_info(stride: usize, dense: usize) -> u64 {
+    if stride == dense {
+        0
+    } else {
+        stride as u64
+    }
+}
+
+/// [`stride_info`]'s inverse: 0 is `dense`.
+pub(super) fn stride_of(stored: u64, dense: usize) -> Result<usize> {
+    match stored {
+        0 => Ok(dense),
+        s => usize_of(s, "output pixel stride"),
     }
 }
 
@@ -342,10 +356,7 @@ fn conv(c: &proto::ConvStep) -> Result<ConvStep> {
             .transpose()?
             .unwrap_or(Activation::None),
         dst: buf_ref(&c.dst)?,
-        dst_stride: match c.dst_stride {
-            0 => out_channels,
-            s => usize_of(s, "output pixel stride")?,
-        },
+        dst_stride: stride_of(c.dst_stride, out_channels)?,
     })
 }
 

@@ -1,6 +1,6 @@
 //! Serialisation of the pool and resize steps (`plan::PoolStep`, issue #13).
 
-use super::convert::{buf, buf_ref, usize_of};
+use super::convert::{buf, buf_ref, stride_info, stride_of, usize_of};
 use super::proto::{self, step_info::Kind as K, CoordModeInfo as C, PoolKindInfo as P, ResizeModeInfo as M};
 use crate::error::Result;
 use crate::kernels::pool::{PoolKind, PoolShape};
@@ -43,7 +43,7 @@ pub(super) fn pool_info(step: &PoolStep) -> K {
                 channels: *channels as u64,
                 src: Some(buf(*src)),
                 dst: Some(buf(*dst)),
-                dst_stride: if dst_stride == channels { 0 } else { *dst_stride as u64 },
+                dst_stride: stride_info(*dst_stride, *channels),
             })
         }
     }
@@ -76,10 +76,7 @@ pub(super) fn pool_step(kind: &K) -> Result<PoolStep> {
             channels: usize_of(r.channels, "channel count")?,
             src: buf_ref(&r.src)?,
             dst: buf_ref(&r.dst)?,
-            dst_stride: match r.dst_stride {
-                0 => usize_of(r.channels, "channel count")?,
-                s => usize_of(s, "output pixel stride")?,
-            },
+            dst_stride: stride_of(r.dst_stride, usize_of(r.channels, "channel count")?)?,
         },
         _ => crate::bail!(InvalidGraph, "not a pool or resize step"),
     })
