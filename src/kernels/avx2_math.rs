@@ -1,5 +1,6 @@
-//! `exp`, sigmoid, tanh and SiLU over rows on AVX2 + FMA (8 lanes) and
-//! AVX-512 (16 lanes, the same operations), two vectors per loop iteration.
+//! `exp`, sigmoid, tanh and SiLU over rows on AVX2 + FMA (8 lanes, two
+//! vectors per loop iteration) and AVX-512 (16 lanes, the same operations,
+//! four vectors per iteration, tanh two).
 //!
 //! The portable loops (`math::exp` and friends in `elementwise::unary` and
 //! the recurrent gates) vectorise to one 8-lane vector per iteration, and
@@ -124,8 +125,8 @@ unsafe fn store_den<V: Lanes>(x: V) -> V {
     }
 }
 
-/// The operations [`store_den`] needs, on 8 (AVX2) or 16 (AVX-512) lanes.
-/// Every method is one instruction (two for `exponent_bits`).
+/// The operations [`store_den`] and the rows of `run_lanes!` need, on 8
+/// (AVX2) or 16 (AVX-512) lanes: one to three instructions each.
 pub(super) trait Lanes: Copy {
     unsafe fn splat(c: f32) -> Self;
     unsafe fn add(self, b: Self) -> Self;
@@ -418,7 +419,7 @@ unsafe fn tanh_v<V: Lanes>(x: V) -> V {
     }
 }
 
-/// `dst[i] = f(src[i])` for `i < n`, two vectors per iteration; `src` may be `dst`.
+/// `dst[i] = f(src[i])` for `i < n`, `K` vectors per iteration; `src` may be `dst`.
 ///
 /// # Safety
 /// The CPU has `V`'s instructions; `src` readable and `dst` writable for `n` values.
@@ -469,7 +470,7 @@ macro_rules! run_lanes {
     };
 }
 
-/// [`run_lanes`] on 8 lanes, compiled with AVX2 and FMA.
+/// `run_lanes!` on 8 lanes, compiled with AVX2 and FMA.
 ///
 /// # Safety
 /// As for [`rows`].
@@ -479,7 +480,7 @@ unsafe fn run(f: Fun, src: *const f32, dst: *mut f32, n: usize) {
     unsafe { run_lanes!(__m256, 2, f, src, dst, n) }
 }
 
-/// [`run_lanes`] on 16 lanes, compiled with AVX-512: the same operations,
+/// `run_lanes!` on 16 lanes, compiled with AVX-512: the same operations,
 /// so the same bits. The portable loop it replaces on this target has no
 /// FMA (`math` evaluates with plain multiplies and adds there).
 ///
