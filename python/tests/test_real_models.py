@@ -487,3 +487,39 @@ def test_checksum_mismatch_is_an_error(tmp_path):
     with pytest.raises(rc.CorpusError, match=f"checksum mismatch for {member}"):
         rc._extract(wheel, fake, member, sha, out)
     assert not os.path.exists(out), "a model that failed its checksum was written"
+
+
+# --------------------------------------------------------------------------
+# Magika (a jax2tf export outside the corpus's loops)
+# --------------------------------------------------------------------------
+def _magika_bytes(batch: int, seed: int) -> Dict[str, np.ndarray]:
+    """File bytes 0..255, the tail of each row padded with 256, as magika feeds them."""
+    x = np.random.default_rng(seed).integers(0, 256, size=(batch, 2048)).astype(np.int32)
+    x[:, 3 * 2048 // 4:] = 256
+    return {"bytes": x}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_magika_whole_on_kiln_with_its_conv_block_fused(threads, kiln_dev, tmp_path):
+    """Magika with ``claim=all`` runs wholly on kiln and matches the CPU EP at two
+    batch sizes from one session; its 1-D convolution over H (`[N, 256, L, 1]`,
+    5x1) is one step with its bias and tanh-GELU (the all-keeping Slices aliased,
+    the GELU's cube written x * (x * (0.044715 * x)) matched, the fusion through the
+    Squeeze), as the compiled partition's op summary shows."""
+    try:
+        path = rc.fetch_wheel_models(lambda *_: None, (rc.MAGIKA,))["magika"]
+    except rc.CorpusError as exc:
+        pytest.fail(f"magika is not available: {exc}", pytrace=False)
+    feeds = [_magika_bytes(1, 0), _magika_bytes(4, 1)]
+    run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, options={"claim": "all"}, threads=threads)
+    cpu = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for f, got in zip(feeds, run.all_outputs):
+        for want, a in zip(cpu.run(None, f), got):
+            np.testing.assert_allclose(a, want, rtol=1e-4, atol=1e-5)
+    static = onnx.load(path)
+    static.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 4
+    static_path = os.path.join(str(tmp_path), "magika_b4.onnx")
+    onnx.save(static, static_path)
+    data = tu.compile_model(static_path, kiln_dev, embed=True, to="bytes", options={"claim": "all"})
+    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    assert "Conv+Bias+Gelu(tanh) x1" in notes, notes
