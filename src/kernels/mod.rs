@@ -563,7 +563,7 @@ pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32], par: &dyn Para
         )));
     }
     par_rows(par, dst.len(), 1, dst, &|r, d| {
-        if !unary_avx2(isa, op, &src[r.clone()], d) && !unary_gelu(isa, op, &src[r.clone()], d) {
+        if !unary_fma(isa, op, &src[r.clone()], d) && !unary_gelu(isa, op, &src[r.clone()], d) {
             unary_isa(isa, op, &src[r], d)
         }
     });
@@ -595,7 +595,7 @@ fn unary_gelu(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32]) -> bool {
 
 /// `op` by `avx2_math` (two vectors at a time, FMA) if it has the op and
 /// `isa` is the AVX2 or AVX-512 target; false (nothing written) otherwise.
-fn unary_avx2(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32]) -> bool {
+fn unary_fma(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         let f = match op {
