@@ -93,6 +93,8 @@ fn cases() -> Vec<Case> {
             generic: false,
             ..case("BERT M=512 768->3072", 512, 3072, 768)
         },
+        // One time step of a recurrent layer (H·Rᵀ, LSTM hidden 100, batch 2).
+        case("LSTM step M=2 100->400", 2, 400, 100),
         case("encoder M=128 256->256", 128, 256, 256),
         case("encoder M=128 256->1024", 128, 1024, 256),
         case("encoder M=128 1024->256", 128, 256, 1024),

@@ -65,6 +65,10 @@ CASES = [
     ("MiniLM M=308 384->384", 308, 384, 384),
     ("MiniLM M=308 384->1536", 308, 1536, 384),
     ("MiniLM M=308 1536->384", 308, 384, 1536),
+    # A bidirectional LSTM of hidden 100 over 500 steps of batch 2 (bench/recurrent.py's
+    # first case): the input projection of both directions, and one step's H·Rᵀ.
+    ("LSTM projection M=1000 100->800", 1000, 800, 100),
+    ("LSTM step M=2 100->400", 2, 400, 100),
 ]
 BLOCK_SECONDS = 0.06
 # Idle time before each timed block, as in latency.py: ORT's intra-op workers
@@ -88,7 +92,8 @@ def matmul_model(m: int, n: int, k: int) -> bytes:
 
 def sessions(model: bytes, dev, threads: int):
     cpu = ort.InferenceSession(model, cpu_options(threads), providers=["CPUExecutionProvider"])
-    return cpu, ort.InferenceSession(model, kiln_options(dev, threads))
+    # claim=all: kiln's cost rule leaves the small products (the LSTM step) to ORT.
+    return cpu, ort.InferenceSession(model, kiln_options(dev, threads, ep={"claim": "all"}))
 
 
 def per_run(sess, feeds, n: int) -> float:

@@ -85,7 +85,8 @@ def cpu_options(threads: int) -> ort.SessionOptions:
 
 
 def kiln_options(dev, threads: int, extra: Dict[str, str] = None, strict: bool = True,
-                 level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> ort.SessionOptions:
+                 level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                 ep: Dict[str, str] = None) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.graph_optimization_level = level
     so.intra_op_num_threads = threads
@@ -94,7 +95,7 @@ def kiln_options(dev, threads: int, extra: Dict[str, str] = None, strict: bool =
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     for k, v in (extra or {}).items():
         so.add_session_config_entry(k, v)
-    so.add_provider_for_devices([dev], {})
+    so.add_provider_for_devices([dev], dict(ep or {}))
     return so
 
 

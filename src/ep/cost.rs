@@ -19,7 +19,8 @@
 //!    output columns and, as far
 //!    as the shapes tell, at least 16 rows (a leading batch dim of unknown
 //!    size counts as 1, a symbolic sequence dim as many) or a weight of at
-//!    least 2^20 elements (memory-bound even for one row), or `LSTM`/`GRU`.
+//!    least 2^20 elements (memory-bound even for one row), or `LSTM`/`GRU`
+//!    of hidden size 256 or more (smaller ones ran slower than ORT's).
 //! 4. `Conv` and `ConvTranspose` stay with ORT, unless the network gates
 //!    its convolutions: kiln's direct convolution runs most layers at
 //!    MLAS's speed (`bench/conv.py`), but ReLU networks (ResNet-50,
@@ -79,8 +80,16 @@ const GATED_OPS: [&str; 3] = ["HardSwish", "Mish", "Swish"];
 /// BatchNormalization, PP-LCNet's learnable scale and shift).
 const AFFINE: [&str; 5] = ["BatchNormalization", "Mul", "Add", "Sub", "Div"];
 
-/// Ops whose work kiln does better than ORT (rule 3), besides matrix products.
+/// Ops whose work kiln does better than ORT (rule 3), besides matrix
+/// products, from a hidden size of [`MIN_RECURRENT_HIDDEN`].
 const RECURRENT: [&str; 2] = ["LSTM", "GRU"];
+/// The smallest hidden size at which a recurrent layer is an anchor. Each
+/// step's `H·Rᵀ` is as fast as MLAS's (both stream R from L2), but below
+/// this kiln's layers measured 0.83–0.92× the CPU EP's speed on a Sapphire
+/// Rapids class Xeon (hidden 64–128, `bench/recurrent.py`; a seizure
+/// detector with two hidden-100 LSTMs ran 1.2× slower whole), at 256 and
+/// 512 1.06–1.16× (ddddocr's OCR, hidden 512, 0.82–0.93× the CPU EP's time).
+const MIN_RECURRENT_HIDDEN: i64 = 256;
 /// Convolutions, left to ORT (rule 4).
 const CONVOLUTIONS: [&str; 2] = ["Conv", "ConvTranspose"];
 /// ORT-run ops that absorb a following activation or affine op (rule 2).
@@ -254,7 +263,7 @@ impl<'a> CostRule<'a> {
             // One wording for every such partition, so the INFO summary counts them together.
             let why = format!(
                 "left to ORT by the cost rule: its partition has no work kiln runs faster than ORT \
-                 (a MatMul/Gemm with a constant weight of {MIN_COLS}+ columns over {MIN_ROWS}+ rows, a Conv with a constant weight, LSTM, GRU)"
+                 (a MatMul/Gemm with a constant weight of {MIN_COLS}+ columns over {MIN_ROWS}+ rows, a Conv with a constant weight, LSTM or GRU of hidden size {MIN_RECURRENT_HIDDEN}+)"
             );
             out.extend(part.iter().map(|&i| (i, why.clone())));
         }
@@ -328,8 +337,18 @@ impl<'a> CostRule<'a> {
         match node.op_type.as_str() {
             "MatMul" | "Gemm" => self.pays_as_gemm(node),
             op if CONVOLUTIONS.contains(&op) => self.gated_convs && self.gates_pay,
-            op => RECURRENT.contains(&op),
+            op => RECURRENT.contains(&op) && self.recurrent_pays(node),
         }
+    }
+
+    /// A recurrent layer with a constant `R [dirs, gates·hidden, hidden]`
+    /// of at least [`MIN_RECURRENT_HIDDEN`].
+    fn recurrent_pays(&self, node: &NodeDesc) -> bool {
+        node.inputs
+            .get(2)
+            .filter(|r| self.constant_like(r, 4))
+            .and_then(|r| self.known_dims(r))
+            .is_some_and(|dims| dims.len() == 3 && dims[2] >= MIN_RECURRENT_HIDDEN)
     }
 
     /// A matrix product with a constant weight big enough to pack, over

@@ -133,6 +133,8 @@ pub(super) trait Lanes: Copy {
     unsafe fn sub(self, b: Self) -> Self;
     unsafe fn mul(self, b: Self) -> Self;
     unsafe fn div(self, b: Self) -> Self;
+    /// The hardware's reciprocal estimate of `self` (finite, nonzero).
+    unsafe fn rcp_estimate(self) -> Self;
     unsafe fn min(self, b: Self) -> Self;
     unsafe fn max(self, b: Self) -> Self;
     /// `self·b + c`, rounded once.
@@ -185,6 +187,10 @@ impl Lanes for __m256 {
     #[inline(always)]
     unsafe fn div(self, b: Self) -> Self {
         unsafe { _mm256_div_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn rcp_estimate(self) -> Self {
+        unsafe { _mm256_rcp_ps(self) }
     }
     #[inline(always)]
     unsafe fn min(self, b: Self) -> Self {
@@ -276,6 +282,10 @@ impl Lanes for __m512 {
     #[inline(always)]
     unsafe fn div(self, b: Self) -> Self {
         unsafe { _mm512_div_ps(self, b) }
+    }
+    #[inline(always)]
+    unsafe fn rcp_estimate(self) -> Self {
+        unsafe { _mm512_rcp14_ps(self) }
     }
     #[inline(always)]
     unsafe fn min(self, b: Self) -> Self {
@@ -525,6 +535,161 @@ pub(super) fn map_in_place(isa: Isa, f: Fun, x: &mut [f32]) -> bool {
     let p = x.as_mut_ptr();
     // SAFETY: as in `map`; each value is read before it is written.
     unsafe { run_on(isa, f, p, p, x.len()) }
+}
+
+/// `1 / d` for `d` in [1, 2^126]: the reciprocal estimate (12 or 14 bits)
+/// refined by one Newton step, within about an ulp of the quotient. A
+/// division costs 5-16 cycles per vector; this, three operations.
+#[inline(always)]
+unsafe fn recip<V: Lanes>(d: V) -> V {
+    // SAFETY: the caller's CPU; register operations only.
+    unsafe {
+        let r = d.rcp_estimate();
+        r.fmadd(d.fnmadd(r, V::splat(1.0)), r)
+    }
+}
+
+/// The sigmoid for the recurrent cells, through [`recip`]: `x` is held at
+/// -87 and above so that `1 + e^-x` stays finite (σ(-87) is 2^-126, the
+/// true value below it is smaller still); NaN stays NaN.
+#[inline(always)]
+unsafe fn sigmoid_cell<V: Lanes>(x: V) -> V {
+    // SAFETY: the caller's CPU; register operations only.
+    unsafe { recip(V::splat(1.0).add(exp_v(V::splat(-87.0).max(x).neg()))) }
+}
+
+/// [`tanh_v`] for the recurrent cells, through [`recip`]: the same
+/// polynomial below 0.625, `1 - 2 / (e^2|x| + 1)` above with `2|x|` held
+/// at 87 or below (tanh is 1 in f32 from 9 on).
+#[inline(always)]
+unsafe fn tanh_cell<V: Lanes>(x: V) -> V {
+    // SAFETY: the caller's CPU; register operations only.
+    unsafe {
+        let a = x.abs();
+        let z = x.mul(x);
+        let mut q = V::splat(TANH_POLY[0]);
+        for &c in &TANH_POLY[1..] {
+            q = q.mul(z).add(V::splat(c));
+        }
+        let small = q.mul(z).mul(x).add(x);
+        let e = exp_v(V::splat(87.0).min(V::splat(2.0).mul(a)));
+        let big = V::splat(1.0).sub(V::splat(2.0).mul(recip(e.add(V::splat(1.0)))));
+        big.copysign(x).where_below(a, 0.625, small)
+    }
+}
+
+/// The slices of one LSTM cell row (see [`lstm_cells`]).
+pub(super) struct LstmRow<'a> {
+    /// `H·Rᵀ` of this row: gates `i | o | f | g`, `h` values each.
+    pub pre: &'a [f32],
+    /// The input projection (bias included), laid out like `pre`.
+    pub xw: &'a [f32],
+    /// The cell state, updated in place.
+    pub c: &'a mut [f32],
+    /// Where the new hidden state goes.
+    pub h: &'a mut [f32],
+}
+
+/// One LSTM cell row for `n` lanes starting at `j` (`n == V::N`, or fewer
+/// through the caller's buffers).
+///
+/// # Safety
+/// The CPU has `V`'s instructions; `pre` and `xw` readable at `j + g·h .. + N`
+/// for the four gates, `c` and `out` readable and writable at `j .. + N`.
+#[inline(always)]
+unsafe fn lstm_lanes<V: Lanes>(pre: *const f32, xw: *const f32, h: usize, c: *mut f32, out: *mut f32) {
+    // SAFETY: the caller's CPU and pointers.
+    unsafe {
+        // (No closure: one would not inherit the caller's target features.)
+        let i = sigmoid_cell(V::load(pre).add(V::load(xw)));
+        let o = sigmoid_cell(V::load(pre.add(h)).add(V::load(xw.add(h))));
+        let f = sigmoid_cell(V::load(pre.add(2 * h)).add(V::load(xw.add(2 * h))));
+        let g = tanh_cell(V::load(pre.add(3 * h)).add(V::load(xw.add(3 * h))));
+        // Multiplied and added apart, as the scalar cell update.
+        let cn = f.mul(V::load(c)).add(i.mul(g));
+        cn.store(c);
+        o.mul(tanh_cell(cn)).store(out);
+    }
+}
+
+/// [`lstm_lanes`] over a whole row, the last partial vector through buffers.
+///
+/// # Safety
+/// The CPU has `V`'s instructions.
+#[inline(always)]
+unsafe fn lstm_row<V: Lanes>(row: LstmRow<'_>) {
+    let h = row.c.len();
+    let mut j = 0;
+    while j + V::N <= h {
+        // SAFETY: j + N <= h; the four gates of `pre` and `xw` hold 4h values.
+        unsafe {
+            lstm_lanes::<V>(
+                row.pre.as_ptr().add(j),
+                row.xw.as_ptr().add(j),
+                h,
+                row.c.as_mut_ptr().add(j),
+                row.h.as_mut_ptr().add(j),
+            )
+        };
+        j += V::N;
+    }
+    if j < h {
+        let n = h - j;
+        // Gate-major buffers of 16 lanes per gate (the other lanes zero).
+        let (mut pre, mut xw, mut c, mut out) = ([0f32; 64], [0f32; 64], [0f32; 16], [0f32; 16]);
+        for g in 0..4 {
+            pre[g * 16..g * 16 + n].copy_from_slice(&row.pre[g * h + j..g * h + h]);
+            xw[g * 16..g * 16 + n].copy_from_slice(&row.xw[g * h + j..g * h + h]);
+        }
+        c[..n].copy_from_slice(&row.c[j..]);
+        // SAFETY: every buffer holds 16 lanes per gate, N <= 16.
+        unsafe { lstm_lanes::<V>(pre.as_ptr(), xw.as_ptr(), 16, c.as_mut_ptr(), out.as_mut_ptr()) };
+        row.c[j..].copy_from_slice(&c[..n]);
+        row.h[j..].copy_from_slice(&out[..n]);
+    }
+}
+
+/// `lstm_row` on 8 lanes, compiled with AVX2 and FMA.
+///
+/// # Safety
+/// AVX2 and FMA available.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn lstm_row8(row: LstmRow<'_>) {
+    // SAFETY: the caller's CPU.
+    unsafe { lstm_row::<__m256>(row) }
+}
+
+/// `lstm_row` on 16 lanes, compiled with AVX-512.
+///
+/// # Safety
+/// AVX-512F available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn lstm_row16(row: LstmRow<'_>) {
+    // SAFETY: the caller's CPU.
+    unsafe { lstm_row::<__m512>(row) }
+}
+
+/// One LSTM time step for one batch row with the default activations
+/// (sigmoid gates, tanh candidate and output), no clip, peepholes or coupled
+/// gates, in one pass: `i, o, f = σ(pre + xw)`, `g = tanh(pre + xw)`,
+/// `C = f ⊙ C + i ⊙ g`, `H = o ⊙ tanh(C)` — each value as the separate
+/// passes compute it (`Fun::Sigmoid`, `Fun::Tanh`). False (nothing written)
+/// on the generic target or if the slices do not fit one another.
+pub(super) fn lstm_cells(isa: Isa, row: LstmRow<'_>) -> bool {
+    let h = row.c.len();
+    if row.h.len() != h || row.pre.len() != 4 * h || row.xw.len() != 4 * h {
+        return false;
+    }
+    // SAFETY: an `Isa` of a target exists only where the CPU has its
+    // features (`Isa::new`); the slices were checked to fit.
+    unsafe {
+        match isa.target() {
+            Target::Avx2 => lstm_row8(row),
+            Target::Avx512 => lstm_row16(row),
+            Target::Generic => return false,
+        }
+    }
+    true
 }
 
 #[cfg(test)]

@@ -630,6 +630,21 @@ pub(crate) fn rnn_gate(isa: Isa, f: recurrent::RnnActivation, clip: Option<f32>,
     rnn_gate_isa(isa, f, clip, x)
 }
 
+/// One LSTM step's cells for one batch row in one pass, default
+/// activations only (`avx2_math::lstm_cells`): false (nothing written) where
+/// the target has no such kernel.
+pub(crate) fn lstm_cells(isa: Isa, pre: &[f32], xw: &[f32], c: &mut [f32], h: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx2_math::lstm_cells(isa, avx2_math::LstmRow { pre, xw, c, h })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, pre, xw, c, h);
+        false
+    }
+}
+
 /// `dst[i] = op(src[i])` for the f32 tests (IsNaN, IsInf), bool results.
 pub fn unary_to_bool(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [u8], par: &dyn Parallel) -> Result<()> {
     if src.len() != dst.len() || op.src_dtype() != DType::F32 || op.dst_dtype() != DType::Bool {

@@ -291,3 +291,33 @@ fn gated_convolutions_stay_with_ort_on_avx2() {
         }
     }
 }
+
+#[test]
+fn recurrent_layers_are_anchors_from_hidden_256() {
+    for (op, gates) in [("LSTM", 4), ("GRU", 3)] {
+        for (hidden, anchor) in [(100i64, false), (128, false), (256, true), (512, true)] {
+            let g = graph(
+                vec![node(op, &["x", "w", "r", "b"], &["y"])],
+                &[
+                    ("x", &[-1, 1, 64]),
+                    ("w", &[2, gates * hidden, 64]),
+                    ("r", &[2, gates * hidden, hidden]),
+                ],
+            );
+            let c = weights(&["w", "r", "b"]);
+            let mut rule = CostRule::new(&g, &c, &[], Target::Avx512);
+            let out = rule.judge(&[vec![0]], &[true]);
+            assert_eq!(out.is_empty(), anchor, "{op} hidden {hidden}: {out:?}");
+        }
+    }
+}
+
+#[test]
+fn a_recurrent_layer_with_runtime_weights_is_not_an_anchor() {
+    let g = graph(
+        vec![node("LSTM", &["x", "w", "r"], &["y"])],
+        &[("x", &[-1, 1, 64]), ("w", &[1, 2048, 64]), ("r", &[1, 2048, 512])],
+    );
+    let mut rule = CostRule::new(&g, &crate::ir::NO_CONSTANTS, &[], Target::Avx512);
+    assert_eq!(reasons(&rule.judge(&[vec![0]], &[true])), vec![0]);
+}

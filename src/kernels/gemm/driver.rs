@@ -252,9 +252,26 @@ impl<'a> BPanels<'a> {
     /// Rows `ks` of the panel that starts at column `j`.
     #[inline(always)]
     fn panel(&self, j: usize, ks: Range<usize>) -> &[f32] {
-        let p = (j - self.col0) / self.nr;
-        let part = (p / self.part_panels).min(self.last_part);
-        let p = p - part * self.part_panels;
+        self.panel_at(self.index(j), ks)
+    }
+
+    /// The index of the panel that starts at column `j`.
+    #[inline(always)]
+    fn index(&self, j: usize) -> usize {
+        (j - self.col0) / self.nr
+    }
+
+    /// Rows `ks` of panel `p` (see [`BPanels::index`]). No division: the
+    /// per-tile bookkeeping of a product with few rows (a recurrent layer's
+    /// step: 2 rows, 13 panels) cost more than a tenth of its time with two
+    /// per panel.
+    #[inline(always)]
+    fn panel_at(&self, mut p: usize, ks: Range<usize>) -> &[f32] {
+        let mut part = 0;
+        while part < self.last_part && p >= self.part_panels {
+            p -= self.part_panels;
+            part += 1;
+        }
         &self.parts[part][(p * self.height + ks.start - self.k0) * self.nr..][..ks.len() * self.nr]
     }
 }
@@ -419,9 +436,13 @@ pub(super) unsafe fn blocked<K: Kernel>(
                 bias: None,
                 next: &[],
             };
-            for jr in cols.clone().step_by(K::NR) {
+            let p0 = b.index(cols.start);
+            let tiles = row_tiles(mrows.clone(), K::MR);
+            let count = tiles.len();
+            let share = super::prefetch_chunk(kc * b.nr, count);
+            for (p, jr) in cols.clone().step_by(K::NR).enumerate() {
                 let tcols = jr..(jr + K::NR).min(cols.end);
-                let panel = b.panel(jr, kb.clone());
+                let panel = b.panel_at(p0 + p, kb.clone());
                 let store = if finish {
                     epi.store(tcols.clone(), accumulate)
                 } else {
@@ -438,14 +459,13 @@ pub(super) unsafe fn blocked<K: Kernel>(
                 // Rapids class Xeon (AVX-512, weights in its L3) it made
                 // 16 x 384 x 1536 12% faster, MiniLM's 308-row products 3-8%.
                 let next = if jr + K::NR < cols.end {
-                    b.panel(jr + K::NR, kb.clone())
+                    b.panel_at(p0 + p + 1, kb.clone())
                 } else {
                     &[]
                 };
-                let tiles = mrows.len().div_ceil(K::MR);
-                for (t, trows) in row_tiles(mrows.clone(), K::MR).enumerate() {
+                for (t, trows) in tiles.clone().enumerate() {
                     let store = Store {
-                        next: super::prefetch_share(next, t, tiles),
+                        next: super::prefetch_part(next, t, share),
                         ..store
                     };
                     let mut tile = view.tile(trows.clone(), tcols.clone());

@@ -70,8 +70,19 @@ use crate::tensor::{AlignedBytes, HugePageBytes, Storage, Weight};
 /// convolution's rows and border tiles each fetch their share of the next
 /// weight panel this way.
 pub(crate) fn prefetch_share(next: &[f32], i: usize, n: usize) -> &[f32] {
+    prefetch_part(next, i, prefetch_chunk(next.len(), n))
+}
+
+/// The length of each of `n` shares of a panel of `len` values (see
+/// [`prefetch_share`]), for callers that take many shares of equal panels.
+pub(crate) fn prefetch_chunk(len: usize, n: usize) -> usize {
     const LINE: usize = 16;
-    let chunk = next.len().div_ceil(n.max(1)).next_multiple_of(LINE);
+    len.div_ceil(n.max(1)).next_multiple_of(LINE)
+}
+
+/// Share `i` of `next` in parts of `chunk` values ([`prefetch_chunk`]).
+#[inline(always)]
+pub(crate) fn prefetch_part(next: &[f32], i: usize, chunk: usize) -> &[f32] {
     let start = (i * chunk).min(next.len());
     &next[start..(start + chunk).min(next.len())]
 }

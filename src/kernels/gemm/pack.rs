@@ -33,7 +33,7 @@ pub(super) struct BSrc<'a> {
 /// AVX2's 6-row tiles at 13 to 32 rows, on a Sapphire Rapids class Xeon).
 /// Packing and kernels share this.
 #[inline(always)]
-pub(super) fn row_tiles(rows: Range<usize>, mr: usize) -> impl Iterator<Item = Range<usize>> {
+pub(super) fn row_tiles(rows: Range<usize>, mr: usize) -> impl ExactSizeIterator<Item = Range<usize>> + Clone {
     let (len, start) = (rows.len(), rows.start);
     let count = len.div_ceil(mr);
     let (base, extra) = (len / count.max(1), len % count.max(1));
