@@ -20,7 +20,7 @@
 //!    as the shapes tell, at least 16 rows (a leading batch dim of unknown
 //!    size counts as 1, a symbolic sequence dim as many) or a weight of at
 //!    least 2^20 elements (memory-bound even for one row), or `LSTM`/`GRU`
-//!    of hidden size 256 or more (smaller ones ran slower than ORT's).
+//!    of hidden size 512 or more (smaller ones ran slower than ORT's).
 //! 4. `Conv` and `ConvTranspose` stay with ORT, unless the network gates
 //!    its convolutions: kiln's direct convolution runs most layers at
 //!    MLAS's speed (`bench/conv.py`), but ReLU networks (ResNet-50,
@@ -84,12 +84,13 @@ const AFFINE: [&str; 5] = ["BatchNormalization", "Mul", "Add", "Sub", "Div"];
 /// products, from a hidden size of [`MIN_RECURRENT_HIDDEN`].
 const RECURRENT: [&str; 2] = ["LSTM", "GRU"];
 /// The smallest hidden size at which a recurrent layer is an anchor. Each
-/// step's `H·Rᵀ` is as fast as MLAS's (both stream R from L2), but below
-/// this kiln's layers measured 0.83–0.92× the CPU EP's speed on a Sapphire
-/// Rapids class Xeon (hidden 64–128, `bench/recurrent.py`; a seizure
-/// detector with two hidden-100 LSTMs ran 1.2× slower whole), at 256 and
-/// 512 1.06–1.16× (ddddocr's OCR, hidden 512, 0.82–0.93× the CPU EP's time).
-const MIN_RECURRENT_HIDDEN: i64 = 256;
+/// step's `H·Rᵀ` streams R from L2 as MLAS's does, and kiln's layers
+/// measured 0.75–0.92× the CPU EP's speed at hidden 64–128 on a Sapphire
+/// Rapids class Xeon (`bench/recurrent.py`; a seizure detector with two
+/// hidden-100 LSTMs ran 1.2× slower whole), 0.72–1.08× at 256 (not
+/// reliably faster on that noisy VM), 1.01–1.16× at 512 (ddddocr's OCR,
+/// hidden 512, at 0.82–0.93× the CPU EP's time).
+const MIN_RECURRENT_HIDDEN: i64 = 512;
 /// Convolutions, left to ORT (rule 4).
 const CONVOLUTIONS: [&str; 2] = ["Conv", "ConvTranspose"];
 /// ORT-run ops that absorb a following activation or affine op (rule 2).

@@ -293,9 +293,9 @@ fn gated_convolutions_stay_with_ort_on_avx2() {
 }
 
 #[test]
-fn recurrent_layers_are_anchors_from_hidden_256() {
+fn recurrent_layers_are_anchors_from_hidden_512() {
     for (op, gates) in [("LSTM", 4), ("GRU", 3)] {
-        for (hidden, anchor) in [(100i64, false), (128, false), (256, true), (512, true)] {
+        for (hidden, anchor) in [(100i64, false), (128, false), (256, false), (512, true), (1024, true)] {
             let g = graph(
                 vec![node(op, &["x", "w", "r", "b"], &["y"])],
                 &[
