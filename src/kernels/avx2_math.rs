@@ -410,22 +410,31 @@ pub(super) unsafe fn sigmoid8_store(x: __m256) -> __m256 {
     unsafe { sigmoid_store(x) }
 }
 
-/// `math::tanh`: an odd polynomial below 0.625, `1 - 2 / (e^2|x| + 1)` with
-/// x's sign above (plain multiplies and adds, as there).
+/// `math::tanh`'s odd polynomial, for |x| below 0.625 (plain multiplies
+/// and adds, as there).
 #[inline(always)]
-unsafe fn tanh_v<V: Lanes>(x: V) -> V {
+unsafe fn tanh_small<V: Lanes>(x: V) -> V {
     // SAFETY: the caller's CPU; register operations only.
     unsafe {
-        let a = x.abs();
         let z = x.mul(x);
         let mut q = V::splat(TANH_POLY[0]);
         for &c in &TANH_POLY[1..] {
             q = q.mul(z).add(V::splat(c));
         }
-        let small = q.mul(z).mul(x).add(x);
+        q.mul(z).mul(x).add(x)
+    }
+}
+
+/// `math::tanh`: [`tanh_small`] below 0.625, `1 - 2 / (e^2|x| + 1)` with
+/// x's sign above.
+#[inline(always)]
+unsafe fn tanh_v<V: Lanes>(x: V) -> V {
+    // SAFETY: the caller's CPU; register operations only.
+    unsafe {
+        let a = x.abs();
         let e = exp_v(V::splat(2.0).mul(a));
         let big = V::splat(1.0).sub(V::splat(2.0).div(e.add(V::splat(1.0))));
-        big.copysign(x).where_below(a, 0.625, small)
+        big.copysign(x).where_below(a, 0.625, tanh_small(x))
     }
 }
 
@@ -558,23 +567,17 @@ unsafe fn sigmoid_cell<V: Lanes>(x: V) -> V {
     unsafe { recip(V::splat(1.0).add(exp_v(V::splat(-87.0).max(x).neg()))) }
 }
 
-/// [`tanh_v`] for the recurrent cells, through [`recip`]: the same
-/// polynomial below 0.625, `1 - 2 / (e^2|x| + 1)` above with `2|x|` held
-/// at 87 or below (tanh is 1 in f32 from 9 on).
+/// [`tanh_v`] for the recurrent cells, through [`recip`]: [`tanh_small`]
+/// below 0.625, `1 - 2 / (e^2|x| + 1)` above with `2|x|` held at 87 or
+/// below (tanh is 1 in f32 from 9 on).
 #[inline(always)]
 unsafe fn tanh_cell<V: Lanes>(x: V) -> V {
     // SAFETY: the caller's CPU; register operations only.
     unsafe {
         let a = x.abs();
-        let z = x.mul(x);
-        let mut q = V::splat(TANH_POLY[0]);
-        for &c in &TANH_POLY[1..] {
-            q = q.mul(z).add(V::splat(c));
-        }
-        let small = q.mul(z).mul(x).add(x);
         let e = exp_v(V::splat(87.0).min(V::splat(2.0).mul(a)));
         let big = V::splat(1.0).sub(V::splat(2.0).mul(recip(e.add(V::splat(1.0)))));
-        big.copysign(x).where_below(a, 0.625, small)
+        big.copysign(x).where_below(a, 0.625, tanh_small(x))
     }
 }
 
