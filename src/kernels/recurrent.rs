@@ -240,7 +240,10 @@ impl RnnDims {
         self.seq.checked_mul(state)?.checked_add(2 * state)?.checked_add(step)
     }
 
-    /// Elements of the destination (outputs and workspace), `None` on overflow.
+    /// Elements of the destination (outputs and workspace), `None` on
+    /// overflow. [`rnn`] also takes a destination without the directions'
+    /// areas (the length before they were added, as a context file written
+    /// by an earlier kiln holds it); its directions then run one after the other.
     pub fn out_len(&self, spec: &RnnSpec) -> Option<usize> {
         self.parts(spec).map(|p| p.end)
     }
@@ -288,7 +291,9 @@ pub fn sizes_fit(spec: &RnnSpec, dims: &RnnDims, lens: &RnnLens) -> bool {
     );
     let peep = matches!(spec.cell, RnnCell::Lstm { peepholes: true, .. });
     spec.is_valid()
-        && dims.out_len(spec) == Some(lens.dst)
+        && dims
+            .parts(spec)
+            .is_some_and(|p| lens.dst == p.end || lens.dst == p.area)
         && dims.seq.checked_mul(dims.batch).and_then(|n| n.checked_mul(dims.input)) == Some(lens.x)
         && opt(lens.bias, dirs * gh)
         && opt(lens.rbh, dirs * h)
@@ -361,6 +366,7 @@ pub fn rnn(
     let (outs, work) = dst.split_at_mut(parts.xw);
     let (xw, work) = work.split_at_mut(parts.gates - parts.xw);
     let (gates, work) = work.split_at_mut(parts.tmp - parts.gates);
+    // Empty for one direction, and in a destination without the areas.
     let (tmp, area) = work.split_at_mut(parts.area - parts.tmp);
     // Not all of it is used by every cell: the whole destination stays deterministic.
     tmp.fill(0.0);
@@ -399,7 +405,7 @@ pub fn rnn(
     // split per step, each thread keeping its columns of R in its own L2
     // (hidden 512: R is 4 MiB per direction, 2.4x faster on 2 threads).
     let small_steps = par.threads() >= 2 && step_parallelism(dims.batch, h, spec.cell.gates(), par).threads() == 1;
-    if dirs == 2 && small_steps {
+    if dirs == 2 && small_steps && !area.is_empty() {
         let (h0, c0) = (&*y_h, &*y_c);
         let per = area.len() / 2;
         try_for_each_block(par, area, Blocks::new(2 * per, per, per), &|d, block| {
@@ -912,6 +918,19 @@ mod tests {
                         .zip(&two[..outputs])
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{cell:?} {isa:?}: two threads differ"
+                );
+                // A destination without the directions' areas (a context
+                // written before they existed): directions one after the other.
+                let old_len = dims.parts(&spec).unwrap().area;
+                assert!(old_len < dst.len());
+                let mut old = vec![f32::NAN; old_len];
+                rnn(isa, &spec, &dims, &args, &mut old, &ScopedThreads(2)).unwrap();
+                assert!(
+                    dst[..outputs]
+                        .iter()
+                        .zip(&old[..outputs])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{cell:?} {isa:?}: the short destination differs"
                 );
                 for d in 0..2 {
                     let (y, last) = reference(cell, d, d == 1, &dims, h, &x, &w, &r, &b, &lens);
