@@ -359,11 +359,6 @@ mod x86 {
         // with few rows a tile's share is large (the whole panel for one
         // tile of 4 rows), and more prefetches than that took the load
         // ports from B (4 x 1024 x 1024 3.5% slower uncapped).
-        // Two rows (a recurrent layer's step at batch 2) make only four FMA
-        // chains, each waiting on the last: odd k go to a second set, added
-        // in after the loop (7% faster at 2 x 400 x 100 on a Sapphire Rapids
-        // class Xeon; M = 2 then sums in another order than taller tiles).
-        let mut odd = [[_mm512_setzero_ps(); 2]; MR];
         let iters = if MR == 1 || half { 0 } else { kc / 4 };
         let (mut pf, mut pf_left) = (store.next.as_ptr(), store.next.len().div_ceil(16));
         let pf_per = pf_left.div_ceil(iters.max(1)).min(MR / 2);
@@ -380,8 +375,7 @@ mod x86 {
                 // SAFETY: fewer than kc k have been consumed, so b + 32 (k + u) .. + 32
                 // and A's values of k + u in each row are readable.
                 let (b0, b1) = unsafe { (_mm512_loadu_ps(bp.add(32 * u)), _mm512_loadu_ps(bp.add(32 * u + 16))) };
-                let set = if MR == 2 && u % 2 == 1 { &mut odd } else { &mut acc };
-                for (i, acc) in set.iter_mut().enumerate() {
+                for (i, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: i < MR (see above).
                     let ai = _mm512_set1_ps(unsafe { *ap.add(at(i, u)) });
                     acc[0] = _mm512_fmadd_ps(ai, b0, acc[0]);
@@ -392,12 +386,6 @@ mod x86 {
             unsafe {
                 ap = ap.add(4 * step);
                 bp = bp.add(4 * 32);
-            }
-        }
-        if MR == 2 {
-            for (acc, odd) in acc.iter_mut().zip(&odd) {
-                acc[0] = _mm512_add_ps(acc[0], odd[0]);
-                acc[1] = _mm512_add_ps(acc[1], odd[1]);
             }
         }
         for _ in 0..if half { 0 } else { kc % 4 } {
@@ -545,8 +533,6 @@ mod x86 {
         // This tile's share of the next B panel (`Store::next`): one line
         // per iteration from the start of the K loop.
         let (mut pf, mut pf_left) = (store.next.as_ptr(), store.next.len().div_ceil(16));
-        // Two rows: odd k into a second set of chains, as on AVX-512.
-        let mut odd = [[_mm256_setzero_ps(); 2]; MR];
         // Four k per iteration: one pointer step and branch per 4 k.
         for _ in 0..if MR == 1 { 0 } else { kc / 4 } {
             if pf_left > 0 {
@@ -559,8 +545,7 @@ mod x86 {
                 // SAFETY: fewer than kc k have been consumed, so bp + 16 u .. + 16
                 // and A's values of k + u in each row are readable.
                 let (b0, b1) = unsafe { (_mm256_loadu_ps(bp.add(16 * u)), _mm256_loadu_ps(bp.add(16 * u + 8))) };
-                let set = if MR == 2 && u % 2 == 1 { &mut odd } else { &mut acc };
-                for (i, acc) in set.iter_mut().enumerate() {
+                for (i, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: i < MR (see above).
                     let ai = _mm256_broadcast_ss(unsafe { &*ap.add(at(i, u)) });
                     acc[0] = _mm256_fmadd_ps(ai, b0, acc[0]);
@@ -571,12 +556,6 @@ mod x86 {
             unsafe {
                 ap = ap.add(4 * step);
                 bp = bp.add(4 * 16);
-            }
-        }
-        if MR == 2 {
-            for (acc, odd) in acc.iter_mut().zip(&odd) {
-                acc[0] = _mm256_add_ps(acc[0], odd[0]);
-                acc[1] = _mm256_add_ps(acc[1], odd[1]);
             }
         }
         for _ in 0..kc % 4 {
