@@ -904,34 +904,30 @@ mod tests {
                     initial_c: None,
                     p: None,
                 };
-                let mut dst = vec![f32::NAN; dims.out_len(&spec).unwrap()];
-                rnn(isa, &spec, &dims, &args, &mut dst, &Serial).unwrap();
+                let run = |len: usize, par: &dyn Parallel| {
+                    let mut out = vec![f32::NAN; len];
+                    rnn(isa, &spec, &dims, &args, &mut out, par).unwrap();
+                    out
+                };
+                let dst = run(dims.out_len(&spec).unwrap(), &Serial);
                 let [_, y_h, _] = dims.output_offsets(&spec).unwrap();
-                // Two threads run the directions at once, each in its own
-                // area: the same operations, so the same outputs bit for bit.
-                let mut two = vec![f32::NAN; dst.len()];
-                rnn(isa, &spec, &dims, &args, &mut two, &ScopedThreads(2)).unwrap();
                 let outputs = y_h + 2 * dims.batch * h * if g == 4 { 2 } else { 1 };
-                assert!(
+                let same_outputs = |other: &[f32]| {
                     dst[..outputs]
                         .iter()
-                        .zip(&two[..outputs])
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{cell:?} {isa:?}: two threads differ"
-                );
+                        .zip(&other[..outputs])
+                        .all(|(a, b)| a.to_bits() == b.to_bits())
+                };
+                // Two threads run the directions at once, each in its own
+                // area: the same operations, so the same outputs bit for bit.
+                let two = run(dst.len(), &ScopedThreads(2));
+                assert!(same_outputs(&two), "{cell:?} {isa:?}: two threads differ");
                 // A destination without the directions' areas (a context
                 // written before they existed): directions one after the other.
                 let old_len = dims.parts(&spec).unwrap().area;
                 assert!(old_len < dst.len());
-                let mut old = vec![f32::NAN; old_len];
-                rnn(isa, &spec, &dims, &args, &mut old, &ScopedThreads(2)).unwrap();
-                assert!(
-                    dst[..outputs]
-                        .iter()
-                        .zip(&old[..outputs])
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{cell:?} {isa:?}: the short destination differs"
-                );
+                let old = run(old_len, &ScopedThreads(2));
+                assert!(same_outputs(&old), "{cell:?} {isa:?}: the short destination differs");
                 for d in 0..2 {
                     let (y, last) = reference(cell, d, d == 1, &dims, h, &x, &w, &r, &b, &lens);
                     for t in 0..dims.seq {
