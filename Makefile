@@ -109,6 +109,7 @@ bench: build venv corpus
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/overhead.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/encoders.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/embeddings.py
+	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/chains.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/real.py
 	KILN_EP_LIBRARY=$(LIB) PYTHONPATH=python $(VPY) bench/outside.py
 	$(CARGO) bench --bench gemm

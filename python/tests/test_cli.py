@@ -209,7 +209,7 @@ def test_inspect_readable_and_json(installed, work):
     ok(kiln(installed, "compile", work / "demo.onnx"))
     p = ok(kiln(installed, "inspect", work / "demo_ctx.onnx"))
     text = p.stdout
-    for needle in ["1 kiln EPContext node(s)", "ep_cache_context demo_kiln.bin", "format 10",
+    for needle in ["1 kiln EPContext node(s)", "ep_cache_context demo_kiln.bin", f"format {tu.CONTEXT_FORMAT}",
                    "OK; matches the node's stamp", "kiln says: optimal", "ONNX Runtime's compatibility check: optimal",
                    "runs here: yes", "weight(s) of 527,872 bytes"]:
         assert needle in text, (needle, text)

@@ -11,6 +11,7 @@ import zipfile
 
 import pytest
 
+import kiln_testutil as tu
 import wheel_env
 
 TARGETS = ("x86_64-avx512", "x86_64-avx2", "x86_64-generic")
@@ -223,7 +224,7 @@ print(json.dumps({{"files": r.files, "sizes": [os.path.getsize(f) for f in r.fil
     assert out["partitions"] == [1]
     assert out["ok"] and out["checksums"] and out["valid"] and out["stamp"] is True
     assert out["kiln"] == out["ort"] == "optimal"
-    assert out["info"] == f"kiln;format=10;version=0.1.0;target={out['target']}"
+    assert out["info"] == f"kiln;format={tu.CONTEXT_FORMAT};version=0.1.0;target={out['target']}"
     assert out["targets"] == [out["target"]]
     assert out["graphs"] == [out["partition"]]
     assert {"nodes", "binaries", "problems", "can_run_here", "checksums_ok"} <= set(out["json_keys"])

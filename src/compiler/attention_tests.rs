@@ -238,6 +238,7 @@ fn fused_on(g: &Graph, passes: Passes, ins: &[Vec<f32>]) -> usize {
             patterns: false,
             layout: false,
             epilogue: false,
+            chain: false,
         },
     )
     .unwrap();

@@ -11,6 +11,7 @@ const NO_PASSES: Passes = Passes {
     patterns: false,
     layout: false,
     epilogue: false,
+    chain: false,
 };
 
 fn axis(input: usize, kernel: usize, pad: usize) -> Axis {
@@ -62,7 +63,7 @@ fn fused_ops(g: &Graph) -> Vec<String> {
             assert_close(&run_f32(&compile(g, target).unwrap(), &inputs), &want, 1e-4);
         }
     }
-    let opt = optimise(g, Passes::default()).unwrap();
+    let opt = optimise(g, super::tests::inspected()).unwrap();
     opt.nodes.iter().map(|n| n.op.name()).collect()
 }
 

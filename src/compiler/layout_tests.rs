@@ -46,7 +46,7 @@ fn check_same(g: &Graph, tol: f32) -> Graph {
         let got = run_f32(&compile_with(g, target, Passes::default()).unwrap(), &inputs);
         assert_close(&got, &want, tol);
     }
-    optimise(g, Passes::default()).unwrap()
+    optimise(g, crate::compiler::tests::inspected()).unwrap()
 }
 
 fn t(b: &mut Builder, x: ValueId, perm: &[usize], out: &str) -> ValueId {
@@ -108,7 +108,10 @@ fn the_pass_can_be_turned_off() {
     let c2 = conv(&mut b, c1, 3, 3, "c2");
     b.output(c2);
     assert_eq!(transposes(&optimise(&b.g, without_layout()).unwrap()), 4);
-    assert_eq!(transposes(&optimise(&b.g, Passes::default()).unwrap()), 2);
+    assert_eq!(
+        transposes(&optimise(&b.g, crate::compiler::tests::inspected()).unwrap()),
+        2
+    );
 }
 
 #[test]

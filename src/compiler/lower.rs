@@ -13,8 +13,8 @@ use super::generic::PackedWeights;
 use super::memplan::{plan_arena, Lifetime};
 use crate::error::{Error, Result};
 use crate::ir::{
-    matmul_dims, AttentionAttrs, BiasKind, ConvAttrs, ConvTransposeAttrs, DType, EmbedAttrs, EmbedTerm, Graph,
-    MatMulAttrs, Node, Op, RnnAttrs, ValueId,
+    matmul_dims, Access, AttentionAttrs, BiasKind, ChainOp, ConvAttrs, ConvTransposeAttrs, DType, EmbedAttrs,
+    EmbedTerm, Graph, MatMulAttrs, Node, Op, RnnAttrs, ValueId,
 };
 use crate::kernels::channel_norm::GroupNormDims;
 use crate::kernels::conv;
@@ -26,9 +26,9 @@ use crate::kernels::recurrent::RnnDims;
 use crate::kernels::select::Lanes;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
-    AttentionShape, AttentionStep, BufRef, Constant, ConvResidual, ConvStep, ConvTransposeStep, ConvWeightsRef,
-    EmbedSrc, EmbedStep, EmbedTermStep, IndexStep, MatB, MatBias, MatMulStep, NormStep, Packing, PoolStep, Program,
-    ProgramParts, RnnStep, Step, TensorSpec, Weight,
+    AttentionShape, AttentionStep, BufRef, ChainStep, Constant, ConvResidual, ConvStep, ConvTransposeStep,
+    ConvWeightsRef, EmbedSrc, EmbedStep, EmbedTermStep, IndexStep, MatB, MatBias, MatMulStep, NormStep, Packing,
+    PoolStep, Program, ProgramParts, RnnStep, Step, TensorSpec, Weight,
 };
 use crate::target::Target;
 
@@ -397,6 +397,21 @@ impl Lowering<'_> {
         &self.graph.values[v].ty.shape
     }
 
+    /// Each input read as `ir::infer` found it lines up with the output.
+    fn chain(&mut self, ops: &[ChainOp], ins: &[ValueId], out: ValueId, dst: BufRef) -> Result<Step> {
+        let mut inputs = Vec::with_capacity(ins.len());
+        for &v in ins {
+            let access = Access::for_shapes(self.shape(out), self.shape(v))
+                .ok_or_else(|| internal("a validated chain input does not line up"))?;
+            inputs.push((self.buf(v)?, access));
+        }
+        Ok(Step::Chain(Box::new(ChainStep {
+            ops: ops.to_vec(),
+            inputs,
+            dst,
+        })))
+    }
+
     fn dtype(&self, v: ValueId) -> DType {
         self.graph.values[v].ty.dtype
     }
@@ -593,6 +608,7 @@ impl Lowering<'_> {
             Op::ConvTranspose(attrs) => self.conv_transpose(attrs, ins, dst)?,
             Op::Attention(attrs) => self.attention(attrs, ins, dst)?,
             Op::EmbedLayerNorm(attrs) => self.embed(attrs, ins, out, dst)?,
+            Op::Chain(ops) => self.chain(ops, ins, out, dst)?,
             Op::Reshape => return Err(internal("an alias reached lowering")),
             Op::Shape { .. } => return Err(internal("Shape was not folded")),
         };

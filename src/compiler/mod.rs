@@ -12,6 +12,8 @@
 //!    into convolutions; then (with `patterns`) [`attention`] — multi-head
 //!    attention into one fused op, [`qkv`] — its Q, K and V projections
 //!    into one product, and [`embed`] — embeddings + LayerNorm into one op.
+//!    Last, [`chain`] — what is left of f32 elementwise ops, chains of them
+//!    into one op that runs them in one pass.
 //! 6. [`dce`] — drop nodes whose results reach no graph output.
 //! 7. [`alias`] — layout-only ops become buffer aliases.
 //! 8. [`lower`] — pick kernels and layouts, pack constant GEMM weights for
@@ -22,6 +24,8 @@
 mod alias;
 // Attention fusion (issue #14).
 mod attention;
+// Elementwise chains (issue #14).
+mod chain;
 // Convolution (issue #13).
 mod conv_affine;
 mod conv_fusion;
@@ -68,6 +72,8 @@ pub struct Passes {
     /// Channels-last layout propagation ([`layout`]).
     pub layout: bool,
     pub epilogue: bool,
+    /// Elementwise chains into one op ([`chain`]).
+    pub chain: bool,
 }
 
 impl Default for Passes {
@@ -77,6 +83,7 @@ impl Default for Passes {
             patterns: true,
             layout: true,
             epilogue: true,
+            chain: true,
         }
     }
 }
@@ -128,6 +135,10 @@ pub fn optimise(graph: &Graph, passes: Passes) -> Result<Graph> {
         qkv::fuse(&mut g);
         embed::fuse(&mut g);
     }
+    // Last: the chains take only what the other fusions left.
+    if passes.chain {
+        chain::fuse(&mut g);
+    }
     dce::remove_dead(&mut g);
     if cfg!(debug_assertions) {
         g.validate()
@@ -155,3 +166,6 @@ mod qkv_tests;
 
 #[cfg(test)]
 mod embed_tests;
+
+#[cfg(test)]
+mod chain_tests;

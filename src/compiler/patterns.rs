@@ -155,6 +155,11 @@ pub(crate) fn apply(g: &mut Graph, m: Matcher) -> usize {
             rewrites.push(r);
         }
     }
+    apply_rewrites(g, rewrites)
+}
+
+/// Applies rewrites that touch disjoint nodes; returns how many.
+pub(crate) fn apply_rewrites(g: &mut Graph, rewrites: Vec<Rewrite>) -> usize {
     let n = rewrites.len();
     let mut dead = vec![false; g.nodes.len()];
     let mut before: Vec<Vec<Node>> = (0..g.nodes.len()).map(|_| Vec::new()).collect();

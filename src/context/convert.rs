@@ -5,12 +5,14 @@
 use super::proto::{self, buf_info, layout_info, step_info};
 use crate::error::{Error, Result};
 use crate::ir::{Activation, DType};
+use crate::kernels::chain::{Access, ChainOp, Operand};
 use crate::kernels::recurrent::{RnnActivation, RnnCell, RnnDims, RnnDirection, RnnSpec};
 use crate::kernels::spatial::{Axis, Window};
 use crate::kernels::{BinaryOp, CopyPlan, Layout, ReduceKind, Strided, UnaryOp, Where3};
 use crate::plan::{
-    AttentionShape, AttentionStep, BufRef, Constant, ConvResidual, ConvStep, ConvTransposeStep, ConvWeightsRef,
-    EmbedSrc, EmbedStep, EmbedTermStep, MatB, MatBias, MatMulStep, Program, ProgramParts, RnnStep, Step, TensorSpec,
+    AttentionShape, AttentionStep, BufRef, ChainStep, Constant, ConvResidual, ConvStep, ConvTransposeStep,
+    ConvWeightsRef, EmbedSrc, EmbedStep, EmbedTermStep, MatB, MatBias, MatMulStep, Program, ProgramParts, RnnStep,
+    Step, TensorSpec,
 };
 use crate::target::Target;
 
@@ -57,23 +59,11 @@ fn tensor_info(spec: &TensorSpec) -> proto::TensorInfo {
 fn step_info(step: &Step) -> proto::StepInfo {
     use step_info::Kind as K;
     let kind = match step {
-        Step::Unary { op, src, dst } => {
-            let (alpha, lo, hi) = match op {
-                UnaryOp::LeakyRelu(a) => (*a, 0.0, 0.0),
-                UnaryOp::Clip(lo, hi) => (0.0, *lo, *hi),
-                _ => (0.0, 0.0, 0.0),
-            };
-            let (alpha, beta) = unary_params(*op).unwrap_or((alpha, 0.0));
-            K::Unary(proto::UnaryStep {
-                op: unary_kind(*op) as i32,
-                src: Some(buf(*src)),
-                dst: Some(buf(*dst)),
-                alpha,
-                lo,
-                hi,
-                beta,
-            })
-        }
+        Step::Unary { op, src, dst } => K::Unary(proto::UnaryStep {
+            src: Some(buf(*src)),
+            dst: Some(buf(*dst)),
+            ..unary_info(*op)
+        }),
         Step::Binary {
             op,
             dtype,
@@ -234,6 +224,7 @@ fn step_info(step: &Step) -> proto::StepInfo {
         Step::ConvTranspose(c) => K::ConvTranspose(conv_transpose_info(c)),
         Step::Attention(a) => K::Attention(attention_info(a)),
         Step::EmbedLayerNorm(e) => K::EmbedLayerNorm(embed_info(e)),
+        Step::Chain(c) => K::Chain(chain_info(c)),
     };
     proto::StepInfo { kind: Some(kind) }
 }
@@ -599,6 +590,113 @@ fn layout_info(layout: &Layout) -> proto::LayoutInfo {
     proto::LayoutInfo { kind: Some(kind) }
 }
 
+/// A unary op's fields (its buffers unset).
+fn unary_info(op: UnaryOp) -> proto::UnaryStep {
+    let (alpha, lo, hi) = match op {
+        UnaryOp::LeakyRelu(a) => (a, 0.0, 0.0),
+        UnaryOp::Clip(lo, hi) => (0.0, lo, hi),
+        _ => (0.0, 0.0, 0.0),
+    };
+    let (alpha, beta) = unary_params(op).unwrap_or((alpha, 0.0));
+    proto::UnaryStep {
+        op: unary_kind(op) as i32,
+        src: None,
+        dst: None,
+        alpha,
+        lo,
+        hi,
+        beta,
+    }
+}
+
+fn chain_info(c: &ChainStep) -> proto::ChainStep {
+    let operand = |o: Operand| match o {
+        Operand::Input(k) => (k as u32, false),
+        Operand::Result(r) => (r as u32, true),
+    };
+    let ops = c
+        .ops
+        .iter()
+        .map(|op| {
+            let (unary, binary, a, b) = match *op {
+                ChainOp::Unary(u, a) => (Some(unary_info(u)), 0, a, None),
+                ChainOp::Binary(k, a, b) => (None, binary_kind(k) as i32, a, Some(b)),
+            };
+            let (a, a_result) = operand(a);
+            let (b, b_result) = b.map_or((0, false), operand);
+            proto::ChainOpInfo {
+                unary,
+                binary,
+                a,
+                a_result,
+                b,
+                b_result,
+            }
+        })
+        .collect();
+    let inputs = c
+        .inputs
+        .iter()
+        .map(|&(r, access)| {
+            let (access, inner) = match access {
+                Access::Full => (0, 0),
+                Access::Scalar => (1, 0),
+                Access::Row(inner) => (2, inner as u64),
+            };
+            proto::ChainInputInfo {
+                src: Some(buf(r)),
+                access,
+                inner,
+            }
+        })
+        .collect();
+    proto::ChainStep {
+        ops,
+        inputs,
+        dst: Some(buf(c.dst)),
+    }
+}
+
+fn chain(c: &proto::ChainStep) -> Result<ChainStep> {
+    let operand = |k: u32, result: bool| {
+        let k = k as usize;
+        if result {
+            Operand::Result(k)
+        } else {
+            Operand::Input(k)
+        }
+    };
+    let ops = c
+        .ops
+        .iter()
+        .map(|o| {
+            let a = operand(o.a, o.a_result);
+            Ok(match &o.unary {
+                Some(u) => ChainOp::Unary(unary_op(u)?, a),
+                None => ChainOp::Binary(binary_op(o.binary)?, a, operand(o.b, o.b_result)),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let inputs = c
+        .inputs
+        .iter()
+        .map(|i| {
+            let access = match i.access {
+                0 => Access::Full,
+                1 => Access::Scalar,
+                2 => Access::Row(usize_of(i.inner, "chain row length")?),
+                n => return Err(Error::invalid_graph(format!("unknown chain input access {n}"))),
+            };
+            Ok((buf_ref(&i.src)?, access))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ChainStep {
+        ops,
+        inputs,
+        dst: buf_ref(&c.dst)?,
+    })
+}
+
 fn unary_kind(op: UnaryOp) -> proto::UnaryOpKind {
     use proto::UnaryOpKind as K;
     match op {
@@ -762,6 +860,7 @@ fn step(s: &proto::StepInfo) -> Result<Step> {
         K::GroupNorm(_) | K::Lrn(_) | K::ArgReduce(_) | K::TopK(_) => {
             Step::Norm(Box::new(super::convert_norm::norm_step(kind)?))
         }
+        K::Chain(c) => Step::Chain(Box::new(chain(c)?)),
         K::Unary(u) => Step::Unary {
             op: unary_op(u)?,
             src: buf_ref(&u.src)?,

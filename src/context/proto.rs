@@ -261,7 +261,7 @@ pub struct OpCount {
 pub struct StepInfo {
     #[prost(
         oneof = "step_info::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50, 65, 66, 75, 76, 77, 78, 55, 85, 86"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33, 34, 40, 50, 65, 66, 75, 76, 77, 78, 55, 85, 86, 87"
     )]
     pub kind: Option<step_info::Kind>,
 }
@@ -331,7 +331,53 @@ pub mod step_info {
         // Embeddings + LayerNorm (issue #14, format 7).
         #[prost(message, tag = "86")]
         EmbedLayerNorm(super::EmbedLayerNormStep),
+        // Elementwise chains (issue #14, format 11).
+        #[prost(message, tag = "87")]
+        Chain(super::ChainStep),
     }
+}
+
+/// f32 elementwise ops in one pass (`plan::ChainStep`, format 11).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ChainStep {
+    #[prost(message, repeated, tag = "1")]
+    pub ops: Vec<ChainOpInfo>,
+    #[prost(message, repeated, tag = "2")]
+    pub inputs: Vec<ChainInputInfo>,
+    #[prost(message, optional, tag = "3")]
+    pub dst: Option<BufInfo>,
+}
+
+/// One op of a [`ChainStep`].
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ChainOpInfo {
+    /// A unary op (its buffers unset); absent for a binary op.
+    #[prost(message, optional, tag = "1")]
+    pub unary: Option<UnaryStep>,
+    /// The binary op, when `unary` is absent.
+    #[prost(enumeration = "BinaryOpKind", tag = "2")]
+    pub binary: i32,
+    /// Operands: an input's index, or an earlier op's when `*_result`.
+    #[prost(uint32, tag = "3")]
+    pub a: u32,
+    #[prost(bool, tag = "4")]
+    pub a_result: bool,
+    #[prost(uint32, tag = "5")]
+    pub b: u32,
+    #[prost(bool, tag = "6")]
+    pub b_result: bool,
+}
+
+/// One input of a [`ChainStep`] and how it lines up with the output.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ChainInputInfo {
+    #[prost(message, optional, tag = "1")]
+    pub src: Option<BufInfo>,
+    /// 0: the output's size, 1: one value, 2: one row of `inner` values.
+    #[prost(uint32, tag = "2")]
+    pub access: u32,
+    #[prost(uint64, tag = "3")]
+    pub inner: u64,
 }
 
 /// Embeddings summed and layer-normalised (`plan::EmbedStep`, format 7).

@@ -6,7 +6,7 @@ use prost::Message;
 
 use super::header::{checksum, Header, HEADER_LEN};
 use super::*;
-use crate::compiler::compile;
+use crate::compiler::{compile_with, Passes};
 use crate::error::ErrorKind;
 use crate::ir::{broadcast_shapes, BinaryOp, Graph, Op, TensorType, UnaryOp, ValueId};
 use crate::kernels::parallel::Serial;
@@ -89,6 +89,17 @@ fn graph_c() -> Graph {
     let y = g.node(Op::Binary(BinaryOp::Mul), &[x, m], "y");
     g.0.outputs.push(y);
     g.0
+}
+
+/// Compiles without elementwise chains: these tests tamper with the unary
+/// and binary steps of small graphs, which a chain would hold
+/// (`chain_steps_round_trip_and_bad_ones_are_refused` covers chains).
+pub(super) fn compile(g: &Graph, target: Target) -> crate::error::Result<crate::plan::Program> {
+    let passes = Passes {
+        chain: false,
+        ..Passes::default()
+    };
+    compile_with(g, target, passes)
 }
 
 pub(super) fn storage(bytes: &[u8]) -> Arc<dyn Storage> {
@@ -1316,4 +1327,44 @@ fn embed_layer_norm_steps_round_trip_and_bad_ones_are_refused() {
     );
     refused(&with_embed(&|e| e.width += 1), "do not allow");
     refused(&with_embed(&|e| e.terms[0].src = None), "missing");
+}
+
+// Elementwise chains (issue #14, format 11).
+#[test]
+fn chain_steps_round_trip_and_bad_ones_are_refused() {
+    use crate::plan::Step;
+    let p = crate::compiler::compile(&graph_a(), Target::Generic).unwrap();
+    assert!(matches!(p.steps(), [Step::Chain(_)]), "{}", p.op_summary());
+    let mut b = ContextBuilder::new(Target::Generic);
+    b.add_graph("a", &p).unwrap();
+    let bytes = b.to_bytes().unwrap();
+    let read = parse(&bytes).unwrap().program("a").unwrap().unwrap();
+    assert_same_program(&read, &p);
+    let with_chain = |f: &dyn Fn(&mut proto::ChainStep)| {
+        tamper_steps(&bytes, |k| {
+            if let proto::step_info::Kind::Chain(c) = k {
+                f(c);
+            }
+        })
+    };
+    // An op reading a later result or a missing input, a row input read
+    // as the output's size, a row of another length, an unknown access, too
+    // many ops, a unary op on a row, a lost input buffer.
+    refused(&with_chain(&|c| c.ops[0].a_result = true), "do not allow");
+    refused(&with_chain(&|c| c.ops[1].a = 7), "do not allow");
+    refused(&with_chain(&|c| c.inputs[1].access = 0), "do not allow");
+    refused(&with_chain(&|c| c.inputs[1].inner = 4), "do not allow");
+    refused(&with_chain(&|c| c.inputs[1].access = 9), "unknown chain input access 9");
+    refused(
+        &with_chain(&|c| c.ops = [c.ops.clone(), c.ops.clone(), c.ops.clone()].concat()),
+        "do not allow",
+    );
+    refused(
+        &with_chain(&|c| {
+            c.ops[1].a = 1;
+            c.ops[1].a_result = false;
+        }),
+        "do not allow",
+    );
+    refused(&with_chain(&|c| c.inputs[0].src = None), "missing");
 }

@@ -3,8 +3,8 @@
 //! and the passes compute output types with [`infer`].
 
 use super::{
-    broadcast_shapes, BiasKind, DType, EmbedAttrs, EmbedTerm, MatMulAttrs, Op, ScatterReduction, ShapeDisplay,
-    TensorType,
+    broadcast_shapes, Access, BiasKind, ChainOp, DType, EmbedAttrs, EmbedTerm, MatMulAttrs, Op, Operand,
+    ScatterReduction, ShapeDisplay, TensorType,
 };
 
 type Why = String;
@@ -88,6 +88,12 @@ fn arity(op: &Op, ins: usize, outs: usize) -> Result<(), Why> {
         Op::ConvTranspose(c) => return exact(op, ins, 2 + usize::from(c.bias), outs, 1),
         Op::Attention(a) => return exact(op, ins, a.qkv_inputs() + usize::from(a.mask), outs, 1),
         Op::EmbedLayerNorm(e) => return exact(op, ins, e.num_inputs(), outs, 1),
+        Op::Chain(_) => {
+            if ins == 0 {
+                return Err("Chain needs at least one input".into());
+            }
+            (&[ins], 1)
+        }
         Op::Concat { .. } => {
             if ins == 0 {
                 return Err("Concat needs at least one input".into());
@@ -331,8 +337,53 @@ pub fn infer(op: &Op, ins: &[&TensorType], given: Option<&[usize]>) -> Result<Ve
         Op::ConvTranspose(c) => infer_conv_transpose(c, ins)?,
         Op::Attention(a) => infer_attention(a, ins)?,
         Op::EmbedLayerNorm(e) => infer_embed(e, ins)?,
+        Op::Chain(ops) => infer_chain(ops, ins)?,
     };
     Ok(vec![out])
+}
+
+/// The last op's shape, after each op's broadcast; every result must have
+/// it and every input must reach it as [`crate::kernels::chain::check`] allows.
+fn infer_chain(ops: &[ChainOp], ins: &[&TensorType]) -> Result<TensorType, Why> {
+    for (k, t) in ins.iter().enumerate() {
+        expect_dtype(&format!("chain input {k}"), t, &[DType::F32])?;
+    }
+    let mut shapes: Vec<Vec<usize>> = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        let mut s: Option<Vec<usize>> = None;
+        for o in op.operands() {
+            let os = match o {
+                Operand::Input(k) => ins.get(k).map(|t| t.shape.clone()),
+                Operand::Result(r) => shapes.get(r).cloned(),
+            }
+            .ok_or_else(|| format!("chain op {i} reads a value it cannot see"))?;
+            s = Some(match s {
+                None => os,
+                Some(prev) => {
+                    broadcast_shapes(&prev, &os).ok_or_else(|| format!("chain op {i}: shapes do not broadcast"))?
+                }
+            });
+        }
+        shapes.push(s.unwrap_or_default());
+    }
+    let out = shapes.last().ok_or_else(|| "Chain needs an op".to_string())?.clone();
+    if shapes.iter().any(|s| *s != out) {
+        return Err(format!("a chain's results are not all of shape {}", shape(&out)));
+    }
+    let mut inputs = Vec::with_capacity(ins.len());
+    for (k, t) in ins.iter().enumerate() {
+        let access = Access::for_shapes(&out, &t.shape).ok_or_else(|| {
+            format!(
+                "chain input {k} {} does not line up with {}",
+                shape(&t.shape),
+                shape(&out)
+            )
+        })?;
+        inputs.push((access, t.numel()));
+    }
+    let numel = out.iter().product();
+    crate::kernels::chain::check(ops, &inputs, numel)?;
+    Ok(TensorType::new(DType::F32, &out))
 }
 
 /// The broadcast of the terms' shapes (a gathered term's: its indices' shape

@@ -11,6 +11,7 @@ mod tensor;
 
 use std::fmt;
 
+pub use crate::kernels::chain::{Access, ChainOp, Operand};
 pub use crate::kernels::channel_norm::Lrn;
 pub use crate::kernels::gemm::Activation;
 pub use crate::kernels::index::ScatterReduction;
@@ -367,6 +368,11 @@ pub enum Op {
     /// Terms broadcast to the output like `Add`s; the output is
     /// `LayerNorm(((t0 + t1) + t2) …)` over its last axis, `W`.
     EmbedLayerNorm(EmbedAttrs),
+    /// f32 elementwise ops in one pass (issue #14, `compiler::chain`): the
+    /// inputs are the chain's, each the output's size, one value, or one
+    /// row repeated ([`Access`]); every op's result has the output's shape;
+    /// the output is the last op's.
+    Chain(Vec<ChainOp>),
 }
 
 /// See [`Op::EmbedLayerNorm`].
@@ -495,6 +501,10 @@ impl Op {
                 format!("Attention{packed}{}", if a.mask { "+Mask" } else { "" })
             }
             Op::EmbedLayerNorm(e) => format!("EmbedLayerNormalization({} terms)", e.terms.len()),
+            Op::Chain(ops) => {
+                let names: Vec<&str> = ops.iter().map(ChainOp::onnx_name).collect();
+                format!("Chain({})", names.join("+"))
+            }
         }
     }
 

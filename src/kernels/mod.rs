@@ -11,6 +11,7 @@
 //! ([`gemm`]) parallelises itself.
 
 pub mod attention;
+// Elementwise chains in one pass (issue #14).
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx2;
@@ -18,6 +19,7 @@ mod avx2;
 #[allow(unsafe_code)]
 mod avx2_math;
 pub mod cache;
+pub mod chain;
 pub mod conv;
 pub mod conv_direct;
 pub mod conv_transpose;
@@ -562,12 +564,15 @@ pub fn unary(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32], par: &dyn Para
             dst.len()
         )));
     }
-    par_rows(par, dst.len(), 1, dst, &|r, d| {
-        if !unary_fma(isa, op, &src[r.clone()], d) && !unary_gelu(isa, op, &src[r.clone()], d) {
-            unary_isa(isa, op, &src[r], d)
-        }
-    });
+    par_rows(par, dst.len(), 1, dst, &|r, d| unary_part(isa, op, &src[r], d));
     Ok(())
+}
+
+/// `dst[i] = op(src[i])` on one thread (f32 to f32, equal lengths).
+fn unary_part(isa: Isa, op: UnaryOp, src: &[f32], dst: &mut [f32]) {
+    if !unary_fma(isa, op, src, dst) && !unary_gelu(isa, op, src, dst) {
+        unary_isa(isa, op, src, dst)
+    }
 }
 
 /// A GELU as the GEMM epilogue computes it (FMA polynomials, where the

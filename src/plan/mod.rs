@@ -26,6 +26,7 @@ pub use crate::tensor::{AlignedBytes, HugePageBytes, Storage, Weight, STORAGE_AL
 
 use crate::error::{Error, Result};
 pub use crate::kernels::attention::{AttentionShape, Qkv};
+use crate::kernels::chain::{Access, ChainOp};
 use crate::kernels::gemm::{self, Activation, Bias, Epilogue, PackedB};
 use crate::kernels::parallel::Parallel;
 use crate::kernels::recurrent::{self, RnnArgs, RnnDims, RnnSpec};
@@ -268,6 +269,15 @@ pub struct AttentionStep {
     pub dst: BufRef,
 }
 
+/// f32 elementwise ops in one pass (`kernels::chain`, issue #14): `dst`
+/// gets the last op's result; each input is read as its [`Access`] says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChainStep {
+    pub ops: Vec<ChainOp>,
+    pub inputs: Vec<(BufRef, Access)>,
+    pub dst: BufRef,
+}
+
 /// Embeddings summed and layer-normalised (`kernels::embed`, issue #14):
 /// `dst` is `[lead.., width]` (f32); each row the sum of its terms' rows in
 /// order, normalised with `scale` and `bias` (`width` values each).
@@ -411,6 +421,8 @@ pub enum Step {
     Attention(Box<AttentionStep>),
     /// Embeddings + LayerNorm (issue #14).
     EmbedLayerNorm(Box<EmbedStep>),
+    /// Elementwise ops in one pass (issue #14).
+    Chain(Box<ChainStep>),
 }
 
 impl Step {
@@ -435,6 +447,7 @@ impl Step {
             Step::ConvTranspose(c) => c.dst,
             Step::Attention(a) => a.dst,
             Step::EmbedLayerNorm(e) => e.dst,
+            Step::Chain(c) => c.dst,
         }
     }
 
@@ -507,6 +520,7 @@ impl Step {
                 v.extend(a.mask.map(|m| (m, Some(F32))));
                 v
             }
+            Step::Chain(c) => c.inputs.iter().map(|&(b, _)| (b, Some(F32))).collect(),
             Step::EmbedLayerNorm(e) => {
                 let mut v = vec![(e.scale, Some(F32))];
                 v.extend(e.bias.map(|b| (b, Some(F32))));
@@ -538,7 +552,8 @@ impl Step {
             | Step::Conv(_)
             | Step::ConvTranspose(_)
             | Step::Attention(_)
-            | Step::EmbedLayerNorm(_) => Some(DType::F32),
+            | Step::EmbedLayerNorm(_)
+            | Step::Chain(_) => Some(DType::F32),
             Step::Strided { dtype, .. } | Step::Gather { dtype, .. } | Step::Where { dtype, .. } => Some(*dtype),
             Step::Cast { to, .. } => Some(*to),
             Step::Copy { .. } => None,
@@ -570,6 +585,10 @@ impl Step {
             Step::ConvTranspose(_) => "ConvTranspose".into(),
             Step::Attention(_) => "Attention".into(),
             Step::EmbedLayerNorm(_) => "EmbedLayerNorm".into(),
+            Step::Chain(c) => {
+                let names: Vec<&str> = c.ops.iter().map(ChainOp::onnx_name).collect();
+                format!("Chain({})", names.join("+"))
+            }
         }
     }
 }
@@ -1037,6 +1056,7 @@ impl Memory<'_, '_, '_> {
             Step::ConvTranspose(c) => conv_transpose(isa, c, &src, packed, as_f32_mut(dst)?, par),
             Step::Attention(a) => attention(isa, a, &src, as_f32_mut(dst)?, par),
             Step::EmbedLayerNorm(e) => embed_layer_norm(isa, e, &src, as_f32_mut(dst)?, par),
+            Step::Chain(c) => chain(isa, c, &src, as_f32_mut(dst)?, par),
         }
     }
 
@@ -1181,6 +1201,15 @@ fn attention(isa: Isa, a: &AttentionStep, src: &Sources<'_>, dst: &mut [f32], pa
         }
     };
     kernels::attention::attention(isa, &a.shape, qkv, mask, dst, par)
+}
+
+fn chain(isa: Isa, c: &ChainStep, src: &Sources<'_>, dst: &mut [f32], par: &dyn Parallel) -> Result<()> {
+    // Inline: no allocation per run.
+    let mut inputs: InlineVec<(Access, &[f32]), { kernels::chain::MAX_CHAIN_INPUTS }> = InlineVec::default();
+    for &(b, access) in &c.inputs {
+        inputs.push((access, src.f32(b)?));
+    }
+    kernels::chain::run(isa, &c.ops, &inputs, dst, par)
 }
 
 fn embed_layer_norm(isa: Isa, e: &EmbedStep, src: &Sources<'_>, dst: &mut [f32], par: &dyn Parallel) -> Result<()> {

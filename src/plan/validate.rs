@@ -197,6 +197,10 @@ fn check_step(p: &Program, step: &Step) -> Result<()> {
         Step::ConvTranspose(c) => conv_transpose_fits(p, c, &s, d),
         Step::Attention(a) => attention_fits(a, &s, d),
         Step::EmbedLayerNorm(e) => embed_fits(e, &s, d),
+        Step::Chain(c) => {
+            let inputs: Vec<_> = c.inputs.iter().zip(&s).map(|(&(_, a), &n)| (a, n)).collect();
+            crate::kernels::chain::check(&c.ops, &inputs, d).is_ok()
+        }
     };
     if !consistent {
         crate::bail!(
