@@ -129,7 +129,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, path, shape in cases(tmp):
             ops[name] = compiled_ops(path, dev)
-            feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+            name_in = session(path, 1).get_inputs()[0].name
+            feeds = {name_in: rng.standard_normal(shape).astype(np.float32)}
             for threads in [int(t) for t in args.threads.split(",")]:
                 cpu, ks = session(path, threads), session(path, threads, dev)
                 np.testing.assert_allclose(ks.run(None, feeds)[0], cpu.run(None, feeds)[0], rtol=1e-4, atol=1e-4)

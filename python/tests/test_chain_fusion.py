@@ -3,12 +3,15 @@
 f32 unary and binary ops that feed one another, all of one output shape,
 become one ``Chain`` op that runs them in one pass over memory
 (``compiler::chain``): what kiln's other fusions leave of a model's
-arithmetic. Two shapes of chain are checked:
+arithmetic. Three shapes of chain are checked:
 
 * DenseNet's pre-activation: ``Concat → BatchNormalization → Mul → Add →
   Relu → Conv`` (per-channel constants, which kiln's channels-last layout
   reads as repeated rows), symbolic batch, height and width, two shapes in
   one session;
+* per-channel constants over a channels-first ``[N, C, H, W]``, where
+  kiln keeps ONNX's layout (no convolution around), runs of H·W shorter
+  and longer than the kernel's block;
 * a transformer-shaped chain over ``[batch, sequence, hidden]``: a row
   scale and shift, ``Tanh``, a scalar on the left of a ``Sub``, the input
   read again, ``Sqrt`` of a negative (NaN) and ``Max``.
@@ -167,3 +170,29 @@ def test_an_intermediate_that_is_an_output_splits_the_chain(kiln_dev, tmp_path):
     # `th` is read by the Sub (whose result is an output) and by the Max.
     assert sorted(ops) == ["Chain(Mul+Add+Tanh+Mul)", "Chain(Sub+Sqrt+Max)", "Sub"], ops
     assert_matches_cpu(path, kiln_dev, [(2, 16, 40)], "raw", seed=5)
+
+
+def channels_first(dims=("n", "h", "w")) -> onnx.ModelProto:
+    """Per-channel constants over [N, C, H, W] with no convolution around: kiln
+    keeps ONNX's layout, and the chain reads each constant per run of H·W."""
+    rng = np.random.default_rng(6)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [dims[0], C, dims[1], dims[2]])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits = [const("s", (rng.random(C) + 0.5).reshape(C, 1, 1)),
+             const("t", rng.standard_normal(C).reshape(1, C, 1, 1))]
+    nodes = [
+        helper.make_node("Mul", ["x", "s"], ["m"]),
+        helper.make_node("Add", ["t", "m"], ["a"]),
+        helper.make_node("Sigmoid", ["a"], ["g"]),
+        helper.make_node("Mul", ["g", "x"], ["y"]),
+    ]
+    return model(nodes, [x], [y], inits)
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_channels_first_chain_matches_cpu(level, kiln_dev, tmp_path):
+    path = save(channels_first(), tmp_path, "nchw")
+    # H·W of 12 and of 1800 (longer than a block).
+    assert_matches_cpu(path, kiln_dev, [(1, C, 3, 4), (2, C, 40, 45)], level, seed=7)
+    static = save(channels_first(dims=(2, 9, 9)), tmp_path, "nchw_static")
+    assert compiled_ops(static, kiln_dev) == ["Chain(Mul+Add+Sigmoid+Mul)"]

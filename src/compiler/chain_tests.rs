@@ -199,13 +199,32 @@ fn a_result_read_by_two_chains_ends_its_own() {
     assert_unchanged(&g);
 }
 
-/// Channels-first per-channel scaling (`[C, 1, 1]`) does not line up as a
-/// row: that op stays apart, the rest is chained.
+/// Channels-first per-channel constants (`[C, 1, 1]` over `[N, C, H, W]`):
+/// runs of H·W shorter and longer than a block, batch 1 and 3.
+#[test]
+fn channels_first_per_channel_constants_are_chained() {
+    for (n, c, hw) in [(1, 6, 5), (3, 6, 5), (2, 3, 64), (1, 64, 40)] {
+        let mut b = Builder::new();
+        let x = b.input("x", &[n, c, hw, hw]);
+        let scale = b.constant("scale", &[c, 1, 1], data(c, 2));
+        let shift = b.constant("shift", &[1, c, 1, 1], data(c, 3));
+        let y = b.bin(BinaryOp::Mul, x, scale, "y");
+        let z = b.bin(BinaryOp::Add, shift, y, "z");
+        let out = b.un(UnaryOp::Relu, z, "out");
+        b.output(out);
+        let g = b.g;
+        assert_eq!(chains(&g), vec![vec!["Mul", "Add", "Relu"]], "{n}x{c}x{hw}x{hw}");
+        assert_unchanged(&g);
+    }
+}
+
+/// An input whose dims other than 1 are not one run of the output's
+/// (`[4, 1, 8]` over `[4, 3, 8]`) keeps its op out of the chain.
 #[test]
 fn an_input_broadcast_another_way_stays_apart() {
     let mut b = Builder::new();
-    let x = b.input("x", &[1, 6, 5, 5]);
-    let c = b.constant("c", &[6, 1, 1], data(6, 2));
+    let x = b.input("x", &[4, 3, 8]);
+    let c = b.constant("c", &[4, 1, 8], data(32, 2));
     let y = b.bin(BinaryOp::Mul, x, c, "y");
     let r = b.un(UnaryOp::Relu, y, "r");
     let s = b.scalar("s", 0.25);
@@ -287,7 +306,8 @@ fn the_type_rule_refuses_bad_chains() {
     use crate::ir::{infer, Operand};
     let full = TensorType::f32(&[4, 8]);
     let row = TensorType::f32(&[8]);
-    let col = TensorType::f32(&[4, 1]);
+    let gap = TensorType::f32(&[4, 1, 8]);
+    let wide = TensorType::f32(&[4, 3, 8]);
     let ints = TensorType::new(DType::I64, &[4, 8]);
     let relu = |o| ChainOp::Unary(UnaryOp::Relu, o);
     let add = |a, b| ChainOp::Binary(BinaryOp::Add, a, b);
@@ -297,7 +317,7 @@ fn the_type_rule_refuses_bad_chains() {
     for (ops, ins, why) in [
         (vec![relu(Operand::Result(1)), relu(r0)], vec![&full], "cannot see"),
         (vec![relu(Operand::Input(3))], vec![&full], "cannot see"),
-        (vec![add(i0, i1)], vec![&full, &col], "does not line up"),
+        (vec![add(i0, i1)], vec![&wide, &gap], "does not line up"),
         (vec![relu(i0), add(r0, i1)], vec![&row, &full], "not all of shape"),
         (vec![relu(i0)], vec![&ints], "int64"),
         (vec![], vec![&full], "needs an op"),

@@ -638,15 +638,17 @@ fn chain_info(c: &ChainStep) -> proto::ChainStep {
         .inputs
         .iter()
         .map(|&(r, access)| {
-            let (access, inner) = match access {
-                Access::Full => (0, 0),
-                Access::Scalar => (1, 0),
-                Access::Row(inner) => (2, inner as u64),
+            let (access, inner, count) = match access {
+                Access::Full => (0, 0, 0),
+                Access::Scalar => (1, 0, 0),
+                Access::Row(inner) => (2, inner as u64, 0),
+                Access::Channel { count, inner } => (3, inner as u64, count as u64),
             };
             proto::ChainInputInfo {
                 src: Some(buf(r)),
                 access,
                 inner,
+                count,
             }
         })
         .collect();
@@ -685,6 +687,10 @@ fn chain(c: &proto::ChainStep) -> Result<ChainStep> {
                 0 => Access::Full,
                 1 => Access::Scalar,
                 2 => Access::Row(usize_of(i.inner, "chain row length")?),
+                3 => Access::Channel {
+                    count: usize_of(i.count, "chain channel count")?,
+                    inner: usize_of(i.inner, "chain channel run")?,
+                },
                 n => return Err(Error::invalid_graph(format!("unknown chain input access {n}"))),
             };
             Ok((buf_ref(&i.src)?, access))

@@ -373,11 +373,14 @@ pub struct ChainOpInfo {
 pub struct ChainInputInfo {
     #[prost(message, optional, tag = "1")]
     pub src: Option<BufInfo>,
-    /// 0: the output's size, 1: one value, 2: one row of `inner` values.
+    /// 0: the output's size, 1: one value, 2: one row of `inner` values,
+    /// 3: `count` values, each for a run of `inner` output elements.
     #[prost(uint32, tag = "2")]
     pub access: u32,
     #[prost(uint64, tag = "3")]
     pub inner: u64,
+    #[prost(uint64, tag = "4")]
+    pub count: u64,
 }
 
 /// Embeddings summed and layer-normalised (`plan::EmbedStep`, format 7).

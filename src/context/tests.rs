@@ -1367,4 +1367,26 @@ fn chain_steps_round_trip_and_bad_ones_are_refused() {
         "do not allow",
     );
     refused(&with_chain(&|c| c.inputs[0].src = None), "missing");
+    // A channel input whose runs do not tile the output.
+    refused(
+        &with_chain(&|c| {
+            c.inputs[1].access = 3;
+            c.inputs[1].count = 8;
+            c.inputs[1].inner = 3;
+        }),
+        "do not allow",
+    );
+    // Channels-first per-channel constants round-trip and run the same.
+    let mut g = G::new("nchw");
+    let x = g.input("x", &[2, 3, 4, 5]);
+    let c = g.constant("c", &[3, 1, 1], row(3, 2));
+    let m = g.node(Op::Binary(BinaryOp::Mul), &[x, c], "m");
+    let y = g.node(Op::Unary(UnaryOp::Tanh), &[m], "y");
+    g.0.outputs.push(y);
+    let p = crate::compiler::compile(&g.0, Target::Generic).unwrap();
+    assert!(matches!(p.steps(), [Step::Chain(_)]), "{}", p.op_summary());
+    let mut b = ContextBuilder::new(Target::Generic);
+    b.add_graph("nchw", &p).unwrap();
+    let read = parse(&b.to_bytes().unwrap()).unwrap().program("nchw").unwrap().unwrap();
+    assert_same_program(&read, &p);
 }

@@ -74,21 +74,44 @@ pub enum Access {
     Scalar,
     /// One row of `inner` elements, repeated along the output.
     Row(usize),
+    /// `count` values, each for a run of `inner` consecutive output
+    /// elements, repeated along the output: a per-channel constant of a
+    /// channels-first `[N, C, H, W]` (`count` C, `inner` H·W).
+    Channel { count: usize, inner: usize },
 }
 
 impl Access {
     /// The access of an input of shape `input` to an output of shape `out`,
-    /// if it is one of the three.
+    /// if it is one of these: the input's dims other than 1 must be one run
+    /// of the output's.
     pub fn for_shapes(out: &[usize], input: &[usize]) -> Option<Access> {
         if crate::tensor::broadcast_shapes(out, input)? != out {
             return None;
         }
-        match Layout::for_shapes(out, input)? {
-            Layout::Same => Some(Access::Full),
-            Layout::ScalarB => Some(Access::Scalar),
-            Layout::RowB { inner } => Some(Access::Row(inner)),
-            _ => None,
+        // The input's dims aligned to the output's last ones; size-1 output
+        // dims cannot tell a run apart, so they are left out.
+        let pad = out.len() - input.len();
+        let kept: Vec<(usize, bool)> = out
+            .iter()
+            .enumerate()
+            .filter(|&(_, &d)| d != 1)
+            .map(|(i, &d)| (d, i >= pad && input[i - pad] == d))
+            .collect();
+        let first = kept.iter().position(|&(_, on)| on);
+        let last = kept.iter().rposition(|&(_, on)| on);
+        let (Some(first), Some(last)) = (first, last) else {
+            return Some(Access::Scalar);
+        };
+        if kept[first..=last].iter().any(|&(_, on)| !on) {
+            return None;
         }
+        let count: usize = kept[first..=last].iter().map(|&(d, _)| d).product();
+        let inner: usize = kept[last + 1..].iter().map(|&(d, _)| d).product();
+        Some(match (first, inner) {
+            (0, 1) => Access::Full,
+            (_, 1) => Access::Row(count),
+            _ => Access::Channel { count, inner },
+        })
     }
 
     fn fits(self, len: usize, out: usize) -> bool {
@@ -96,6 +119,9 @@ impl Access {
             Access::Full => len == out,
             Access::Scalar => len == 1,
             Access::Row(inner) => inner > 0 && len == inner && out.is_multiple_of(inner),
+            Access::Channel { count, inner } => {
+                len == count && count.checked_mul(inner).is_some_and(|p| p > 0 && out.is_multiple_of(p))
+            }
         }
     }
 }
@@ -154,6 +180,7 @@ fn row_inner(inputs: &[(Access, usize)]) -> Option<Option<usize>> {
 
 thread_local! {
     static RESULTS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static EXPANDED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs the chain: `dst` gets the last op's result.
@@ -164,19 +191,94 @@ pub fn run(isa: Isa, ops: &[ChainOp], inputs: &[(Access, &[f32])], dst: &mut [f3
         return Ok(());
     }
     let slots = Slots::new(ops);
+    let expanded = Expanded::new(inputs);
     // Tasks of whole rows, so that each block starts a row or lies in one.
     let inner = row_inner(&lens).flatten().unwrap_or(1);
     par_rows(par, dst.len() / inner, inner, dst, &|rows, d| {
         with_thread_buffer(&RESULTS, |buf| {
-            buf.resize(slots.count * BLOCK, 0.0);
-            let first = rows.start * inner;
-            for r in blocks(first..first + d.len(), inner) {
-                let out = &mut d[r.start - first..r.end - first];
-                run_block(isa, ops, &slots, inputs, r, inner, buf, out);
-            }
+            with_thread_buffer(&EXPANDED, |ex| {
+                buf.resize(slots.count * BLOCK, 0.0);
+                ex.resize(expanded.count * BLOCK, 0.0);
+                let first = rows.start * inner;
+                for r in blocks(first..first + d.len(), inner) {
+                    expanded.fill(inputs, &r, ex);
+                    let block = Block {
+                        inputs,
+                        expanded: &expanded,
+                        ex,
+                        r: r.clone(),
+                        inner,
+                    };
+                    run_block(isa, ops, &slots, &block, buf, &mut d[r.start - first..r.end - first]);
+                }
+            })
         })
     });
     Ok(())
+}
+
+/// Where each channel input's values for the block are spread out, one
+/// buffer each (the other inputs are read in place).
+struct Expanded {
+    of: [usize; MAX_CHAIN_INPUTS],
+    count: usize,
+}
+
+impl Expanded {
+    fn new(inputs: &[(Access, &[f32])]) -> Expanded {
+        let mut of = [0; MAX_CHAIN_INPUTS];
+        let mut count = 0;
+        for (k, (a, _)) in inputs.iter().enumerate() {
+            if let Access::Channel { .. } = a {
+                of[k] = count;
+                count += 1;
+            }
+        }
+        Expanded { of, count }
+    }
+
+    /// Writes each channel input's value for every element of `r`.
+    fn fill(&self, inputs: &[(Access, &[f32])], r: &Range<usize>, ex: &mut [f32]) {
+        for (k, &(a, x)) in inputs.iter().enumerate() {
+            let Access::Channel { count, inner } = a else {
+                continue;
+            };
+            let to = &mut ex[self.of[k] * BLOCK..][..r.len()];
+            let mut i = r.start;
+            while i < r.end {
+                let end = ((i / inner + 1) * inner).min(r.end);
+                to[i - r.start..end - r.start].fill(x[(i / inner) % count]);
+                i = end;
+            }
+        }
+    }
+}
+
+/// One block's view of the inputs.
+struct Block<'a> {
+    inputs: &'a [(Access, &'a [f32])],
+    expanded: &'a Expanded,
+    ex: &'a [f32],
+    r: Range<usize>,
+    inner: usize,
+}
+
+impl<'a> Block<'a> {
+    fn input(&self, k: usize) -> Arg<'a> {
+        let (access, x) = self.inputs[k];
+        let r = self.r.clone();
+        match access {
+            Access::Full => Arg::Full(&x[r]),
+            Access::Scalar => Arg::Scalar(x),
+            // A block of whole rows reads the row; a piece of one row reads its part.
+            Access::Row(_) if self.inner <= BLOCK => Arg::Row(x, self.inner),
+            Access::Row(_) => {
+                let at = r.start % self.inner;
+                Arg::Full(&x[at..at + r.len()])
+            }
+            Access::Channel { .. } => Arg::Full(&self.ex[self.expanded.of[k] * BLOCK..][..r.len()]),
+        }
+    }
 }
 
 /// Blocks of at most [`BLOCK`] elements over `range` (whole rows of
@@ -243,18 +345,8 @@ enum Arg<'a> {
     Row(&'a [f32], usize),
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_block(
-    isa: Isa,
-    ops: &[ChainOp],
-    slots: &Slots,
-    inputs: &[(Access, &[f32])],
-    r: Range<usize>,
-    inner: usize,
-    buf: &mut [f32],
-    out: &mut [f32],
-) {
-    let n = r.len();
+fn run_block(isa: Isa, ops: &[ChainOp], slots: &Slots, block: &Block<'_>, buf: &mut [f32], out: &mut [f32]) {
+    let n = block.r.len();
     let Some((last, body)) = ops.split_last() else {
         return;
     };
@@ -267,13 +359,13 @@ fn run_block(
         let arg = |o: Operand| match o {
             Operand::Result(j) if slots.of[j] < mine => Arg::Full(&before[slots.of[j] * BLOCK..][..n]),
             Operand::Result(j) => Arg::Full(&after[(slots.of[j] - mine - 1) * BLOCK..][..n]),
-            Operand::Input(k) => input_arg(inputs[k], &r, inner),
+            Operand::Input(k) => block.input(k),
         };
         apply(isa, op, arg, &mut dst[..n]);
     }
     let arg = |o: Operand| match o {
         Operand::Result(j) => Arg::Full(&buf[slots.of[j] * BLOCK..][..n]),
-        Operand::Input(k) => input_arg(inputs[k], &r, inner),
+        Operand::Input(k) => block.input(k),
     };
     apply(isa, last, arg, out);
 }
@@ -287,19 +379,6 @@ fn apply<'a>(isa: Isa, op: &ChainOp, arg: impl Fn(Operand) -> Arg<'a>, dst: &mut
             }
         }
         ChainOp::Binary(b, x, y) => binary_block(isa, b, arg(x), arg(y), dst),
-    }
-}
-
-fn input_arg<'a>((access, x): (Access, &'a [f32]), r: &Range<usize>, inner: usize) -> Arg<'a> {
-    match access {
-        Access::Full => Arg::Full(&x[r.clone()]),
-        Access::Scalar => Arg::Scalar(x),
-        // A block of whole rows reads the row; a piece of one row reads its part.
-        Access::Row(_) if inner <= BLOCK => Arg::Row(x, inner),
-        Access::Row(_) => {
-            let at = r.start % inner;
-            Arg::Full(&x[at..at + r.len()])
-        }
     }
 }
 
@@ -319,6 +398,29 @@ fn binary_block(isa: Isa, op: BinaryOp, a: Arg<'_>, b: Arg<'_>, dst: &mut [f32])
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accesses_from_shapes() {
+        let a = |out: &[usize], input: &[usize]| Access::for_shapes(out, input);
+        assert_eq!(a(&[4, 8], &[4, 8]), Some(Access::Full));
+        assert_eq!(a(&[4, 8], &[1, 8]), Some(Access::Row(8)));
+        assert_eq!(a(&[4, 6, 10], &[6, 10]), Some(Access::Row(60)));
+        assert_eq!(a(&[4, 8], &[]), Some(Access::Scalar));
+        assert_eq!(
+            a(&[2, 6, 5, 5], &[6, 1, 1]),
+            Some(Access::Channel { count: 6, inner: 25 })
+        );
+        assert_eq!(
+            a(&[1, 6, 5, 5], &[1, 6, 1, 1]),
+            Some(Access::Channel { count: 6, inner: 25 })
+        );
+        assert_eq!(a(&[4, 8], &[4, 1]), Some(Access::Channel { count: 4, inner: 8 }));
+        // Size-1 output dims do not split a run.
+        assert_eq!(a(&[1, 4, 1, 8], &[4, 1, 8]), Some(Access::Full));
+        assert_eq!(a(&[2, 4, 1, 8], &[4, 1, 8]), Some(Access::Row(32)));
+        assert_eq!(a(&[4, 3, 8], &[4, 1, 8]), None);
+        assert_eq!(a(&[4, 8], &[2, 8]), None);
+    }
 
     #[test]
     fn blocks_cover_the_range_in_whole_rows_or_pieces_of_one() {
@@ -379,6 +481,8 @@ mod tests {
         let full = (Access::Full, 12);
         let row = (Access::Row(4), 4);
         assert!(check(&[mul(Input(0), Input(1)), relu(Result(0))], &[full, row], 12).is_ok());
+        let channel = (Access::Channel { count: 2, inner: 3 }, 2);
+        assert!(check(&[mul(Input(0), Input(1))], &[channel, full], 12).is_ok());
         for (ops, inputs) in [
             (vec![], vec![full]),
             (vec![relu(Input(0)); MAX_CHAIN_OPS + 1], vec![full]),
@@ -392,6 +496,19 @@ mod tests {
                 vec![full, (Access::Row(3), 3), (Access::Row(4), 4)],
             ),
             (vec![ChainOp::Unary(UnaryOp::IsNaN, Input(0))], vec![full]),
+            (
+                vec![mul(Input(0), Input(1))],
+                vec![full, (Access::Channel { count: 2, inner: 5 }, 2)],
+            ),
+            (
+                vec![mul(Input(0), Input(1))],
+                vec![full, (Access::Channel { count: 3, inner: 2 }, 2)],
+            ),
+            (
+                vec![mul(Input(0), Input(1))],
+                vec![full, (Access::Channel { count: 0, inner: 2 }, 0)],
+            ),
+            (vec![relu(Input(0))], vec![channel]),
             (
                 vec![ChainOp::Binary(BinaryOp::PRelu, Input(0), Input(1))],
                 vec![full, full],
