@@ -104,11 +104,8 @@ def cases(tmp: str):
 
 def compiled_ops(path: str, dev) -> str:
     """The ops kiln compiled, from the compiled model's notes (counts summed over partitions)."""
-    data = tu.compile_model(path, dev, embed=True, to="bytes", options={"claim": "all"})
     counts = {}
-    for n in tu.ep_context_nodes(data):
-        notes = tu.attrs_of(n).get("notes", b"")
-        notes = notes.decode() if isinstance(notes, bytes) else str(notes)
+    for notes in tu.compiled_notes(path, dev, options={"claim": "all"}):
         for part in notes.split(";")[0].split(","):
             op, _, k = part.strip().rpartition(" x")
             counts[op] = counts.get(op, 0) + int(k)

@@ -429,6 +429,28 @@ def ep_context_nodes(model) -> list:
     return [n for n in m.graph.node if n.op_type == "EPContext"]
 
 
+def compiled_notes(model, device, options=None) -> List[str]:
+    """The ``notes`` of each EPContext node kiln compiles ``model`` (path or bytes)
+    into through the compile API, e.g. "MatMul+Bias x2, Chain(Mul+Add) x1; 3 steps; ..."."""
+    data = compile_model(model, device, embed=True, to="bytes", options=options)
+    notes = [attrs_of(n).get("notes", b"") for n in ep_context_nodes(data)]
+    return [x.decode() if isinstance(x, bytes) else str(x) for x in notes]
+
+
+def note_ops(notes: str) -> List[str]:
+    """The ops of one partition's notes, without counts: ["MatMul+Bias", "Chain(Mul+Add)"]."""
+    return [part.strip().rsplit(" x", 1)[0] for part in notes.split(";")[0].split(",")]
+
+
+def save_model(model, folder, name: str) -> str:
+    """Saves ``model`` as ``folder/name.onnx``; returns the path."""
+    import onnx
+
+    path = os.path.join(str(folder), f"{name}.onnx")
+    onnx.save(model, path)
+    return path
+
+
 def metadata(model) -> Dict[str, str]:
     m = model if hasattr(model, "graph") else load_model_proto(model)
     return {p.key: p.value for p in m.metadata_props}

@@ -96,9 +96,7 @@ def assert_whole_kiln_matches_cpu(case: ml.ModelCase, path: str, kiln_dev) -> No
 
 
 def compiled_notes(path: str, kiln_dev) -> str:
-    data = tu.compile_model(path, kiln_dev, embed=True, to="bytes")
-    notes = [tu.attrs_of(n).get("notes", b"") for n in tu.ep_context_nodes(data)]
-    return " | ".join(x.decode() if isinstance(x, bytes) else str(x) for x in notes)
+    return " | ".join(tu.compiled_notes(path, kiln_dev))
 
 
 @pytest.mark.parametrize("mask", [True, False], ids=["mask", "nomask"])

@@ -102,21 +102,12 @@ def transformer_chain(dims=("batch", "seq"), also_output: bool = False) -> onnx.
     return model(nodes, [x], outputs, inits)
 
 
-def save(m: onnx.ModelProto, tmp_path, name: str) -> str:
-    path = str(tmp_path / f"{name}.onnx")
-    onnx.save(m, path)
-    return path
+save = tu.save_model
 
 
 def compiled_ops(path: str, kiln_dev) -> list:
-    """The op summary of every compiled partition, e.g. ['Conv', 'Chain(Mul+Add+Relu)']."""
-    data = tu.compile_model(path, kiln_dev, embed=True, to="bytes")
-    ops = []
-    for n in tu.ep_context_nodes(data):
-        notes = tu.attrs_of(n).get("notes", b"")
-        notes = notes.decode() if isinstance(notes, bytes) else str(notes)
-        ops += [part.strip().rsplit(" x", 1)[0] for part in notes.split(";")[0].split(",")]
-    return ops
+    """The ops of every compiled partition, e.g. ['Conv', 'Chain(Mul+Add+Relu)']."""
+    return [op for notes in tu.compiled_notes(path, kiln_dev) for op in tu.note_ops(notes)]
 
 
 def assert_matches_cpu(path, kiln_dev, shapes, level, seed=0, atol=ATOL):

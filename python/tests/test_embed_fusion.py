@@ -48,15 +48,11 @@ def feeds(model: onnx.ModelProto, batch: int, seq: int, seed: int, bad_id: Optio
 
 
 def save(model: onnx.ModelProto, tmp_path, name: str) -> str:
-    path = str(tmp_path / f"{name}.onnx")
-    onnx.save(model, path)
-    return path
+    return tu.save_model(model, tmp_path, name)
 
 
 def compiled_notes(path: str, kiln_dev) -> str:
-    data = tu.compile_model(path, kiln_dev, embed=True, to="bytes")
-    notes = [tu.attrs_of(n).get("notes", b"") for n in tu.ep_context_nodes(data)]
-    return " | ".join(x.decode() if isinstance(x, bytes) else str(x) for x in notes)
+    return " | ".join(tu.compiled_notes(path, kiln_dev))
 
 
 TOKEN_TYPES = {"input": "input", "buffer": "buffer", "none": None}
