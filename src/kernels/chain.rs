@@ -145,15 +145,18 @@ pub fn check(ops: &[ChainOp], inputs: &[(Access, usize)], out: usize) -> std::re
         return Err("chain inputs of two row lengths".into());
     }
     for (i, op) in ops.iter().enumerate() {
+        // Whether an operand is of the output's size; `None`: out of range or not earlier.
         let full = |o: Operand| match o {
             Operand::Input(k) => inputs.get(k).map(|&(a, _)| a == Access::Full),
             Operand::Result(r) => (r < i).then_some(true),
         };
-        let fulls: Option<Vec<bool>> = op.operands().map(full).collect();
-        let ok = match (op, fulls) {
-            (ChainOp::Unary(u, _), Some(f)) => chain_unary(*u) && f[0],
-            (ChainOp::Binary(b, ..), Some(f)) => chain_binary(*b) && f.contains(&true),
-            (_, None) => false,
+        // No allocation: `run` checks on every call.
+        let ok = match *op {
+            ChainOp::Unary(u, a) => chain_unary(u) && full(a) == Some(true),
+            ChainOp::Binary(b, x, y) => match (full(x), full(y)) {
+                (Some(fx), Some(fy)) => chain_binary(b) && (fx || fy),
+                _ => false,
+            },
         };
         if !ok {
             return Err(format!(
