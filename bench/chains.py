@@ -18,8 +18,8 @@ intermediates in L1) and the CPU EP op by op:
 kiln runs with ``claim=all`` (its cost rule leaves a partition without a
 matrix product or convolution to ORT). For each case and thread count
 (``intra_op_num_threads`` 1 and 2) both sessions' outputs are compared first,
-then timed interleaved (``embeddings.per_run`` blocks of ~30 ms after a 20 ms
-pause); the table reports medians and kiln / CPU EP (< 1: kiln is faster),
+then timed interleaved (``embeddings.compare``: blocks of ~30 ms after a 20
+ms pause); the table reports medians and kiln / CPU EP (< 1: kiln is faster),
 and the ops kiln compiled, from the compiled model's notes.
 
 Usage (from the repository root, after ``cargo build --release``)::
@@ -33,7 +33,6 @@ import argparse
 import os
 # numpy's OpenBLAS keeps a server thread spinning after any BLAS call.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-import statistics
 import sys
 import tempfile
 import time
@@ -49,7 +48,7 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import onnxruntime_ep_kiln as kiln  # noqa: E402
-from embeddings import per_run, session  # noqa: E402
+from embeddings import compare, session  # noqa: E402
 from machine import describe as describe_machine, publish  # noqa: E402
 import kiln_testutil as tu  # noqa: E402
 
@@ -129,19 +128,10 @@ def main() -> int:
             name_in = session(path, 1).get_inputs()[0].name
             feeds = {name_in: rng.standard_normal(shape).astype(np.float32)}
             for threads in [int(t) for t in args.threads.split(",")]:
-                cpu, ks = session(path, threads), session(path, threads, dev)
-                np.testing.assert_allclose(ks.run(None, feeds)[0], cpu.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
-                times = {"cpu": [], "kiln": []}
-                for rep in range(args.reps):
-                    order = [("cpu", cpu), ("kiln", ks)][:: 1 if rep % 2 == 0 else -1]
-                    for who, sess in order:
-                        time.sleep(0.02)
-                        times[who].append(per_run(sess, feeds))
-                c, k = statistics.median(times["cpu"]), statistics.median(times["kiln"])
+                c, k = compare(path, dev, feeds, threads, args.reps)
                 rows.append((name, threads, c * 1e6, k * 1e6, k / c))
                 print(f"{name} threads {threads}: CPU EP {c * 1e6:.1f} us, kiln {k * 1e6:.1f} us, "
                       f"kiln/CPU EP {k / c:.2f}", flush=True)
-                del cpu, ks
     lines = [
         "# kiln vs ORT's CPU EP: elementwise chains (issue #14)",
         "",

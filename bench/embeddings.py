@@ -72,6 +72,20 @@ def per_run(sess, feeds, seconds: float = 0.03) -> float:
     return (time.perf_counter() - t0) / n
 
 
+def compare(path: str, dev, feeds, threads: int, reps: int):
+    """Median seconds per Run of the CPU EP and of kiln (``claim=all``) on
+    ``path``, outputs compared first (1e-4), blocks interleaved with pauses."""
+    cpu, ks = session(path, threads), session(path, threads, dev)
+    np.testing.assert_allclose(ks.run(None, feeds)[0], cpu.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+    times = {"cpu": [], "kiln": []}
+    for rep in range(reps):
+        order = [("cpu", cpu), ("kiln", ks)][:: 1 if rep % 2 == 0 else -1]
+        for name, sess in order:
+            time.sleep(0.02)
+            times[name].append(per_run(sess, feeds))
+    return statistics.median(times["cpu"]), statistics.median(times["kiln"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15)
@@ -90,19 +104,10 @@ def main() -> int:
             onnx.save(model, path)
             feeds = ml.bert_embeddings_feeds(model, batch, seq, 0, vocab=VOCAB)
             for threads in [int(t) for t in args.threads.split(",")]:
-                cpu, ks = session(path, threads), session(path, threads, dev)
-                np.testing.assert_allclose(ks.run(None, feeds)[0], cpu.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
-                times = {"cpu": [], "kiln": []}
-                for rep in range(args.reps):
-                    order = [("cpu", cpu), ("kiln", ks)][:: 1 if rep % 2 == 0 else -1]
-                    for name, sess in order:
-                        time.sleep(0.02)
-                        times[name].append(per_run(sess, feeds))
-                c, k = statistics.median(times["cpu"]), statistics.median(times["kiln"])
+                c, k = compare(path, dev, feeds, threads, args.reps)
                 rows.append((batch, seq, threads, c * 1e6, k * 1e6, k / c))
                 print(f"batch {batch} seq {seq} threads {threads}: CPU EP {c * 1e6:.1f} us, kiln {k * 1e6:.1f} us, "
                       f"kiln/CPU EP {k / c:.2f}", flush=True)
-                del cpu, ks
     lines = [
         "# kiln vs ORT's CPU EP: an HF BERT embedding layer (issue #14)",
         "",
