@@ -1,7 +1,7 @@
 //! Elementwise chains into one op (issue #14): f32 unary and binary nodes
 //! that feed one another, all of one output shape, become one `Chain` whose
 //! kernel (`kernels::chain`) runs them block by block in L1 — one pass over
-//! memory instead of one per op. DenseNet's and Inception's pre-activation
+//! memory instead of one per op. DenseNet's pre-activation
 //! `BatchNormalization → Mul → Add → Relu` after a concat is five passes
 //! unfused; what the other fusions leave of a model's arithmetic
 //! (unmatched activations, scalings, box arithmetic of detectors) too.
@@ -10,7 +10,8 @@
 //! Chains grow from a model's last node back: a node joins the chain that
 //! all the readers of its result are in (so that result never reaches
 //! memory) if it has the chain's shape and each of its inputs lines up with
-//! it as a whole tensor, one value or a repeated row ([`Access`]); at most
+//! it as a whole tensor, one value, a repeated row or per-channel runs
+//! ([`Access`]); at most
 //! [`MAX_CHAIN_OPS`] ops and [`MAX_CHAIN_INPUTS`] inputs. Each op computes
 //! exactly what its own step would, so results are unchanged bit for bit.
 
