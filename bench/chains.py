@@ -45,58 +45,24 @@ sys.path.insert(0, os.path.join(REPO, "python", "tests"))
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import onnxruntime_ep_kiln as kiln  # noqa: E402
 from embeddings import compare, session  # noqa: E402
 from machine import describe as describe_machine, publish  # noqa: E402
 import kiln_testutil as tu  # noqa: E402
+import models_lib as ml  # noqa: E402
 
 DENSENET = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", "light_densenet121.onnx")
-
-
-def const(name, array):
-    return numpy_helper.from_array(np.asarray(array, dtype=np.float32), name)
-
-
-def make(nodes, shape, inits) -> onnx.ModelProto:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
-    graph = helper.make_graph(nodes, "chain", [x], [y], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
-def preact(h: int, w: int, c: int) -> onnx.ModelProto:
-    rng = np.random.default_rng(0)
-    inits = [const(f"r{i}", rng.random(c) + 0.5) for i in range(4)]
-    ops = ["Mul", "Add", "Mul", "Add"]
-    names = ["x", "a", "b", "d", "e"]
-    nodes = [helper.make_node(op, [names[i], f"r{i}"], [names[i + 1]]) for i, op in enumerate(ops)]
-    nodes.append(helper.make_node("Relu", ["e"], ["y"]))
-    return make(nodes, [1, h, w, c], inits)
-
-
-def gate(b: int, s: int, w: int = 384) -> onnx.ModelProto:
-    rng = np.random.default_rng(1)
-    inits = [const("g", rng.random(w) + 0.5), const("bias", rng.standard_normal(w)), const("half", 0.5),
-             const("two", 2.0)]
-    nodes = [
-        helper.make_node("Mul", ["x", "g"], ["xg"]), helper.make_node("Add", ["xg", "bias"], ["z"]),
-        helper.make_node("Tanh", ["z"], ["t"]), helper.make_node("Mul", ["t", "half"], ["th"]),
-        helper.make_node("Sub", ["th", "x"], ["d"]), helper.make_node("Sub", ["two", "d"], ["q"]),
-        helper.make_node("Sqrt", ["q"], ["r"]), helper.make_node("Max", ["r", "th"], ["y"]),
-    ]
-    return make(nodes, [b, s, w], inits)
 
 
 def cases(tmp: str):
     for h, c in [(56, 256), (28, 512), (14, 1024)]:
         path = os.path.join(tmp, f"preact_{h}_{c}.onnx")
-        onnx.save(preact(h, h, c), path)
+        onnx.save(ml.affine_relu_chain(h, h, c), path)
         yield f"preact {h}x{h}x{c}", path, [1, h, h, c]
     for b, s in [(1, 128), (8, 128), (8, 512)]:
         path = os.path.join(tmp, f"gate_{b}_{s}.onnx")
-        onnx.save(gate(b, s), path)
+        onnx.save(ml.gate_chain((b, s), hidden=384, seed=1), path)
         yield f"gate {b}x{s}x384", path, [b, s, 384]
     yield "densenet121", DENSENET, [1, 3, 224, 224]
 

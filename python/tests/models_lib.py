@@ -21,6 +21,8 @@ Families:
   ``Gelu`` op, erf-decomposed or tanh-decomposed.
 * :func:`bert_embeddings` — an HF BERT export's embedding layer (word,
   token-type and position gathers, adds, LayerNorm).
+* :func:`gate_chain`, :func:`channels_first_chain`, :func:`affine_relu_chain` — f32 elementwise ops
+  that feed one another, which kiln runs as one ``Chain`` (issue #14).
 * :mod:`fusion <models_lib>` patterns — :func:`fusion_cases`: every pattern
   kiln's compiler fuses, exactly, and near misses that must not be fused.
 
@@ -969,6 +971,71 @@ def reference_f64(model: Union[onnx.ModelProto, ModelCase], feeds: Dict[str, np.
     f64 = {k: (v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in feeds.items()}
     outs = ReferenceEvaluator(to_float64(model)).run(None, f64)
     return [o.astype(np.float32) if o.dtype == np.float64 else o for o in outs]
+
+
+# --------------------------------------------------------------------------
+# elementwise chains (issue #14)
+# --------------------------------------------------------------------------
+def one_input_model(nodes, x_shape, outputs: Sequence[str], inits) -> onnx.ModelProto:
+    """A graph of ``nodes`` reading the f32 input ``x`` (opset 17, IR 8), with f32 ``outputs``."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+    graph = helper.make_graph(nodes, "chain", [x], outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def f32_tensor(name: str, array) -> onnx.TensorProto:
+    """An f32 initializer."""
+    return numpy_helper.from_array(np.asarray(array, dtype=np.float32), name)
+
+
+def gate_chain(dims: Sequence[DimT] = ("batch", "seq"), hidden: int = 40, also_output: bool = False,
+               seed: int = 4) -> onnx.ModelProto:
+    """``th = tanh(x·g + b)·0.5; y = max(sqrt(2 - (th - x)), th)`` over ``[B, S, hidden]``:
+    a row scale and shift, a scalar on the left of a ``Sub``, the input read
+    again, ``Sqrt`` of negatives (NaN). ``also_output``: ``th - x`` is an output too."""
+    rng = np.random.default_rng(seed)
+    inits = [f32_tensor("g", rng.random(hidden) + 0.5), f32_tensor("b", rng.standard_normal(hidden)),
+             f32_tensor("half", 0.5), f32_tensor("two", 2.0)]
+    nodes = [
+        helper.make_node("Mul", ["x", "g"], ["xg"]),
+        helper.make_node("Add", ["xg", "b"], ["z"]),
+        helper.make_node("Tanh", ["z"], ["t"]),
+        helper.make_node("Mul", ["t", "half"], ["th"]),
+        helper.make_node("Sub", ["th", "x"], ["d"]),
+        helper.make_node("Sub", ["two", "d"], ["q"]),
+        helper.make_node("Sqrt", ["q"], ["s"]),
+        helper.make_node("Max", ["s", "th"], ["y"]),
+    ]
+    return one_input_model(nodes, [dims[0], dims[1], hidden], ["y", "d"] if also_output else ["y"], inits)
+
+
+def channels_first_chain(dims: Sequence[DimT] = ("n", "h", "w"), channels: int = 24) -> onnx.ModelProto:
+    """``sigmoid(x·s + t)·x`` over ``[N, C, H, W]`` with per-channel ``[C, 1, 1]``
+    and ``[1, C, 1, 1]`` constants and no convolution around (kiln keeps ONNX's
+    layout, and a chain reads each constant per run of H·W)."""
+    rng = np.random.default_rng(6)
+    c = channels
+    inits = [f32_tensor("s", (rng.random(c) + 0.5).reshape(c, 1, 1)), f32_tensor("t", rng.standard_normal(c).reshape(1, c, 1, 1))]
+    nodes = [
+        helper.make_node("Mul", ["x", "s"], ["m"]),
+        helper.make_node("Add", ["t", "m"], ["a"]),
+        helper.make_node("Sigmoid", ["a"], ["g"]),
+        helper.make_node("Mul", ["g", "x"], ["y"]),
+    ]
+    return one_input_model(nodes, [dims[0], c, dims[1], dims[2]], ["y"], inits)
+
+
+def affine_relu_chain(h: int, w: int, c: int) -> onnx.ModelProto:
+    """DenseNet's pre-activation as kiln sees it inside a channels-last partition:
+    ``[1, H, W, C]`` times a per-channel scale, plus a shift, times a scale,
+    plus a shift, ``Relu``."""
+    rng = np.random.default_rng(0)
+    inits = [f32_tensor(f"r{i}", rng.random(c) + 0.5) for i in range(4)]
+    names = ["x", "a", "b", "d", "e"]
+    nodes = [helper.make_node(op, [names[i], f"r{i}"], [names[i + 1]]) for i, op in enumerate(["Mul", "Add"] * 2)]
+    nodes.append(helper.make_node("Relu", ["e"], ["y"]))
+    return one_input_model(nodes, [1, h, w, c], ["y"], inits)
 
 
 # --------------------------------------------------------------------------

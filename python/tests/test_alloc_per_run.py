@@ -15,7 +15,7 @@ RUNS // 2 allocations over RUNS runs, which any allocation made in every Run
 exceeds. Models: the transformer benchmarks of issue #14,
 paraphrase-MiniLM-L3-v2 (the real-model corpus) at batch 1 and 8 x sequence 16
 and 128 and at 1 x 512 (where the attention kernel packs K and V ahead), and ``bench/latency.py``'s MLPs and BERT-shaped encoders, with 1 and 2
-intra-op threads; and ``test_chain_fusion``'s elementwise chains (rows and
+intra-op threads; and ``models_lib``'s elementwise chains (rows and
 channels-first per-channel constants, one ``Chain`` step each). The counts per run are printed in pytest's terminal summary;
 ``KILN_ALLOC_RUNS`` overrides RUNS.
 """
@@ -33,7 +33,6 @@ from onnxruntime_ep_kiln import _native
 import kiln_testutil as tu
 import models_lib as ml
 import real_corpus as rc
-import test_chain_fusion as chains
 
 WARMUP = 3
 RUNS = int(os.environ.get("KILN_ALLOC_RUNS", "20"))
@@ -110,8 +109,8 @@ def test_latency_models_run_without_allocating(alloc_count, kiln_dev, tmp_path, 
 @pytest.mark.parametrize("threads", THREADS)
 def test_elementwise_chains_run_without_allocating(alloc_count, kiln_dev, tmp_path, threads):
     rng = np.random.default_rng(0)
-    for name, model, shape in [("chain rows", chains.transformer_chain(), (8, 128, 40)),
-                               ("chain channels", chains.channels_first(), (2, chains.C, 40, 45))]:
+    for name, model, shape in [("chain rows", ml.gate_chain(), (8, 128, 40)),
+                               ("chain channels", ml.channels_first_chain(channels=24), (2, 24, 40, 45))]:
         path = tu.save_model(model, tmp_path, name.replace(" ", "_"))
         # claim=all: kiln's default rule leaves a partition without a product or convolution to ORT.
         sess = session(path, kiln_dev, threads, {"claim": "all"})

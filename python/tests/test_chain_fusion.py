@@ -31,9 +31,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 import kiln_testutil as tu
+import models_lib as ml
 
 CPU = "CPUExecutionProvider"
 LEVELS = {"raw": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "ort-opt": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
@@ -41,22 +42,12 @@ RTOL, ATOL = 1e-5, 1e-6
 C = 24
 
 
-def const(name: str, array) -> onnx.TensorProto:
-    return numpy_helper.from_array(np.asarray(array, dtype=np.float32), name)
-
-
-def model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "chain", inputs, outputs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
 def preactivation(dims=("n", "h", "w")) -> onnx.ModelProto:
     """Two Convs' channels concatenated, then BatchNormalization → Mul → Add →
     Relu, then Conv (DenseNet; right after a Conv, kiln would fold the
     per-channel ops into it instead)."""
     rng = np.random.default_rng(3)
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [dims[0], 8, dims[1], dims[2]])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    const = ml.f32_tensor
     inits = [
         const("w0", rng.standard_normal((8, 8, 1, 1)) * 0.2),
         const("w1", rng.standard_normal((C, 8, 3, 3)) * 0.2),
@@ -76,30 +67,7 @@ def preactivation(dims=("n", "h", "w")) -> onnx.ModelProto:
         helper.make_node("Relu", ["a"], ["r"]),
         helper.make_node("Conv", ["r", "w2"], ["y"]),
     ]
-    return model(nodes, [x], [y], inits)
-
-
-def transformer_chain(dims=("batch", "seq"), also_output: bool = False) -> onnx.ModelProto:
-    """th = tanh(x·g + b) · 0.5; max(sqrt(2 - (th - x)), th)."""
-    rng = np.random.default_rng(4)
-    hidden = 40
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [dims[0], dims[1], hidden])
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
-    inits = [const("g", rng.random(hidden) + 0.5), const("b", rng.standard_normal(hidden)),
-             const("half", 0.5), const("two", 2.0)]
-    nodes = [
-        helper.make_node("Mul", ["x", "g"], ["xg"]),
-        helper.make_node("Add", ["xg", "b"], ["z"]),
-        helper.make_node("Tanh", ["z"], ["t"]),
-        helper.make_node("Mul", ["t", "half"], ["th"]),
-        helper.make_node("Sub", ["th", "x"], ["d"]),
-        helper.make_node("Sub", ["two", "d"], ["q"]),
-        helper.make_node("Sqrt", ["q"], ["s"]),
-        helper.make_node("Max", ["s", "th"], ["y"]),
-    ]
-    if also_output:
-        outputs.append(helper.make_tensor_value_info("d", TensorProto.FLOAT, None))
-    return model(nodes, [x], outputs, inits)
+    return ml.one_input_model(nodes, [dims[0], 8, dims[1], dims[2]], ["y"], inits)
 
 
 save = tu.save_model
@@ -139,13 +107,13 @@ def test_preactivation_compiles_to_one_chain(kiln_dev, tmp_path):
 
 @pytest.mark.parametrize("level", list(LEVELS))
 def test_transformer_chain_matches_cpu_at_two_shapes(level, kiln_dev, tmp_path):
-    path = save(transformer_chain(), tmp_path, "tchain")
+    path = save(ml.gate_chain(), tmp_path, "tchain")
     # The second shape is big enough to split over threads.
     assert_matches_cpu(path, kiln_dev, [(1, 7, 40), (4, 300, 40)], level, seed=1)
 
 
 def test_transformer_chain_compiles_to_one_op(kiln_dev, tmp_path):
-    path = save(transformer_chain(dims=(2, 16)), tmp_path, "tchain_static")
+    path = save(ml.gate_chain(dims=(2, 16)), tmp_path, "tchain_static")
     ops = compiled_ops(path, kiln_dev)
     assert ops == ["Chain(Mul+Add+Tanh+Mul+Sub+Sub+Sqrt+Max)"], ops
     rng = np.random.default_rng(2)
@@ -156,34 +124,17 @@ def test_transformer_chain_compiles_to_one_op(kiln_dev, tmp_path):
 
 
 def test_an_intermediate_that_is_an_output_splits_the_chain(kiln_dev, tmp_path):
-    path = save(transformer_chain(dims=(2, 16), also_output=True), tmp_path, "tchain_split")
+    path = save(ml.gate_chain(dims=(2, 16), also_output=True), tmp_path, "tchain_split")
     ops = compiled_ops(path, kiln_dev)
     # `th` is read by the Sub (whose result is an output) and by the Max.
     assert sorted(ops) == ["Chain(Mul+Add+Tanh+Mul)", "Chain(Sub+Sqrt+Max)", "Sub"], ops
     assert_matches_cpu(path, kiln_dev, [(2, 16, 40)], "raw", seed=5)
 
 
-def channels_first(dims=("n", "h", "w")) -> onnx.ModelProto:
-    """Per-channel constants over [N, C, H, W] with no convolution around: kiln
-    keeps ONNX's layout, and the chain reads each constant per run of H·W."""
-    rng = np.random.default_rng(6)
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [dims[0], C, dims[1], dims[2]])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    inits = [const("s", (rng.random(C) + 0.5).reshape(C, 1, 1)),
-             const("t", rng.standard_normal(C).reshape(1, C, 1, 1))]
-    nodes = [
-        helper.make_node("Mul", ["x", "s"], ["m"]),
-        helper.make_node("Add", ["t", "m"], ["a"]),
-        helper.make_node("Sigmoid", ["a"], ["g"]),
-        helper.make_node("Mul", ["g", "x"], ["y"]),
-    ]
-    return model(nodes, [x], [y], inits)
-
-
 @pytest.mark.parametrize("level", list(LEVELS))
 def test_channels_first_chain_matches_cpu(level, kiln_dev, tmp_path):
-    path = save(channels_first(), tmp_path, "nchw")
+    path = save(ml.channels_first_chain(channels=C), tmp_path, "nchw")
     # H·W of 12 and of 1800 (longer than a block).
     assert_matches_cpu(path, kiln_dev, [(1, C, 3, 4), (2, C, 40, 45)], level, seed=7)
-    static = save(channels_first(dims=(2, 9, 9)), tmp_path, "nchw_static")
+    static = save(ml.channels_first_chain(dims=(2, 9, 9), channels=C), tmp_path, "nchw_static")
     assert compiled_ops(static, kiln_dev) == ["Chain(Mul+Add+Sigmoid+Mul)"]

@@ -4,19 +4,13 @@
 //! and longer than a block, scalars on either side, results read twice,
 //! chains that need several result buffers, tensors big enough to split).
 
-use super::tests::{data, Builder};
+// Every pass but the chains.
+use super::tests::{data, inspected as unchained, Builder};
 use super::*;
 use crate::ir::{BinaryOp, ChainOp, DType, Op, TensorType, UnaryOp};
 use crate::kernels::chain::MAX_CHAIN_OPS;
 use crate::kernels::parallel::{Parallel, ScopedThreads, Serial};
 use crate::plan::{Step, TensorMut, TensorRef};
-
-fn unchained() -> Passes {
-    Passes {
-        chain: false,
-        ..Passes::default()
-    }
-}
 
 /// The chains of the optimised graph, as op names.
 fn chains(g: &Graph) -> Vec<Vec<&'static str>> {

@@ -11,7 +11,6 @@
 //! ([`gemm`]) parallelises itself.
 
 pub mod attention;
-// Elementwise chains in one pass (issue #14).
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx2;
@@ -19,6 +18,7 @@ mod avx2;
 #[allow(unsafe_code)]
 mod avx2_math;
 pub mod cache;
+// Elementwise chains in one pass (issue #14).
 pub mod chain;
 pub mod conv;
 pub mod conv_direct;
