@@ -909,28 +909,38 @@ mod simd {
                     }
                 }
                 // Column j of the group (input column ow·S + j − pad) feeds
-                // pixel p through tap j − p·S: each is loaded once. Plain
-                // constant-bound loops, so that LLVM unrolls them and keeps
-                // `xs` in registers.
-                let mut xs = [bias; MAX_COLUMNS];
-                for (j, x) in xs.iter_mut().enumerate().take((P - 1) * S + K) {
-                    let iw = (ow * S + j).wrapping_sub(w.pad_begin);
-                    *x = if INSIDE || iw < w.input {
-                        V::load::<FULL>(x0.add(iw * c), m)
-                    } else {
-                        // The padding's zeros (as ONNX defines it).
-                        V::splat(0.0)
-                    };
+                // pixel p through tap j − p·S: each is loaded once, through
+                // a pointer stepped by one pixel, and used at once, so that
+                // one column is live beside the P accumulators and K
+                // weights. Holding every column (AVX2 has 16 registers)
+                // spilled accumulators and column offsets, and the offsets'
+                // multiplications by `c` were redone for each kernel row.
+                // `columns!` unrolls with literal column numbers, so that
+                // each FMA's accumulator is a fixed register.
+                let first = (ow * S).wrapping_sub(w.pad_begin);
+                let mut xp = x0.wrapping_add(first.wrapping_mul(c));
+                macro_rules! columns {
+                    ($($j:literal)*) => {$(
+                        if $j < (P - 1) * S + K {
+                            let x = if INSIDE || first.wrapping_add($j) < w.input {
+                                V::load::<FULL>(xp, m)
+                            } else {
+                                // The padding's zeros (as ONNX defines it).
+                                V::splat(0.0)
+                            };
+                            xp = xp.wrapping_add(c);
+                            for (kw, &wv) in wt.iter().enumerate() {
+                                if $j >= kw && ($j - kw) % S == 0 && ($j - kw) / S < P {
+                                    let a = &mut acc[($j - kw) / S];
+                                    *a = x.fma(wv, *a);
+                                }
+                            }
+                        }
+                    )*};
                 }
-                for (kw, &wv) in wt.iter().enumerate() {
-                    for (p, a) in acc.iter_mut().enumerate() {
-                        *a = xs[p * S + kw].fma(wv, *a);
-                    }
-                }
+                columns!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19);
             }
-            for (p, a) in acc.into_iter().enumerate() {
-                store::<V, FULL>(t, a, (ow + p) * c + c0, m);
-            }
+            store_pixels::<V, FULL, P>(t, acc, ow * c + c0, m);
         }
     }
 
@@ -970,6 +980,48 @@ mod simd {
         }
         // SAFETY: [`group`]'s, pixel ow of the row.
         unsafe { store::<V, FULL>(t, acc, ow * c + c0, m) };
+    }
+
+    /// A group's `P` accumulators (pixels `at`, `at + c`, …) stored as
+    /// [`store`] stores one, with the activation chosen once per group. `t`
+    /// is copied first: through the reference every store to the row could
+    /// have changed its fields, so they were loaded again (and the
+    /// activation matched again) for every pixel — a quarter of the
+    /// instructions of a 3×3 layer.
+    ///
+    /// # Safety
+    /// [`store`]'s, for each of the `P` pixels.
+    #[inline(always)]
+    unsafe fn store_pixels<V: Vector, const FULL: bool, const P: usize>(
+        t: &Row<'_, V>,
+        acc: [V; P],
+        at: usize,
+        m: V::Mask,
+    ) {
+        let t = *t;
+        // SAFETY: the CPU has V's features (the contract).
+        let zero = unsafe { V::splat(0.0) };
+        macro_rules! each {
+            (|$v:ident| $f:expr) => {
+                for (p, $v) in acc.into_iter().enumerate() {
+                    let at = at + p * t.c;
+                    // SAFETY: the function's contract (pixel p of the group).
+                    unsafe {
+                        let mut v = $f;
+                        if let Some(r) = t.residual {
+                            v = v.add(V::load::<FULL>(r.add(at), m));
+                        }
+                        v.store::<FULL>(t.out.add(at), m);
+                    }
+                }
+            };
+        }
+        match t.fused {
+            Fused::None => each!(|a| a),
+            Fused::Relu => each!(|a| a.at_least(zero)),
+            Fused::Clip => each!(|a| a.at_least(t.lo).at_most(t.hi)),
+            Fused::Leaky => each!(|a| a.leaky(t.lo)),
+        }
     }
 
     /// `acc` + the fused activation and residual, stored at element `at` of
