@@ -518,7 +518,8 @@ mod simd {
     /// Channels from which stride-1 rows prefetch (see [`rows`]).
     const PREFETCH_CHANNELS: usize = 64;
 
-    /// The most input columns a [`group`] reads: (P − 1)·S + K.
+    /// The most input columns a [`group`] reads: (P − 1)·S + K (its
+    /// `columns!` lists this many column numbers).
     const MAX_COLUMNS: usize = 20;
 
     /// The activations applied in registers before the store.
@@ -993,15 +994,15 @@ mod simd {
         unsafe { store::<V, FULL>(t, acc, ow * c + c0, m) };
     }
 
-    /// A group's `P` accumulators (pixels `at`, `at + c`, …) stored as
-    /// [`store`] stores one, with the activation chosen once per group. `t`
+    /// A group's `P` accumulators (pixels `at`, `at + c`, …) + the fused
+    /// activation and residual, the activation chosen once per group. `t`
     /// is copied first: through the reference every store to the row could
     /// have changed its fields, so they were loaded again (and the
     /// activation matched again) for every pixel — a quarter of the
     /// instructions of a 3×3 layer.
     ///
     /// # Safety
-    /// [`store`]'s, for each of the `P` pixels.
+    /// [`group`]'s; `at + (P − 1)·c` + the lanes `<=` the row's length.
     #[inline(always)]
     unsafe fn store_pixels<V: Vector, const FULL: bool, const P: usize>(
         t: &Row<'_, V>,
@@ -1042,19 +1043,8 @@ mod simd {
     /// [`group`]'s; `at` + the lanes `<=` the row's length.
     #[inline(always)]
     unsafe fn store<V: Vector, const FULL: bool>(t: &Row<'_, V>, acc: V, at: usize, m: V::Mask) {
-        // SAFETY: the function's contract (the residual row is as long).
-        unsafe {
-            let mut v = match t.fused {
-                Fused::None => acc,
-                Fused::Relu => acc.at_least(V::splat(0.0)),
-                Fused::Clip => acc.at_least(t.lo).at_most(t.hi),
-                Fused::Leaky => acc.leaky(t.lo),
-            };
-            if let Some(r) = t.residual {
-                v = v.add(V::load::<FULL>(r.add(at), m));
-            }
-            v.store::<FULL>(t.out.add(at), m);
-        }
+        // SAFETY: the function's contract, for one pixel.
+        unsafe { store_pixels::<V, FULL, 1>(t, [acc], at, m) }
     }
 }
 
