@@ -9,7 +9,8 @@
 //! Channels are the SIMD dimension. The AVX-512 and AVX2 + FMA builds
 //! (`simd`, one generic kernel over a register type: 16 or 8 lanes, the
 //! last partial register of a row masked) compute every pixel of an output
-//! row, border pixels included, in groups of `P` pixels (8, then 4, 2, 1)
+//! row, border pixels included, in groups of `P` pixels (8; a row's last
+//! 5–7 pixels one group of 8 that stores only them; else 4, 2, 1)
 //! × one register of channels, with the `P` accumulators in registers:
 //! for 3×3 and 5×5 windows without dilation, the group loads each input
 //! column once and feeds it to every pixel whose taps read it (stride 1: a
@@ -706,19 +707,25 @@ mod simd {
         unsafe {
             let mut ow = 0;
             while ow + P <= out_w {
-                group_at::<V, FULL, K, S, P, PF>(t, &rows, ow, c0, m);
+                group_at::<V, FULL, K, S, P, PF>(t, &rows, ow, c0, m, P);
                 ow += P;
             }
+            if out_w - ow > P / 2 && P > 4 {
+                // More than half a group left: one group that stores
+                // only those pixels.
+                group_at::<V, FULL, K, S, P, false>(t, &rows, ow, c0, m, out_w - ow);
+                ow = out_w;
+            }
             if ow + 4 <= out_w && P > 4 {
-                group_at::<V, FULL, K, S, 4, false>(t, &rows, ow, c0, m);
+                group_at::<V, FULL, K, S, 4, false>(t, &rows, ow, c0, m, 4);
                 ow += 4;
             }
             if ow + 2 <= out_w && P > 2 {
-                group_at::<V, FULL, K, S, 2, false>(t, &rows, ow, c0, m);
+                group_at::<V, FULL, K, S, 2, false>(t, &rows, ow, c0, m, 2);
                 ow += 2;
             }
             if ow < out_w {
-                group_at::<V, FULL, K, S, 1, false>(t, &rows, ow, c0, m);
+                group_at::<V, FULL, K, S, 1, false>(t, &rows, ow, c0, m, 1);
             }
         }
     }
@@ -757,19 +764,25 @@ mod simd {
         unsafe {
             let mut ow = 0;
             while ow + P <= out_w {
-                group_channels::<V, K, S, P, PF>(t, &rows, ow, full, tail);
+                group_channels::<V, K, S, P, PF>(t, &rows, ow, full, tail, P);
                 ow += P;
             }
+            if out_w - ow > P / 2 && P > 4 {
+                // More than half a group left: one group that stores
+                // only those pixels.
+                group_channels::<V, K, S, P, false>(t, &rows, ow, full, tail, out_w - ow);
+                ow = out_w;
+            }
             if ow + 4 <= out_w && P > 4 {
-                group_channels::<V, K, S, 4, false>(t, &rows, ow, full, tail);
+                group_channels::<V, K, S, 4, false>(t, &rows, ow, full, tail, 4);
                 ow += 4;
             }
             if ow + 2 <= out_w && P > 2 {
-                group_channels::<V, K, S, 2, false>(t, &rows, ow, full, tail);
+                group_channels::<V, K, S, 2, false>(t, &rows, ow, full, tail, 2);
                 ow += 2;
             }
             if ow < out_w {
-                group_channels::<V, K, S, 1, false>(t, &rows, ow, full, tail);
+                group_channels::<V, K, S, 1, false>(t, &rows, ow, full, tail, 1);
             }
         }
     }
@@ -791,13 +804,14 @@ mod simd {
         ow: usize,
         full: usize,
         tail: Option<V::Mask>,
+        n: usize,
     ) {
         // SAFETY: the caller's.
         unsafe {
             if inside::<K, S, P>(&t.win.w, ow) {
-                group_channels_at::<V, true, K, S, P, PF>(t, rows, ow, full, tail)
+                group_channels_at::<V, true, K, S, P, PF>(t, rows, ow, full, tail, n)
             } else {
-                group_channels_at::<V, false, K, S, P, PF>(t, rows, ow, full, tail)
+                group_channels_at::<V, false, K, S, P, PF>(t, rows, ow, full, tail, n)
             }
         }
     }
@@ -820,16 +834,17 @@ mod simd {
         ow: usize,
         full: usize,
         tail: Option<V::Mask>,
+        n: usize,
     ) {
         let mut c0 = 0;
         while c0 < full {
             // SAFETY: the caller's; channels c0..c0 + LANES <= c.
-            unsafe { group::<V, true, INSIDE, K, S, P, PF>(t, rows, ow, c0, None) };
+            unsafe { group::<V, true, INSIDE, K, S, P, PF>(t, rows, ow, c0, None, n) };
             c0 += V::LANES;
         }
         if tail.is_some() {
             // SAFETY: the caller's; the mask's lanes full..c.
-            unsafe { group::<V, false, INSIDE, K, S, P, PF>(t, rows, ow, c0, tail) };
+            unsafe { group::<V, false, INSIDE, K, S, P, PF>(t, rows, ow, c0, tail, n) };
         }
     }
 
@@ -844,19 +859,22 @@ mod simd {
         ow: usize,
         c0: usize,
         m: Option<V::Mask>,
+        n: usize,
     ) {
         // SAFETY: the caller's.
         unsafe {
             if inside::<K, S, P>(&t.win.w, ow) {
-                group::<V, FULL, true, K, S, P, PF>(t, rows, ow, c0, m)
+                group::<V, FULL, true, K, S, P, PF>(t, rows, ow, c0, m, n)
             } else {
-                group::<V, FULL, false, K, S, P, PF>(t, rows, ow, c0, m)
+                group::<V, FULL, false, K, S, P, PF>(t, rows, ow, c0, m, n)
             }
         }
     }
 
     /// Channels `c0..` (one register: all lanes when `FULL`, else those of
-    /// `m`) of output pixels `ow..ow + P`, accumulators in registers.
+    /// `m`) of output pixels `ow..ow + P`, accumulators in registers, of
+    /// which the first `n` are stored (a row's last pixels: the others'
+    /// columns past the input read as padding unless `INSIDE`).
     /// Input column `j` of the group feeds pixel `p` through tap `j − p·S`,
     /// so each input register is loaded once for all pixels that use it;
     /// unless `INSIDE` (every column inside the input), columns in the
@@ -865,8 +883,8 @@ mod simd {
     /// the next group's new input columns (the module's notes on speed).
     ///
     /// # Safety
-    /// [`rows`]'s; `ow + P <= w.output`, and when `INSIDE` every column the
-    /// group reads inside the input; channels `c0..c0 + LANES <= c`
+    /// [`rows`]'s; `n <= P`, `ow + n <= w.output`, and when `INSIDE` every
+    /// column the `P` pixels read inside the input; channels `c0..c0 + LANES <= c`
     /// when `FULL`, else the lanes of `m` from `c0` are `< c`.
     #[inline(always)]
     unsafe fn group<
@@ -883,6 +901,7 @@ mod simd {
         ow: usize,
         c0: usize,
         m: Option<V::Mask>,
+        n: usize,
     ) {
         let (w, c) = (&t.win.w, t.c);
         const { assert!((P - 1) * S + K <= MAX_COLUMNS) };
@@ -952,7 +971,7 @@ mod simd {
                 }
                 columns!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19);
             }
-            store_pixels::<V, FULL, P>(t, acc, ow * c + c0, m);
+            store_pixels::<V, FULL, P>(t, acc, ow * c + c0, m, n);
         }
     }
 
@@ -994,7 +1013,7 @@ mod simd {
         unsafe { store::<V, FULL>(t, acc, ow * c + c0, m) };
     }
 
-    /// A group's `P` accumulators (pixels `at`, `at + c`, …) + the fused
+    /// The first `n` of a group's `P` accumulators (pixels `at`, `at + c`, …) + the fused
     /// activation and residual, the activation chosen once per group. `t`
     /// is copied first: through the reference every store to the row could
     /// have changed its fields, so they were loaded again (and the
@@ -1002,13 +1021,14 @@ mod simd {
     /// instructions of a 3×3 layer.
     ///
     /// # Safety
-    /// [`group`]'s; `at + (P − 1)·c` + the lanes `<=` the row's length.
+    /// [`group`]'s; `n <= P`, `at + (n − 1)·c` + the lanes `<=` the row's length.
     #[inline(always)]
     unsafe fn store_pixels<V: Vector, const FULL: bool, const P: usize>(
         t: &Row<'_, V>,
         acc: [V; P],
         at: usize,
         m: V::Mask,
+        n: usize,
     ) {
         let t = *t;
         // SAFETY: the CPU has V's features (the contract).
@@ -1016,6 +1036,9 @@ mod simd {
         macro_rules! each {
             (|$v:ident| $f:expr) => {
                 for (p, $v) in acc.into_iter().enumerate() {
+                    if p >= n {
+                        break;
+                    }
                     let at = at + p * t.c;
                     // SAFETY: the function's contract (pixel p of the group).
                     unsafe {
@@ -1044,7 +1067,7 @@ mod simd {
     #[inline(always)]
     unsafe fn store<V: Vector, const FULL: bool>(t: &Row<'_, V>, acc: V, at: usize, m: V::Mask) {
         // SAFETY: the function's contract, for one pixel.
-        unsafe { store_pixels::<V, FULL, 1>(t, [acc], at, m) }
+        unsafe { store_pixels::<V, FULL, 1>(t, [acc], at, m, 1) }
     }
 }
 
