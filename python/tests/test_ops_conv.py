@@ -533,3 +533,39 @@ def test_conv1d_over_h_block_is_one_step(threads, tmp_path, kiln_dev):
         f.write(data)
     (got,) = tu.run_fully_on_kiln(ctx, kiln_dev, feeds[0], options=CLAIM_ALL, threads=threads).outputs
     np.testing.assert_allclose(got, tu.run_cpu(static, feeds[0])[1][0], rtol=RTOL, atol=ATOL)
+
+
+def _winograd_model(dims):
+    """A 3x3 Conv+Bias+Relu at 64 channels, then ResNet's skip connection around a second
+    (Conv+Bias, Add, Relu), then a 3x3 convolution to 32 channels (too narrow to pay for
+    Winograd's transforms: it stays direct)."""
+    inits = []
+    for i, (name, shape) in enumerate({"c1": (64, 64, 3, 3), "c2": (64, 64, 3, 3), "c3": (32, 64, 3, 3)}.items()):
+        inits.append(onnx.numpy_helper.from_array(_rand(shape, 60 + i) / 8, f"w_{name}"))
+        inits.append(onnx.numpy_helper.from_array(_rand((shape[0],), 70 + i), f"b_{name}"))
+
+    def conv(x, name, out):
+        return h.make_node("Conv", [x, f"w_{name}", f"b_{name}"], [out], pads=[1, 1, 1, 1])
+
+    nodes = [conv("x", "c1", "a"), h.make_node("Relu", ["a"], ["ar"]), conv("ar", "c2", "b"),
+             h.make_node("Add", ["b", "ar"], ["s"]), h.make_node("Relu", ["s"], ["sr"]),
+             conv("sr", "c3", "y")]
+    return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, dims)],
+                  [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_winograd_convolutions_match_the_cpu_ep(threads, tmp_path, kiln_dev):
+    """3x3 stride-1 convolutions of 64 channels over at least 12x12 pixels run as Winograd
+    F(2x2, 3x3) on an AVX2 target (kernels::winograd::pays), with their epilogue and the
+    residual: the CPU EP's numbers at even and odd sizes and batch 2 from one session, and
+    after an EPContext round trip (format 12 stores the transformed weights). AVX-512 keeps
+    its direct convolution."""
+    notes = _in_place_notes(_winograd_model, 64, [(1, 64, 16, 16), (2, 64, 13, 15)], 80, "wino",
+                            tmp_path, kiln_dev, threads)
+    if tu.host_target() == "x86_64-avx2":
+        assert "Conv+Bias+Relu (Winograd) x1" in notes, notes
+        assert "Conv+Bias+Residual+Relu (Winograd) x1" in notes, notes
+        assert "Conv+Bias x1" in notes, notes
+    else:
+        assert "Winograd" not in notes, notes

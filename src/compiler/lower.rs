@@ -24,6 +24,7 @@ use crate::kernels::movement::broadcast_strides;
 use crate::kernels::pool::PoolShape;
 use crate::kernels::recurrent::RnnDims;
 use crate::kernels::select::Lanes;
+use crate::kernels::winograd;
 use crate::kernels::{CopyPlan, Layout, Where3};
 use crate::plan::{
     AttentionShape, AttentionStep, BufRef, ChainStep, Constant, ConvResidual, ConvStep, ConvTransposeStep,
@@ -81,6 +82,7 @@ pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded, packs: Optio
         packs,
         constants: Vec::new(),
         steps: Vec::new(),
+        winograd: HashSet::new(),
     };
     for &i in &folded.nodes {
         ctx.node_steps(&graph.nodes[i])
@@ -100,7 +102,7 @@ pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded, packs: Optio
         constants: ctx.constants,
         steps: ctx.steps,
         arena_bytes: arena.len,
-        op_counts: op_counts(graph, &slices),
+        op_counts: op_counts(graph, &slices, &ctx.winograd),
     })
     .map_err(|e| internal(format!("the program does not validate: {e}")))
 }
@@ -362,6 +364,8 @@ fn is_depthwise(ci: usize, groups: usize, w: &[usize]) -> bool {
 struct Lowering<'g> {
     graph: &'g Graph,
     target: Target,
+    /// Outputs of the convolutions that run as Winograd's (the op counts say so).
+    winograd: HashSet<ValueId>,
     homes: &'g [Option<Home>],
     /// Concat inputs, as (concat output, input position), whose channels of
     /// the concat's output are written before the concat runs (see
@@ -926,7 +930,21 @@ impl Lowering<'_> {
             .cloned()
             .ok_or_else(|| internal("Conv weights are not a constant"))?;
         let (g, taps) = (attrs.groups, attrs.window.taps());
-        let weights = if is_depthwise(ci, g, self.shape(ins[1])) {
+        let weights = if winograd::pays(self.target, &attrs.window, ci, co, g) {
+            // Transformed per shape: a shape-generic partition's packs are the direct ones.
+            let mut ids = Vec::with_capacity(winograd::POSITIONS);
+            for packed in winograd::pack(self.target, w.as_slice(), co, ci)? {
+                self.constants.push(Constant {
+                    dtype: DType::F32,
+                    shape: vec![ci, co].into(),
+                    data: packed.data().clone(),
+                    packing: Packing::GemmB { k: ci, n: co },
+                });
+                ids.push(self.constants.len() - 1);
+            }
+            self.winograd.insert(out);
+            ConvWeightsRef::Winograd(ids)
+        } else if is_depthwise(ci, g, self.shape(ins[1])) {
             let dw = conv::depthwise_weights(w.as_slice(), co, taps);
             self.constants
                 .push(Constant::plain(DType::F32, &[taps, co], Weight::from_vec(dw)));
@@ -1249,13 +1267,20 @@ fn specs(graph: &Graph, ids: &[ValueId]) -> Vec<TensorSpec> {
 /// Nodes per op name, in order of first appearance (aliases included).
 /// How many nodes of each op the graph has, by name (the EPContext node's
 /// notes); a concat that some convolutions write in place is
-/// `Concat+InPlace`.
-fn op_counts(graph: &Graph, slices: &HashMap<ValueId, ConcatSlice>) -> Vec<(String, usize)> {
+/// `Concat+InPlace`, a convolution run as Winograd's `Conv… (Winograd)`.
+fn op_counts(
+    graph: &Graph,
+    slices: &HashMap<ValueId, ConcatSlice>,
+    winograd: &HashSet<ValueId>,
+) -> Vec<(String, usize)> {
     let mut counts: Vec<(String, usize)> = Vec::new();
     for node in &graph.nodes {
         let in_place = node.inputs.iter().any(|v| slices.contains_key(v));
         let name = match &node.op {
             Op::Concat { .. } if in_place => "Concat+InPlace".to_string(),
+            op @ Op::Conv(_) if node.outputs.first().is_some_and(|o| winograd.contains(o)) => {
+                format!("{} (Winograd)", op.name())
+            }
             op => op.name(),
         };
         match counts.iter_mut().find(|(n, _)| *n == name) {

@@ -247,8 +247,9 @@ fn conv_info(c: &ConvStep) -> proto::ConvStep {
         .chain(axis(&c.window.w))
         .map(|v| v as u64)
         .collect();
+    let ids = |ids: &[usize]| ids.iter().map(|&i| i as u64).collect();
     let (packed_w, depthwise_w) = match &c.weights {
-        ConvWeightsRef::Packed(ids) => (ids.iter().map(|&i| i as u64).collect(), None),
+        ConvWeightsRef::Packed(v) | ConvWeightsRef::Winograd(v) => (ids(v), None),
         ConvWeightsRef::Depthwise(w) => (Vec::new(), Some(buf(*w))),
     };
     proto::ConvStep {
@@ -267,6 +268,7 @@ fn conv_info(c: &ConvStep) -> proto::ConvStep {
             _ => None,
         },
         residual_in_dst: c.residual == Some(ConvResidual::InDst),
+        winograd: matches!(c.weights, ConvWeightsRef::Winograd(_)),
         dst: Some(buf(c.dst)),
         after: (c.after != Activation::None).then(|| activation_info(c.after)),
         dst_stride: stride_info(c.dst_stride, c.out_channels),
@@ -309,14 +311,11 @@ fn conv(c: &proto::ConvStep) -> Result<ConvStep> {
         pad_begin,
         pad_end,
     };
+    let ids = || -> Result<Vec<usize>> { c.packed_w.iter().map(|&i| usize_of(i, "packed constant")).collect() };
     let weights = match (&c.depthwise_w, c.packed_w.is_empty()) {
-        (None, false) => ConvWeightsRef::Packed(
-            c.packed_w
-                .iter()
-                .map(|&i| usize_of(i, "packed constant"))
-                .collect::<Result<_>>()?,
-        ),
-        (Some(_), true) => ConvWeightsRef::Depthwise(buf_ref(&c.depthwise_w)?),
+        (None, false) if c.winograd => ConvWeightsRef::Winograd(ids()?),
+        (None, false) => ConvWeightsRef::Packed(ids()?),
+        (Some(_), true) if !c.winograd => ConvWeightsRef::Depthwise(buf_ref(&c.depthwise_w)?),
         _ => crate::bail!(InvalidGraph, "a convolution needs exactly one of packed_w, depthwise_w"),
     };
     let opt = |b: &Option<proto::BufInfo>| b.as_ref().map(|_| buf_ref(b)).transpose();

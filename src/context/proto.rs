@@ -499,6 +499,10 @@ pub struct ConvStep {
     /// `residual` is then absent.
     #[prost(bool, tag = "15")]
     pub residual_in_dst: bool,
+    /// `packed_w` holds the 16 Winograd F(2×2, 3×3) matrices `[Ci, Co]`
+    /// (format 12, `kernels::winograd`).
+    #[prost(bool, tag = "16")]
+    pub winograd: bool,
 }
 
 /// A channels-last transposed convolution (`plan::ConvTransposeStep`).

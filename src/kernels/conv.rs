@@ -34,6 +34,9 @@ pub enum ConvWeights<'a> {
     Packed(&'a [&'a PackedB]),
     /// Depthwise, tap-major `[kh·kw, C]` ([`depthwise_weights`]).
     Depthwise(&'a [f32]),
+    /// A 3×3 stride-1 convolution's weights transformed for
+    /// [`super::winograd`]: its 16 packed `[Ci, Co]` matrices.
+    Winograd(&'a [&'a PackedB]),
 }
 
 /// One convolution's operands.
@@ -162,10 +165,15 @@ pub fn conv_onto(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> R
         return Err(size_error("a residual in its own buffer and in the output at once"));
     }
     check(c, y.len(), c.out_channels)?;
-    if let ConvWeights::Packed(groups) = c.weights {
-        if super::conv_direct::usable(isa, groups) {
+    match c.weights {
+        ConvWeights::Packed(groups) if super::conv_direct::usable(isa, groups) => {
             return super::conv_direct::conv_onto(isa, c, groups, y, par);
         }
+        ConvWeights::Winograd(packs) => {
+            super::winograd::conv(isa, c, packs, y, c.out_channels, true, par);
+            return Ok(());
+        }
+        _ => {}
     }
     super::with_thread_buffer(&RESIDUAL, |copy| conv_with_copy(isa, c, y, par, copy))
 }
@@ -197,6 +205,10 @@ pub fn conv_strided(isa: Isa, c: &Conv<'_>, y: &mut [f32], ldo: usize, par: &dyn
         return conv_strided(isa, &Conv { window: &w, ..*c }, y, ldo, par);
     }
     check(c, y.len(), ldo)?;
+    if let ConvWeights::Winograd(packs) = c.weights {
+        super::winograd::conv(isa, c, packs, y, ldo, false, par);
+        return Ok(());
+    }
     if ldo != c.out_channels {
         return match c.weights {
             ConvWeights::Packed(groups)
@@ -227,6 +239,7 @@ pub fn conv_strided(isa: Isa, c: &Conv<'_>, y: &mut [f32], ldo: usize, par: &dyn
             depthwise(&d, y, par);
             Ok(())
         }
+        ConvWeights::Winograd(_) => unreachable!("run above"),
         ConvWeights::Packed(groups) => {
             if super::conv_direct::usable(isa, groups) {
                 super::conv_direct::conv(isa, c, groups, y, c.out_channels, par)
@@ -296,6 +309,7 @@ fn check(c: &Conv<'_>, y_len: usize, ldo: usize) -> Result<()> {
     let ok = match c.weights {
         ConvWeights::Depthwise(wt) => g == ci && ci == co && Some(wt.len()) == taps_times(ci),
         ConvWeights::Packed(p) => p.len() == g && p.iter().all(|b| Some(b.k()) == taps_times(cig) && b.n() == cog),
+        ConvWeights::Winograd(p) => super::winograd::eligible(w, ci, co, g) && super::winograd::packs_fit(p, ci, co),
     };
     if !ok {
         return Err(size_error("weights do not fit the window and channels"));

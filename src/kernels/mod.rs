@@ -38,6 +38,7 @@ pub mod parallel;
 pub mod recurrent;
 pub mod spatial;
 pub mod transpose;
+pub mod winograd;
 // Pools and resize (issue #13).
 pub mod pool;
 pub mod resize;

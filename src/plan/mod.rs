@@ -196,6 +196,9 @@ pub enum ConvWeightsRef {
     Packed(Vec<usize>),
     /// Depthwise: a plain f32 constant `[kh·kw, C]`.
     Depthwise(BufRef),
+    /// A 3×3 stride-1 convolution's Winograd weights (format 12): 16
+    /// constants packed as `[Ci, Co]` (`kernels::winograd::pack`).
+    Winograd(Vec<usize>),
 }
 
 /// Where a convolution's residual is.
@@ -1311,11 +1314,14 @@ fn conv(
     use kernels::conv::{Conv, ConvWeights};
     let pack = |i: usize| packed.get(i).and_then(|p| p.as_deref()).ok_or_else(cast_err);
     let groups: Vec<&PackedB> = match &c.weights {
-        ConvWeightsRef::Packed(ids) => ids.iter().map(|&i| pack(i)).collect::<Result<_>>()?,
+        ConvWeightsRef::Packed(ids) | ConvWeightsRef::Winograd(ids) => {
+            ids.iter().map(|&i| pack(i)).collect::<Result<_>>()?
+        }
         ConvWeightsRef::Depthwise(_) => Vec::new(),
     };
     let weights = match c.weights {
         ConvWeightsRef::Packed(_) => ConvWeights::Packed(&groups),
+        ConvWeightsRef::Winograd(_) => ConvWeights::Winograd(&groups),
         ConvWeightsRef::Depthwise(w) => ConvWeights::Depthwise(src.f32(w)?),
     };
     let args = Conv {

@@ -356,6 +356,16 @@ fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
                 })
         }
         ConvWeightsRef::Depthwise(_) => g == ci && ci == co && s.get(1).copied() == w.taps().checked_mul(ci),
+        ConvWeightsRef::Winograd(ids) => {
+            crate::kernels::winograd::eligible(w, ci, co, g)
+                && ids.len() == crate::kernels::winograd::POSITIONS
+                && ids.iter().all(|&i| {
+                    p.packed
+                        .get(i)
+                        .and_then(|x| x.as_ref())
+                        .is_some_and(|pb| pb.k() == ci && pb.n() == co)
+                })
+        }
     };
     let mut rest = s[1 + usize::from(matches!(c.weights, ConvWeightsRef::Depthwise(_)))..]
         .iter()
