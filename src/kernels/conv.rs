@@ -7,6 +7,8 @@
 //! - pointwise (1×1, stride 1, no padding): the input *is* the GEMM's A
 //!   (`M = N·H·W` rows of `Ci` values), no copy;
 //! - depthwise (`groups == Ci == Co`): [`super::depthwise`];
+//! - weights transformed for Winograd F(2×2, 3×3) (the compiler's choice
+//!   for wide 3×3 stride-1 convolutions on AVX2): [`super::winograd`];
 //! - otherwise im2col, a block of output pixels at a time: each pixel's
 //!   row holds its `kh·kw` taps, each a contiguous run of the group's
 //!   `Ci / groups` channels (zeros in the padding), then one GEMM per group
