@@ -70,8 +70,21 @@ pub struct GenericGraph {
 #[derive(Default)]
 pub struct PackedWeights {
     by_source: HashMap<PackKey, Weight>,
-    /// Convolution weights, one pack per group: key (source, group, k, n).
-    conv: HashMap<(PackKey, usize), Weight>,
+    /// Convolution weights (boxed: a specialiser is a variant of
+    /// `Executable` beside a program).
+    conv: Box<ConvPacks>,
+}
+
+/// [`PackedWeights`]' convolution weights.
+#[derive(Default)]
+struct ConvPacks {
+    /// One pack per group: key (source, group, k, n).
+    groups: HashMap<(PackKey, usize), Weight>,
+    /// Winograd-transformed weights (`kernels::winograd::pack`), made by the
+    /// first specialisation that picks them: whether a convolution runs as
+    /// Winograd's depends on the image size, the transformed weights do not
+    /// (a new YOLOv8n size spent 10–20 ms transforming them again).
+    winograd: std::sync::Mutex<HashMap<PackKey, Vec<Weight>>>,
 }
 
 impl PackedWeights {
@@ -82,11 +95,30 @@ impl PackedWeights {
     /// Group `group` of convolution weights `source` packed as `[k, n]`
     /// (`kernels::conv::pack_groups`).
     pub fn insert_conv(&mut self, source: &Weight, group: usize, k: usize, n: usize, packed: Weight) {
-        self.conv.insert((key(source, true, k, n), group), packed);
+        self.conv.groups.insert((key(source, true, k, n), group), packed);
     }
 
     pub fn get_conv(&self, source: &Weight, group: usize, k: usize, n: usize) -> Option<Weight> {
-        self.conv.get(&(key(source, true, k, n), group)).cloned()
+        self.conv.groups.get(&(key(source, true, k, n), group)).cloned()
+    }
+
+    /// The Winograd packs of convolution weights `source` (`[co, ci, 3, 3]`),
+    /// made by `make` the first time.
+    pub fn winograd(
+        &self,
+        source: &Weight,
+        ci: usize,
+        co: usize,
+        make: impl FnOnce() -> Result<Vec<Weight>>,
+    ) -> Result<Vec<Weight>> {
+        let mut cache = self.conv.winograd.lock().unwrap_or_else(|e| e.into_inner());
+        let k = key(source, false, ci, co);
+        if let Some(packs) = cache.get(&k) {
+            return Ok(packs.clone());
+        }
+        let packs = make()?;
+        cache.insert(k, packs.clone());
+        Ok(packs)
     }
 
     /// The packed form of `source` for a `[k, n]` product, if packed before.

@@ -931,13 +931,21 @@ impl Lowering<'_> {
             .ok_or_else(|| internal("Conv weights are not a constant"))?;
         let (g, taps) = (attrs.groups, attrs.window.taps());
         let weights = if winograd::pays(self.target, &attrs.window, ci, co, g) {
-            // Transformed per shape: a shape-generic partition's packs are the direct ones.
+            let target = self.target;
+            let make = || -> Result<Vec<Weight>> {
+                let packs = winograd::pack(target, w.as_slice(), co, ci)?;
+                Ok(packs.iter().map(|p| p.data().clone()).collect())
+            };
+            let packs = match self.packs {
+                Some(cache) => cache.winograd(&w, ci, co, make)?,
+                None => make()?,
+            };
             let mut ids = Vec::with_capacity(winograd::POSITIONS);
-            for packed in winograd::pack(self.target, w.as_slice(), co, ci)? {
+            for data in packs {
                 self.constants.push(Constant {
                     dtype: DType::F32,
                     shape: vec![ci, co].into(),
-                    data: packed.data().clone(),
+                    data,
                     packing: Packing::GemmB { k: ci, n: co },
                 });
                 ids.push(self.constants.len() - 1);
