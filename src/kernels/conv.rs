@@ -172,8 +172,7 @@ pub fn conv_onto(isa: Isa, c: &Conv<'_>, y: &mut [f32], par: &dyn Parallel) -> R
             return super::conv_direct::conv_onto(isa, c, groups, y, par);
         }
         ConvWeights::Winograd(packs) => {
-            super::winograd::conv(isa, c, packs, y, c.out_channels, true, par);
-            return Ok(());
+            return super::winograd::conv(isa, c, packs, y, c.out_channels, true, par);
         }
         _ => {}
     }
@@ -208,8 +207,7 @@ pub fn conv_strided(isa: Isa, c: &Conv<'_>, y: &mut [f32], ldo: usize, par: &dyn
     }
     check(c, y.len(), ldo)?;
     if let ConvWeights::Winograd(packs) = c.weights {
-        super::winograd::conv(isa, c, packs, y, ldo, false, par);
-        return Ok(());
+        return super::winograd::conv(isa, c, packs, y, ldo, false, par);
     }
     if ldo != c.out_channels {
         return match c.weights {

@@ -14,14 +14,14 @@
 //!
 //! Multiplications drop 2.25×; the transforms are additions only (and the
 //! weight transform's halves), so the results differ from the direct
-//! convolution's by a few roundings (relative 1e-6 at ResNet's sizes).
+//! convolution's by a few roundings (relative ~1e-6 at ResNet's sizes).
 //! Which convolutions use it is [`pays`]'s rule.
 
 use std::cell::RefCell;
 
 use super::conv::Conv;
 use super::gemm::{self, activate, Epilogue, PackedB};
-use super::parallel::{for_each_block, Blocks, Parallel, Serial};
+use super::parallel::{try_for_each_block, Blocks, Parallel, Serial};
 use super::spatial::{Axis, Window};
 use super::Isa;
 use crate::error::{Error, Result};
@@ -107,16 +107,24 @@ pub fn packs_fit(packs: &[&PackedB], ci: usize, co: usize) -> bool {
 }
 
 /// Most values a chunk's transformed input and products hold together:
-/// 256 KiB, so that they and the packed weights of one position stay in L2.
-/// (Chunks of one tile row at 56² × 64, two at 28² × 128 and 14² × 256
-/// were the fastest on the Zen 3.)
+/// 256 KiB, half a Zen 3's L2, so that they and one position's packed
+/// weights stay there (twice that ran slower at 56² × 64; not tuned
+/// further).
 const CHUNK_VALUES: usize = 1 << 16;
 
 /// The convolution into `y` (output pixels `ldo` values apart), with
 /// `c.residual`, or with `y`'s own values as the residual if `onto`.
 /// The caller checked the sizes (`conv::check`) and that the window is
 /// [`eligible`] and `packs` [`packs_fit`].
-pub fn conv(isa: Isa, c: &Conv<'_>, packs: &[&PackedB], y: &mut [f32], ldo: usize, onto: bool, par: &dyn Parallel) {
+pub fn conv(
+    isa: Isa,
+    c: &Conv<'_>,
+    packs: &[&PackedB],
+    y: &mut [f32],
+    ldo: usize,
+    onto: bool,
+    par: &dyn Parallel,
+) -> Result<()> {
     let w = c.window;
     let grid = Grid {
         rows: w.h.output.div_ceil(2),
@@ -140,12 +148,12 @@ pub fn conv(isa: Isa, c: &Conv<'_>, packs: &[&PackedB], y: &mut [f32], ldo: usiz
         onto,
         grid,
     };
-    for_each_block(par, y, Blocks::new(y.len(), image, block), &|i, out| {
+    try_for_each_block(par, y, Blocks::new(y.len(), image, block), &|i, out| {
         let per_image = grid.rows.div_ceil(rows_per_task);
         let (n, first) = (i / per_image, i % per_image * rows_per_task);
         let rows = first..(first + rows_per_task).min(grid.rows);
-        super::with_thread_buffer(&SCRATCH, |buf| run.tile_rows(n, rows, out, buf));
-    });
+        super::with_thread_buffer(&SCRATCH, |buf| run.tile_rows(n, rows, out, buf))
+    })
 }
 
 thread_local! {
@@ -174,7 +182,7 @@ struct Run<'a> {
 impl Run<'_> {
     /// Tile rows `rows` of image `n` into `out`, the output from the first
     /// of those rows' pixels on.
-    fn tile_rows(&self, n: usize, rows: std::ops::Range<usize>, out: &mut [f32], buf: &mut Vec<f32>) {
+    fn tile_rows(&self, n: usize, rows: std::ops::Range<usize>, out: &mut [f32], buf: &mut Vec<f32>) -> Result<()> {
         let (ci, co) = (self.c.in_channels, self.c.out_channels);
         let tiles = rows.len() * self.grid.cols;
         let chunk = (CHUNK_VALUES / (POSITIONS * (ci + co))).clamp(1, tiles.max(1));
@@ -192,12 +200,11 @@ impl Run<'_> {
             for (p, pack) in self.packs.iter().enumerate() {
                 let a = &v[p * t.len() * ci..][..t.len() * ci];
                 let dst = &mut m[p * t.len() * co..][..t.len() * co];
-                // Sizes are the chunk's own: cannot fail.
-                let done = gemm::gemm_packed(self.isa, t.len(), a, ci, pack, dst, co, &Epilogue::default(), &Serial);
-                debug_assert!(done.is_ok());
+                gemm::gemm_packed(self.isa, t.len(), a, ci, pack, dst, co, &Epilogue::default(), &Serial)?;
             }
             self.output(n, t, rows.start, m, out, &mut pixel[..4 * co]);
         }
+        Ok(())
     }
 
     /// The input transform of tiles `t` of image `n` into `v`
@@ -205,7 +212,9 @@ impl Run<'_> {
     fn input(&self, n: usize, t: std::ops::Range<usize>, v: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if self.isa.target() != Target::Generic {
-            // SAFETY: AVX2 and FMA: every non-generic target has them (`Isa::new` checked).
+            // SAFETY: AVX2 and FMA: `Isa::new` checked that the CPU runs this
+            // target, and every target above the generic one needs both
+            // (`Target::cpu_best`).
             #[allow(unsafe_code)]
             unsafe {
                 return input_avx2(self, n, t, v);
@@ -353,36 +362,46 @@ fn output_transform(
                 }
             }
         }
-        for i in 0..2 {
-            for j in 0..2 {
-                let (oy, ox) = (2 * ty + i, 2 * tx + j);
-                if oy < oh && ox < ow {
-                    let at = ((oy - 2 * row0) * ow + ox) * ldo;
-                    let pixel = &mut pixels[(i * 2 + j) * co..][..co];
-                    finish_pixel(r, (n * oh + oy) * ow + ox, pixel, &mut out[at..at + co]);
-                }
-            }
-        }
+        // The tile's pixels inside the image: (index in `pixels`, output
+        // pixel of the batch, offset in `out`).
+        let inside = (0..4).filter_map(|q| {
+            let (oy, ox) = (2 * ty + q / 2, 2 * tx + q % 2);
+            (oy < oh && ox < ow).then(|| (q, (n * oh + oy) * ow + ox, ((oy - 2 * row0) * ow + ox) * ldo))
+        });
+        finish_tile(r, pixels, inside, out);
     }
 }
 
-/// `dst = after(act(pixel + bias) + residual)` for output pixel `p` of the
-/// batch (the residual `dst` itself with `onto`).
+/// `out`'s pixels = `after(act(pixel + bias) + residual)` for a tile's
+/// `pixels` (4 × `co`; the residual `out`'s own values with `onto`): each
+/// activation over the whole tile at once, the residual and the store
+/// only for the pixels `inside` the image.
 #[inline(always)]
-fn finish_pixel(r: &Run<'_>, p: usize, pixel: &mut [f32], dst: &mut [f32]) {
-    let c = r.c;
+fn finish_tile(
+    r: &Run<'_>,
+    pixels: &mut [f32],
+    inside: impl Iterator<Item = (usize, usize, usize)> + Clone,
+    out: &mut [f32],
+) {
+    let (c, co) = (r.c, r.c.out_channels);
     if let Some(b) = c.bias {
-        pixel.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+        for px in pixels.chunks_exact_mut(co) {
+            px.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+        }
     }
-    activate(c.activation, pixel);
-    if r.onto {
-        pixel.iter_mut().zip(&*dst).for_each(|(v, r)| *v += r);
-    } else if let Some(res) = c.residual {
-        let co = c.out_channels;
-        pixel.iter_mut().zip(&res[p * co..][..co]).for_each(|(v, r)| *v += r);
+    activate(c.activation, pixels);
+    for (q, p, at) in inside.clone() {
+        let px = &mut pixels[q * co..][..co];
+        if r.onto {
+            px.iter_mut().zip(&out[at..at + co]).for_each(|(v, r)| *v += r);
+        } else if let Some(res) = c.residual {
+            px.iter_mut().zip(&res[p * co..][..co]).for_each(|(v, r)| *v += r);
+        }
     }
-    activate(c.after, pixel);
-    dst.copy_from_slice(pixel);
+    activate(c.after, pixels);
+    for (q, _, at) in inside {
+        out[at..at + co].copy_from_slice(&pixels[q * co..][..co]);
+    }
 }
 
 #[cfg(test)]
