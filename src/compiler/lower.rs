@@ -942,13 +942,7 @@ impl Lowering<'_> {
             };
             let mut ids = Vec::with_capacity(winograd::POSITIONS);
             for data in packs {
-                self.constants.push(Constant {
-                    dtype: DType::F32,
-                    shape: vec![ci, co].into(),
-                    data,
-                    packing: Packing::GemmB { k: ci, n: co },
-                });
-                ids.push(self.constants.len() - 1);
+                ids.push(self.push_packed(data, ci, co));
             }
             self.winograd.insert(out);
             ConvWeightsRef::Winograd(ids)
@@ -972,13 +966,7 @@ impl Lowering<'_> {
                         all[gi].data().clone()
                     }
                 };
-                self.constants.push(Constant {
-                    dtype: DType::F32,
-                    shape: vec![k, n].into(),
-                    data,
-                    packing: Packing::GemmB { k, n },
-                });
-                ids.push(self.constants.len() - 1);
+                ids.push(self.push_packed(data, k, n));
             }
             ConvWeightsRef::Packed(ids)
         };
@@ -1115,16 +1103,7 @@ impl Lowering<'_> {
         let mut packed = Vec::with_capacity(g);
         for b in conv_transpose::weight_matrices(w.as_slice(), g, ci, cog, taps) {
             let pb = PackedB::try_pack(self.target, &b, ci / g, taps * cog, false)?;
-            self.constants.push(Constant {
-                dtype: DType::F32,
-                shape: vec![ci / g, taps * cog].into(),
-                data: pb.data().clone(),
-                packing: Packing::GemmB {
-                    k: ci / g,
-                    n: taps * cog,
-                },
-            });
-            packed.push(self.constants.len() - 1);
+            packed.push(self.push_packed(pb.data().clone(), ci / g, taps * cog));
         }
         Ok(Step::ConvTranspose(Box::new(ConvTransposeStep {
             window: attrs.window,
@@ -1151,13 +1130,20 @@ impl Lowering<'_> {
             Some(data) => data,
             None => PackedB::pack(self.target, w.as_slice(), k, n, trans_b).data().clone(),
         };
+        let id = self.push_packed(data, k, n);
+        self.packed_index.insert(key, id);
+        id
+    }
+
+    /// A GEMM B packed as `[k, n]` (`Packing::GemmB`) as a new program
+    /// constant; its index.
+    fn push_packed(&mut self, data: Weight, k: usize, n: usize) -> usize {
         self.constants.push(Constant {
             dtype: DType::F32,
             shape: vec![k, n].into(),
             data,
             packing: Packing::GemmB { k, n },
         });
-        self.packed_index.insert(key, self.constants.len() - 1);
         self.constants.len() - 1
     }
 
@@ -1175,13 +1161,7 @@ impl Lowering<'_> {
                 PackedB::try_pack(self.target, block, k, n, true)?.data().clone()
             }
         };
-        self.constants.push(Constant {
-            dtype: DType::F32,
-            shape: vec![k, n].into(),
-            data,
-            packing: Packing::GemmB { k, n },
-        });
-        Ok(self.constants.len() - 1)
+        Ok(self.push_packed(data, k, n))
     }
 
     /// The buffer holding value `v` (through its alias representative).

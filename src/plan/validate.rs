@@ -345,26 +345,22 @@ fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
     }
     let len = |pixels: usize, ch: usize| c.batch.checked_mul(pixels).and_then(|x| x.checked_mul(ch));
     let k = w.taps().checked_mul(ci / g);
+    // `count` packed constants, each `[k, n]`.
+    let packed_as = |ids: &[usize], count: usize, k: Option<usize>, n: usize| {
+        ids.len() == count
+            && ids.iter().all(|&i| {
+                p.packed
+                    .get(i)
+                    .and_then(|x| x.as_ref())
+                    .is_some_and(|pb| Some(pb.k()) == k && pb.n() == n)
+            })
+    };
     let weights_ok = match &c.weights {
-        ConvWeightsRef::Packed(ids) => {
-            ids.len() == g
-                && ids.iter().all(|&i| {
-                    p.packed
-                        .get(i)
-                        .and_then(|x| x.as_ref())
-                        .is_some_and(|pb| Some(pb.k()) == k && pb.n() == co / g)
-                })
-        }
+        ConvWeightsRef::Packed(ids) => packed_as(ids, g, k, co / g),
         ConvWeightsRef::Depthwise(_) => g == ci && ci == co && s.get(1).copied() == w.taps().checked_mul(ci),
         ConvWeightsRef::Winograd(ids) => {
             crate::kernels::winograd::eligible(w, ci, co, g)
-                && ids.len() == crate::kernels::winograd::POSITIONS
-                && ids.iter().all(|&i| {
-                    p.packed
-                        .get(i)
-                        .and_then(|x| x.as_ref())
-                        .is_some_and(|pb| pb.k() == ci && pb.n() == co)
-                })
+                && packed_as(ids, crate::kernels::winograd::POSITIONS, Some(ci), co)
         }
     };
     let mut rest = s[1 + usize::from(matches!(c.weights, ConvWeightsRef::Depthwise(_)))..]
