@@ -198,7 +198,7 @@ static void output_to_bool(const Row* r, Buf* c, Buf* b, const char* i, const ch
 }
 static void compat_format(const Row* r, Buf* c, Buf* b, const char* i, const char* p) {
   (void)r, (void)b, (void)i, (void)p;
-  replace_bytes(c, "kiln;format=12;", "kiln;format=13;"); /* 12: context::FORMAT_VERSION */
+  replace_bytes(c, "kiln;format=13;", "kiln;format=14;"); /* 13: context::FORMAT_VERSION */
 }
 static void nothing(const Row* r, Buf* c, Buf* b, const char* i, const char* p) {
   (void)r, (void)c, (void)b, (void)i, (void)p;

@@ -457,7 +457,7 @@ def metadata(model) -> Dict[str, str]:
 
 
 # The context binary format this kiln writes (`context::FORMAT_VERSION`).
-CONTEXT_FORMAT = 12
+CONTEXT_FORMAT = 13
 
 
 def compat_info(target: str, version: str = kiln.__version__, fmt: int = CONTEXT_FORMAT) -> str:

@@ -349,17 +349,23 @@ def _concat_model(dims):
                   [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("y", "u", "y2")], inits)
 
 
-def _in_place_notes(make, cin, sizes, seed, name, tmp_path, kiln_dev, threads):
+def _in_place_notes(make, cin, sizes, seed, name, tmp_path, kiln_dev, threads, scaled_atol=None):
     """Runs `make(dims)` (input "x" of `cin` channels) on kiln at `sizes` from one
     session, and its static form at the first size after an EPContext round trip,
-    every output against the CPU EP; returns the compiled partition's notes."""
+    every output against the CPU EP (with `scaled_atol`, atol is that share of the
+    output's largest magnitude); returns the compiled partition's notes."""
+
+    def close(a, w, **kw):
+        atol = ATOL if scaled_atol is None else scaled_atol * float(np.abs(w).max())
+        np.testing.assert_allclose(a, w, rtol=RTOL, atol=atol, **kw)
+
     path = _save(make(["n", cin, "h", "w"]), tmp_path, name)
     feeds = [{"x": _rand(s, seed + i)} for i, s in enumerate(sizes)]
     run = tu.run_fully_on_kiln(path, kiln_dev, feeds_seq=feeds, options=CLAIM_ALL, threads=threads)
     for f, outs in zip(feeds, run.all_outputs):
         names, want = tu.run_cpu(path, f)
         for out, w, a in zip(names, want, outs):
-            np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL, err_msg=out)
+            close(a, w, err_msg=out)
     static = _save(make(list(sizes[0])), tmp_path, "static")
     data = tu.compile_model(static, kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
     ctx = os.path.join(str(tmp_path), f"{name}_ctx.onnx")
@@ -368,7 +374,7 @@ def _in_place_notes(make, cin, sizes, seed, name, tmp_path, kiln_dev, threads):
     loaded = tu.run_fully_on_kiln(ctx, kiln_dev, feeds[0], options=CLAIM_ALL, threads=threads)
     _, want = tu.run_cpu(static, feeds[0])
     for w, a in zip(want, loaded.outputs):
-        np.testing.assert_allclose(a, w, rtol=RTOL, atol=ATOL)
+        close(a, w)
     return " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
 
 
@@ -537,10 +543,10 @@ def test_conv1d_over_h_block_is_one_step(threads, tmp_path, kiln_dev):
 
 def _winograd_model(dims):
     """A 3x3 Conv+Bias+Relu at 64 channels, then ResNet's skip connection around a second
-    (Conv+Bias, Add, Relu), then a 3x3 convolution to 32 channels (too narrow to pay for
+    (Conv+Bias, Add, Relu), then a 3x3 convolution to 16 channels (too narrow to pay for
     Winograd's transforms: it stays direct)."""
     inits = []
-    for i, (name, shape) in enumerate({"c1": (64, 64, 3, 3), "c2": (64, 64, 3, 3), "c3": (32, 64, 3, 3)}.items()):
+    for i, (name, shape) in enumerate({"c1": (64, 64, 3, 3), "c2": (64, 64, 3, 3), "c3": (16, 64, 3, 3)}.items()):
         inits.append(onnx.numpy_helper.from_array(_rand(shape, 60 + i) / 8, f"w_{name}"))
         inits.append(onnx.numpy_helper.from_array(_rand((shape[0],), 70 + i), f"b_{name}"))
 
@@ -557,12 +563,14 @@ def _winograd_model(dims):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_winograd_convolutions_match_the_cpu_ep(threads, tmp_path, kiln_dev):
     """3x3 stride-1 convolutions of 64 channels over at least 12x12 pixels run as Winograd
-    F(2x2, 3x3) on an AVX2 target (kernels::winograd::pays), with their epilogue and the
-    residual: the CPU EP's numbers at even and odd sizes and batch 2 from one session, and
-    after an EPContext round trip (format 12 stores the transformed weights). AVX-512 keeps
-    its direct convolution."""
-    notes = _in_place_notes(_winograd_model, 64, [(1, 64, 16, 16), (2, 64, 13, 15)], 80, "wino",
-                            tmp_path, kiln_dev, threads)
+    on an AVX2 target (kernels::winograd::pays), F(4x4, 3x3) from 12 output rows and columns,
+    else F(2x2, 3x3), with their epilogue and the residual: the CPU EP's numbers at even and
+    odd sizes (F(4x4)), a 16x10 image (F(2x2)) and batch 2 from one session, and after an
+    EPContext round trip (the context stores the transformed weights). F(4x4)'s transforms
+    (factors up to 8) round more than the direct convolution: within 1e-5 of the output's
+    magnitude (up to ~25 here), not 1e-4 absolute. AVX-512 keeps its direct convolution."""
+    notes = _in_place_notes(_winograd_model, 64, [(1, 64, 16, 16), (2, 64, 13, 15), (1, 64, 16, 10)], 80,
+                            "wino", tmp_path, kiln_dev, threads, scaled_atol=1e-5)
     if tu.host_target() == "x86_64-avx2":
         assert "Conv+Bias+Relu (Winograd) x1" in notes, notes
         assert "Conv+Bias+Residual+Relu (Winograd) x1" in notes, notes

@@ -82,9 +82,10 @@ struct ConvPacks {
     groups: HashMap<(PackKey, usize), Weight>,
     /// Winograd-transformed weights (`kernels::winograd::pack`), made by the
     /// first specialisation that picks them: whether a convolution runs as
-    /// Winograd's depends on the image size, the transformed weights do not
-    /// (a new YOLOv8n size spent 10–20 ms transforming them again).
-    winograd: std::sync::Mutex<HashMap<PackKey, Vec<Weight>>>,
+    /// Winograd's depends on the image size, the transformed weights only
+    /// through the tile size, part of the key (a new YOLOv8n size spent
+    /// 10–20 ms transforming them again).
+    winograd: std::sync::Mutex<HashMap<(PackKey, usize), Vec<Weight>>>,
 }
 
 impl PackedWeights {
@@ -107,12 +108,11 @@ impl PackedWeights {
     pub fn winograd(
         &self,
         source: &Weight,
-        ci: usize,
-        co: usize,
+        (ci, co, tile): (usize, usize, usize),
         make: impl FnOnce() -> Result<Vec<Weight>>,
     ) -> Result<Vec<Weight>> {
         let mut cache = self.conv.winograd.lock().unwrap_or_else(|e| e.into_inner());
-        let k = key(source, false, ci, co);
+        let k = (key(source, false, ci, co), tile);
         if let Some(packs) = cache.get(&k) {
             return Ok(packs.clone());
         }

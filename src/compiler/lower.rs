@@ -931,16 +931,16 @@ impl Lowering<'_> {
             .ok_or_else(|| internal("Conv weights are not a constant"))?;
         let (g, taps) = (attrs.groups, attrs.window.taps());
         let weights = if winograd::pays(self.target, &attrs.window, ci, co, g) {
-            let target = self.target;
+            let (target, m) = (self.target, winograd::tile_size(&attrs.window));
             let make = || -> Result<Vec<Weight>> {
-                let packs = winograd::pack(target, w.as_slice(), co, ci)?;
+                let packs = winograd::pack(target, w.as_slice(), co, ci, m)?;
                 Ok(packs.iter().map(|p| p.data().clone()).collect())
             };
             let packs = match self.packs {
-                Some(cache) => cache.winograd(&w, ci, co, make)?,
+                Some(cache) => cache.winograd(&w, (ci, co, m), make)?,
                 None => make()?,
             };
-            let mut ids = Vec::with_capacity(winograd::POSITIONS);
+            let mut ids = Vec::with_capacity(winograd::positions(m));
             for data in packs {
                 ids.push(self.push_packed(data, ci, co));
             }

@@ -58,7 +58,7 @@ pub fn recompute_checksum(file: &mut [u8]) -> bool {
 /// First 8 bytes of every kiln context binary.
 pub const MAGIC: [u8; 8] = *b"KILNCTX\0";
 /// The format version this kiln writes.
-pub const FORMAT_VERSION: u32 = 12;
+pub const FORMAT_VERSION: u32 = 13;
 /// The oldest format version this kiln reads.
 pub const MIN_READ_VERSION: u32 = 1;
 /// This kiln's version, recorded in every binary it writes.

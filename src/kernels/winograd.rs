@@ -1,10 +1,12 @@
-//! Winograd F(2×2, 3×3) convolution (issue #13): a 3×3, stride-1 convolution
-//! computes each 2×2 block of output pixels (a *tile*) from the 4×4 input
-//! patch around it with 16 multiplications per channel pair instead of 36.
+//! Winograd F(2×2, 3×3) and F(4×4, 3×3) convolutions (issue #13): a 3×3,
+//! stride-1 convolution computes each 2×2 (4×4) block of output pixels (a
+//! *tile*) from the 4×4 (6×6) input patch around it with 16 (36)
+//! multiplications per channel pair instead of 36 (144).
 //!
 //! - The weights are transformed once at compile time (`U = G g Gᵀ`, a 4×4
-//!   matrix per input/output channel pair) and packed as 16 GEMM B
-//!   matrices `[Ci, Co]`, one per position of the 4×4 ([`pack`]).
+//!   or 6×6 matrix per input/output channel pair) and packed as 16 or 36
+//!   GEMM B matrices `[Ci, Co]`, one per position ([`pack`]); the count
+//!   tells the kernel which variant it runs ([`tile_size`] chooses).
 //! - At run time, for a chunk of tiles that stays in L2: the input patches
 //!   are transformed (`V = Bᵀ d B`) into 16 matrices `[tiles, Ci]`, the 16
 //!   products `M = V · U` run on the packed GEMM, and the output transform
@@ -12,9 +14,10 @@
 //!   (bias, activation, residual, activation after) is applied as they are
 //!   stored.
 //!
-//! Multiplications drop 2.25×; the transforms are additions only (and the
-//! weight transform's halves), so the results differ from the direct
-//! convolution's by a few roundings (relative ~1e-6 at ResNet's sizes).
+//! Multiplications drop 2.25× (4×); F(2×2)'s transforms are additions
+//! only (and the weight transform's halves), so its results differ from
+//! the direct convolution's by a few roundings (relative ~2e-7 at ResNet's
+//! sizes); F(4×4)'s factors up to 8 make that ~3e-6.
 //! Which convolutions use it is [`pays`]'s rule.
 
 use std::cell::RefCell;
@@ -27,8 +30,30 @@ use super::Isa;
 use crate::error::{Error, Result};
 use crate::target::Target;
 
-/// Positions of the 4×4 transformed tile: one GEMM each.
+/// Positions of F(2×2, 3×3)'s 4×4 transformed tile: one GEMM each.
 pub const POSITIONS: usize = 16;
+/// Positions of F(4×4, 3×3)'s 6×6 transformed tile.
+pub const POSITIONS_F4: usize = 36;
+
+/// The output tile's side for a convolution that [`pays`]: 4
+/// (F(4×4, 3×3), 36 products per 16 pixels instead of 16 per 4) where
+/// the output has 12 rows and columns or more, else 2 (the partial tiles
+/// at the edges compute pixels that are thrown away). Kernel alone, Zen 3,
+/// one thread, against the direct convolution, F(2×2) → F(4×4): 56² × 64
+/// 1.28 → 2.01×, 28² × 128 1.56 → 2.29×, 14² × 256 1.70 → 1.79×, 13² × 64
+/// → 256 1.38 → 1.55×, 20² × 64 1.29 → 1.91×; 7² × 512 1.22 → 0.92×.
+pub fn tile_size(w: &Window) -> usize {
+    if w.h.output >= 12 && w.w.output >= 12 {
+        4
+    } else {
+        2
+    }
+}
+
+/// The packs' count for output tiles of `m`×`m`: `(m + 2)²`.
+pub fn positions(m: usize) -> usize {
+    (m + 2) * (m + 2)
+}
 
 /// Channels the transforms handle at once (one AVX2 register).
 const LANES: usize = 8;
@@ -47,7 +72,7 @@ pub fn eligible(w: &Window, ci: usize, co: usize, groups: usize) -> bool {
 }
 
 /// Whether the compiler should choose this kernel over the direct
-/// convolution. Measured on a Zen 3 (AVX2, one thread, the kernel alone
+/// convolution. Measured with F(2×2) on a Zen 3 (AVX2, one thread, the kernel alone
 /// against the direct convolution at 91–97% of the FMA peak; best of 25):
 /// ResNet-50's 3×3 layers 1.13–1.38× faster at 56² × 64, 1.6× at 28² ×
 /// 128, 1.4× at 14² × 256; 20² × 64 1.25×, 13² × 64 → 256 1.31×, 27² ×
@@ -56,54 +81,137 @@ pub fn eligible(w: &Window, ci: usize, co: usize, groups: usize) -> bool {
 /// or narrow channels (32 → 32 at 40² and 80² 0.83–0.88×, 16 → 64 0.9×:
 /// the transforms cost more than the products save). AVX-512 has not been
 /// measured: its direct convolution stays.
+///
+/// F(4×4, 3×3) pays from fewer channels: 32 → 32 at 40² and 80² 1.43× and
+/// 1.40× (F(2×2) 0.88×, 0.84×); 16 → 64 at 55² only 1.08×.
 pub fn pays(target: Target, w: &Window, ci: usize, co: usize, groups: usize) -> bool {
     target == Target::Avx2
         && eligible(w, ci, co, groups)
         && ci.min(co) >= 32
-        && ci + co >= 128
+        && (ci + co >= 128 || tile_size(w) == 4)
         && w.output_pixels() >= 12 * 12
 }
 
-/// ONNX weights `[co, ci, 3, 3]` transformed (`G g Gᵀ`) and packed as
-/// [`POSITIONS`] B matrices `[ci, co]` for `target`.
-pub fn pack(target: Target, w: &[f32], co: usize, ci: usize) -> Result<Vec<PackedB>> {
+/// ONNX weights `[co, ci, 3, 3]` transformed (`G g Gᵀ`) for output tiles
+/// of `m`×`m` (2 or 4, [`tile_size`]) and packed as [`positions`]`(m)` B
+/// matrices `[ci, co]` for `target`.
+pub fn pack(target: Target, w: &[f32], co: usize, ci: usize, m: usize) -> Result<Vec<PackedB>> {
     if w.len() != co * ci * 9 {
         return Err(Error::invalid_graph(format!(
             "Winograd weights of {} values are not [{co}, {ci}, 3, 3]",
             w.len()
         )));
     }
-    let mut u = vec![0.0f32; POSITIONS * ci * co];
-    for o in 0..co {
-        for i in 0..ci {
-            let g = &w[(o * ci + i) * 9..][..9];
-            // G · g (4 × 3), column by column.
-            let gg: [[f32; 3]; 4] = {
-                let col = |c: usize| weight_rows([g[c], g[3 + c], g[6 + c]]);
-                let cols = [col(0), col(1), col(2)];
-                std::array::from_fn(|r| [cols[0][r], cols[1][r], cols[2][r]])
-            };
-            // (G · g) · Gᵀ, row by row.
-            for (r, row) in gg.iter().enumerate() {
-                for (c, v) in weight_rows(*row).into_iter().enumerate() {
-                    u[((r * 4 + c) * ci + i) * co + o] = v;
-                }
-            }
-        }
-    }
+    let u = match m {
+        2 => transform_weights::<F2, 2, 4>(w, co, ci),
+        4 => transform_weights::<F4, 4, 6>(w, co, ci),
+        _ => return Err(Error::invalid_graph(format!("no Winograd F({m}×{m}, 3×3)"))),
+    };
     u.chunks_exact(ci * co)
         .map(|m| PackedB::try_pack(target, m, ci, co, false))
         .collect()
 }
 
-/// `G · [g0, g1, g2]`: the weight transform of one column (or row).
-fn weight_rows([g0, g1, g2]: [f32; 3]) -> [f32; 4] {
-    [g0, 0.5 * (g0 + g1 + g2), 0.5 * (g0 - g1 + g2), g2]
+/// `U = G g Gᵀ` of every channel pair, as `[N·N][ci][co]`.
+fn transform_weights<T: Tile<M, N>, const M: usize, const N: usize>(w: &[f32], co: usize, ci: usize) -> Vec<f32> {
+    let mut u = vec![0.0f32; N * N * ci * co];
+    for o in 0..co {
+        for i in 0..ci {
+            let g = &w[(o * ci + i) * 9..][..9];
+            // G · g (N × 3), column by column.
+            let gg: [[f32; 3]; N] = {
+                let col = |c: usize| T::weight_rows([g[c], g[3 + c], g[6 + c]]);
+                let cols = [col(0), col(1), col(2)];
+                std::array::from_fn(|r| [cols[0][r], cols[1][r], cols[2][r]])
+            };
+            // (G · g) · Gᵀ, row by row.
+            for (r, row) in gg.iter().enumerate() {
+                for (c, v) in T::weight_rows(*row).into_iter().enumerate() {
+                    u[((r * N + c) * ci + i) * co + o] = v;
+                }
+            }
+        }
+    }
+    u
 }
 
-/// Whether `packs` are this convolution's: [`POSITIONS`] of `[ci, co]`.
+/// One Winograd variant F(M×M, 3×3): output tiles of `M`×`M` from input
+/// patches of `N`×`N` (`N = M + 2`), by its three transforms along one
+/// column (or row).
+trait Tile<const M: usize, const N: usize> {
+    /// `G · g`.
+    fn weight_rows(g: [f32; 3]) -> [f32; N];
+    /// `Bᵀ · d`.
+    fn input_rows(d: [Lanes; N]) -> [Lanes; N];
+    /// `Aᵀ · m`.
+    fn output_rows(m: [Lanes; N]) -> [Lanes; M];
+}
+
+/// F(2×2, 3×3): transforms of additions only (and the weights' halves).
+struct F2;
+
+impl Tile<2, 4> for F2 {
+    fn weight_rows([g0, g1, g2]: [f32; 3]) -> [f32; 4] {
+        [g0, 0.5 * (g0 + g1 + g2), 0.5 * (g0 - g1 + g2), g2]
+    }
+
+    #[inline(always)]
+    fn input_rows(d: [Lanes; 4]) -> [Lanes; 4] {
+        [sub(d[0], d[2]), add(d[1], d[2]), sub(d[2], d[1]), sub(d[1], d[3])]
+    }
+
+    #[inline(always)]
+    fn output_rows(m: [Lanes; 4]) -> [Lanes; 2] {
+        [add(add(m[0], m[1]), m[2]), sub(sub(m[1], m[2]), m[3])]
+    }
+}
+
+/// F(4×4, 3×3), on the points 0, ±1, ±2 and ∞ (Lavin and Gray, 2016):
+/// 2.25 products per output pixel instead of F(2×2)'s 4, for transforms
+/// with small integer factors and roundings a few times larger.
+struct F4;
+
+impl Tile<4, 6> for F4 {
+    fn weight_rows([g0, g1, g2]: [f32; 3]) -> [f32; 6] {
+        [
+            g0 / 4.0,
+            -(g0 + g1 + g2) / 6.0,
+            -(g0 - g1 + g2) / 6.0,
+            g0 / 24.0 + g1 / 12.0 + g2 / 6.0,
+            g0 / 24.0 - g1 / 12.0 + g2 / 6.0,
+            g2,
+        ]
+    }
+
+    #[inline(always)]
+    fn input_rows(d: [Lanes; 6]) -> [Lanes; 6] {
+        let (d42, d31) = (sub(d[4], d[2]), sub(d[3], d[1]));
+        [
+            add(axpy(4.0, d[0], d[4]), scale(-5.0, d[2])),
+            axpy(-4.0, add(d[1], d[2]), add(d[3], d[4])),
+            axpy(4.0, sub(d[1], d[2]), sub(d[4], d[3])),
+            axpy(2.0, d31, d42),
+            axpy(-2.0, d31, d42),
+            add(axpy(4.0, d[1], d[5]), scale(-5.0, d[3])),
+        ]
+    }
+
+    #[inline(always)]
+    fn output_rows(m: [Lanes; 6]) -> [Lanes; 4] {
+        let (p12, m12, p34, m34) = (add(m[1], m[2]), sub(m[1], m[2]), add(m[3], m[4]), sub(m[3], m[4]));
+        [
+            add(add(m[0], p12), p34),
+            axpy(2.0, m34, m12),
+            axpy(4.0, p34, p12),
+            add(axpy(8.0, m34, m12), m[5]),
+        ]
+    }
+}
+
+/// Whether `packs` are this convolution's: [`positions`]`(m)` of `[ci,
+/// co]` for `m` 2 or 4.
 pub fn packs_fit(packs: &[&PackedB], ci: usize, co: usize) -> bool {
-    packs.len() == POSITIONS && packs.iter().all(|p| p.k() == ci && p.n() == co)
+    [POSITIONS, POSITIONS_F4].contains(&packs.len()) && packs.iter().all(|p| p.k() == ci && p.n() == co)
 }
 
 /// Most values a chunk's transformed input and products hold together:
@@ -111,6 +219,14 @@ pub fn packs_fit(packs: &[&PackedB], ci: usize, co: usize) -> bool {
 /// weights stay there (twice that ran slower at 56² × 64; not tuned
 /// further).
 const CHUNK_VALUES: usize = 1 << 16;
+
+/// Fewest tiles per chunk, whatever its size: every chunk streams all
+/// the positions' weights (9 MiB for F(4×4) at 256 → 256 channels), and
+/// with wide channels the 256 KiB held 3 to 8 tiles. At least 24 (kernel
+/// alone, Zen 3, one thread): 14² × 256 F(2×2) 1.44 → 1.70× the direct
+/// convolution's speed, F(4×4) 1.12 → 1.79×; 7² × 512 F(2×2) 0.61 → 1.22×;
+/// 56² × 64 F(4×4) 1.73 → 2.01× (48 was no better).
+const MIN_CHUNK_TILES: usize = 24;
 
 /// The convolution into `y` (output pixels `ldo` values apart), with
 /// `c.residual`, or with `y`'s own values as the residual if `onto`.
@@ -125,10 +241,24 @@ pub fn conv(
     onto: bool,
     par: &dyn Parallel,
 ) -> Result<()> {
+    match packs.len() {
+        POSITIONS_F4 => conv_tiles::<F4, 4, 6>(isa, c, packs, y, (ldo, onto), par),
+        _ => conv_tiles::<F2, 2, 4>(isa, c, packs, y, (ldo, onto), par),
+    }
+}
+
+fn conv_tiles<T: Tile<M, N>, const M: usize, const N: usize>(
+    isa: Isa,
+    c: &Conv<'_>,
+    packs: &[&PackedB],
+    y: &mut [f32],
+    (ldo, onto): (usize, bool),
+    par: &dyn Parallel,
+) -> Result<()> {
     let w = c.window;
     let grid = Grid {
-        rows: w.h.output.div_ceil(2),
-        cols: w.w.output.div_ceil(2),
+        rows: w.h.output.div_ceil(M),
+        cols: w.w.output.div_ceil(M),
     };
     let image = w.output_pixels() * ldo;
     // Whole tile rows per task: one task per image on one thread, else
@@ -139,14 +269,15 @@ pub fn conv(
         1
     };
     let rows_per_task = grid.rows.div_ceil(tasks_per_image.max(1));
-    let block = rows_per_task * 2 * w.w.output * ldo;
-    let run = Run {
+    let block = rows_per_task * M * w.w.output * ldo;
+    let run = Run::<T, M, N> {
         isa,
         c,
         packs,
         ldo,
         onto,
         grid,
+        tile: std::marker::PhantomData,
     };
     try_for_each_block(par, y, Blocks::new(y.len(), image, block), &|i, out| {
         let per_image = grid.rows.div_ceil(rows_per_task);
@@ -162,53 +293,57 @@ thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The grid of 2×2 output tiles of one image.
+/// The grid of output tiles of one image.
 #[derive(Clone, Copy)]
 struct Grid {
     rows: usize,
     cols: usize,
 }
 
-/// One convolution's operands for its tasks.
-struct Run<'a> {
+/// One convolution's operands for its tasks, in variant `T`.
+struct Run<'a, T, const M: usize, const N: usize> {
     isa: Isa,
     c: &'a Conv<'a>,
     packs: &'a [&'a PackedB],
     ldo: usize,
     onto: bool,
     grid: Grid,
+    tile: std::marker::PhantomData<fn() -> T>,
 }
 
-impl Run<'_> {
+impl<T: Tile<M, N>, const M: usize, const N: usize> Run<'_, T, M, N> {
     /// Tile rows `rows` of image `n` into `out`, the output from the first
     /// of those rows' pixels on.
     fn tile_rows(&self, n: usize, rows: std::ops::Range<usize>, out: &mut [f32], buf: &mut Vec<f32>) -> Result<()> {
         let (ci, co) = (self.c.in_channels, self.c.out_channels);
         let tiles = rows.len() * self.grid.cols;
-        let chunk = (CHUNK_VALUES / (POSITIONS * (ci + co))).clamp(1, tiles.max(1));
-        let need = POSITIONS * chunk * (ci + co) + 4 * co;
+        let positions = N * N;
+        let chunk = (CHUNK_VALUES / (positions * (ci + co)))
+            .max(MIN_CHUNK_TILES)
+            .min(tiles.max(1));
+        let need = positions * chunk * (ci + co) + M * M * co;
         if buf.len() < need {
             buf.resize(need, 0.0);
         }
-        let (v, rest) = buf.split_at_mut(POSITIONS * chunk * ci);
-        let (m, pixel) = rest.split_at_mut(POSITIONS * chunk * co);
+        let (v, rest) = buf.split_at_mut(positions * chunk * ci);
+        let (m, pixel) = rest.split_at_mut(positions * chunk * co);
         let first = rows.start * self.grid.cols;
         for start in (first..first + tiles).step_by(chunk) {
             let t = start..(start + chunk).min(first + tiles);
-            let (v, m) = (&mut v[..POSITIONS * t.len() * ci], &mut m[..POSITIONS * t.len() * co]);
+            let (v, m) = (&mut v[..positions * t.len() * ci], &mut m[..positions * t.len() * co]);
             self.input(n, t.clone(), v);
             for (p, pack) in self.packs.iter().enumerate() {
                 let a = &v[p * t.len() * ci..][..t.len() * ci];
                 let dst = &mut m[p * t.len() * co..][..t.len() * co];
                 gemm::gemm_packed(self.isa, t.len(), a, ci, pack, dst, co, &Epilogue::default(), &Serial)?;
             }
-            self.output(n, t, rows.start, m, out, &mut pixel[..4 * co]);
+            self.output(n, t, rows.start, m, out, &mut pixel[..M * M * co]);
         }
         Ok(())
     }
 
     /// The input transform of tiles `t` of image `n` into `v`
-    /// (`[POSITIONS][t.len()][ci]`).
+    /// (`[N·N][t.len()][ci]`).
     fn input(&self, n: usize, t: std::ops::Range<usize>, v: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if self.isa.target() != Target::Generic {
@@ -223,7 +358,7 @@ impl Run<'_> {
         input_transform(self, n, t, v)
     }
 
-    /// The output transform of tiles `t` from `m` (`[POSITIONS][t.len()][co]`)
+    /// The output transform of tiles `t` from `m` (`[N·N][t.len()][co]`)
     /// with the epilogue, into `out` (from tile row `row0`'s first pixel).
     fn output(&self, n: usize, t: std::ops::Range<usize>, row0: usize, m: &[f32], out: &mut [f32], pixel: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
@@ -240,14 +375,19 @@ impl Run<'_> {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn input_avx2(r: &Run<'_>, n: usize, t: std::ops::Range<usize>, v: &mut [f32]) {
+fn input_avx2<T: Tile<M, N>, const M: usize, const N: usize>(
+    r: &Run<'_, T, M, N>,
+    n: usize,
+    t: std::ops::Range<usize>,
+    v: &mut [f32],
+) {
     input_transform(r, n, t, v)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn output_avx2(
-    r: &Run<'_>,
+fn output_avx2<T: Tile<M, N>, const M: usize, const N: usize>(
+    r: &Run<'_, T, M, N>,
     n: usize,
     t: std::ops::Range<usize>,
     row0: usize,
@@ -278,6 +418,23 @@ fn sub(mut a: Lanes, b: Lanes) -> Lanes {
     a
 }
 
+/// `s · x + y`.
+#[inline(always)]
+fn axpy(s: f32, x: Lanes, mut y: Lanes) -> Lanes {
+    for l in 0..LANES {
+        y[l] = s.mul_add(x[l], y[l]);
+    }
+    y
+}
+
+#[inline(always)]
+fn scale(s: f32, mut x: Lanes) -> Lanes {
+    for v in &mut x {
+        *v *= s;
+    }
+    x
+}
+
 #[inline(always)]
 fn load(src: &[f32]) -> Lanes {
     let mut v = [0.0; LANES];
@@ -285,20 +442,13 @@ fn load(src: &[f32]) -> Lanes {
     v
 }
 
-/// `Bᵀ · d` over one column (or row) of a patch.
 #[inline(always)]
-fn input_rows(d: [Lanes; 4]) -> [Lanes; 4] {
-    [sub(d[0], d[2]), add(d[1], d[2]), sub(d[2], d[1]), sub(d[1], d[3])]
-}
-
-/// `Aᵀ · m` over one column (or row) of a transformed tile.
-#[inline(always)]
-fn output_rows(m: [Lanes; 4]) -> [Lanes; 2] {
-    [add(add(m[0], m[1]), m[2]), sub(sub(m[1], m[2]), m[3])]
-}
-
-#[inline(always)]
-fn input_transform(r: &Run<'_>, n: usize, t: std::ops::Range<usize>, v: &mut [f32]) {
+fn input_transform<T: Tile<M, N>, const M: usize, const N: usize>(
+    r: &Run<'_, T, M, N>,
+    n: usize,
+    t: std::ops::Range<usize>,
+    v: &mut [f32],
+) {
     let (w, ci) = (r.c.window, r.c.in_channels);
     let (ih, iw) = (w.h.input, w.w.input);
     let x = &r.c.x[n * ih * iw * ci..][..ih * iw * ci];
@@ -307,10 +457,10 @@ fn input_transform(r: &Run<'_>, n: usize, t: std::ops::Range<usize>, v: &mut [f3
         let (ty, tx) = (tile / r.grid.cols, tile % r.grid.cols);
         // The patch's input rows and columns, None in the padding.
         let at = |o: usize, pad: usize, len: usize| o.checked_sub(pad).filter(|&i| i < len);
-        let ys = [0, 1, 2, 3].map(|i| at(2 * ty + i, w.h.pad_begin, ih));
-        let xs = [0, 1, 2, 3].map(|j| at(2 * tx + j, w.w.pad_begin, iw));
+        let ys: [Option<usize>; N] = std::array::from_fn(|i| at(M * ty + i, w.h.pad_begin, ih));
+        let xs: [Option<usize>; N] = std::array::from_fn(|j| at(M * tx + j, w.w.pad_begin, iw));
         for c0 in (0..ci).step_by(LANES) {
-            let mut d = [[[0.0; LANES]; 4]; 4];
+            let mut d = [[[0.0; LANES]; N]; N];
             for (i, row) in d.iter_mut().enumerate() {
                 for (j, vals) in row.iter_mut().enumerate() {
                     if let (Some(y), Some(x0)) = (ys[i], xs[j]) {
@@ -318,14 +468,21 @@ fn input_transform(r: &Run<'_>, n: usize, t: std::ops::Range<usize>, v: &mut [f3
                     }
                 }
             }
-            let mut cols = [[[0.0; LANES]; 4]; 4];
+            let mut cols = [[[0.0; LANES]; N]; N];
             for (j, col) in cols.iter_mut().enumerate() {
-                *col = input_rows([d[0][j], d[1][j], d[2][j], d[3][j]]);
+                let mut c = [[0.0; LANES]; N];
+                for (i, v) in c.iter_mut().enumerate() {
+                    *v = d[i][j];
+                }
+                *col = T::input_rows(c);
             }
-            for i in 0..4 {
-                let row = input_rows([cols[0][i], cols[1][i], cols[2][i], cols[3][i]]);
-                for (j, vals) in row.iter().enumerate() {
-                    v[((i * 4 + j) * count + k) * ci + c0..][..LANES].copy_from_slice(vals);
+            for i in 0..N {
+                let mut c = [[0.0; LANES]; N];
+                for (j, v) in c.iter_mut().enumerate() {
+                    *v = cols[j][i];
+                }
+                for (j, vals) in T::input_rows(c).iter().enumerate() {
+                    v[((i * N + j) * count + k) * ci + c0..][..LANES].copy_from_slice(vals);
                 }
             }
         }
@@ -333,8 +490,8 @@ fn input_transform(r: &Run<'_>, n: usize, t: std::ops::Range<usize>, v: &mut [f3
 }
 
 #[inline(always)]
-fn output_transform(
-    r: &Run<'_>,
+fn output_transform<T: Tile<M, N>, const M: usize, const N: usize>(
+    r: &Run<'_, T, M, N>,
     n: usize,
     t: std::ops::Range<usize>,
     row0: usize,
@@ -347,26 +504,33 @@ fn output_transform(
     let count = t.len();
     for (k, tile) in t.enumerate() {
         let (ty, tx) = (tile / r.grid.cols, tile % r.grid.cols);
-        // The tile's 2×2 pixels, `co` values each, into `pixels`.
+        // The tile's M×M pixels, `co` values each, into `pixels`.
         for c0 in (0..co).step_by(LANES) {
             let g = |p: usize| load(&m[(p * count + k) * co + c0..]);
-            // Aᵀ · M (2 × 4), column by column, then its rows times A.
-            let mut cols = [[[0.0; LANES]; 2]; 4];
+            // Aᵀ · M (M × N), column by column, then its rows times A.
+            let mut cols = [[[0.0; LANES]; M]; N];
             for (q, col) in cols.iter_mut().enumerate() {
-                *col = output_rows([g(q), g(4 + q), g(8 + q), g(12 + q)]);
+                let mut c = [[0.0; LANES]; N];
+                for (i, v) in c.iter_mut().enumerate() {
+                    *v = g(i * N + q);
+                }
+                *col = T::output_rows(c);
             }
-            for i in 0..2 {
-                let y = output_rows([cols[0][i], cols[1][i], cols[2][i], cols[3][i]]);
-                for (j, vals) in y.iter().enumerate() {
-                    pixels[(i * 2 + j) * co + c0..][..LANES].copy_from_slice(vals);
+            for i in 0..M {
+                let mut c = [[0.0; LANES]; N];
+                for (q, v) in c.iter_mut().enumerate() {
+                    *v = cols[q][i];
+                }
+                for (j, vals) in T::output_rows(c).iter().enumerate() {
+                    pixels[(i * M + j) * co + c0..][..LANES].copy_from_slice(vals);
                 }
             }
         }
         // The tile's pixels inside the image: (index in `pixels`, output
         // pixel of the batch, offset in `out`).
-        let inside = (0..4).filter_map(|q| {
-            let (oy, ox) = (2 * ty + q / 2, 2 * tx + q % 2);
-            (oy < oh && ox < ow).then(|| (q, (n * oh + oy) * ow + ox, ((oy - 2 * row0) * ow + ox) * ldo))
+        let inside = (0..M * M).filter_map(|q| {
+            let (oy, ox) = (M * ty + q / M, M * tx + q % M);
+            (oy < oh && ox < ow).then(|| (q, (n * oh + oy) * ow + ox, ((oy - M * row0) * ow + ox) * ldo))
         });
         finish_tile(r, pixels, inside, out);
     }
@@ -377,8 +541,8 @@ fn output_transform(
 /// activation over the whole tile at once, the residual and the store
 /// only for the pixels `inside` the image.
 #[inline(always)]
-fn finish_tile(
-    r: &Run<'_>,
+fn finish_tile<T, const M: usize, const N: usize>(
+    r: &Run<'_, T, M, N>,
     pixels: &mut [f32],
     inside: impl Iterator<Item = (usize, usize, usize)> + Clone,
     out: &mut [f32],
@@ -462,59 +626,61 @@ mod tests {
             let Some(isa) = Isa::new(target) else { continue };
             let direct = conv::pack_groups(target, &wt, co, ci, 9, 1).unwrap();
             let direct: Vec<&PackedB> = direct.iter().collect();
-            let wino = pack(target, &wt, co, ci).unwrap();
-            let wino: Vec<&PackedB> = wino.iter().collect();
-            let make = |weights| conv::Conv {
-                window: &window,
-                batch: case.batch,
-                in_channels: ci,
-                out_channels: co,
-                groups: 1,
-                x: &x,
-                weights,
-                bias: case.bias.then_some(&bias[..]),
-                activation: case.act,
-                residual: (case.residual && !case.onto).then_some(&res[..]),
-                after: if case.residual {
-                    Activation::Relu
-                } else {
-                    Activation::None
-                },
-            };
-            let len = conv::strided_len(pixels, ldo, co).unwrap();
-            let mut want = vec![0.5f32; len];
-            if case.onto {
-                want.copy_from_slice(&res);
-                conv::conv_onto(isa, &make(ConvWeights::Packed(&direct)), &mut want, &Serial).unwrap();
-            } else if ldo == co {
-                conv::conv(isa, &make(ConvWeights::Packed(&direct)), &mut want, &Serial).unwrap();
-            } else {
-                // The reference writes dense pixels; spread them out.
-                let mut dense = vec![0.0f32; pixels * co];
-                conv::conv(isa, &make(ConvWeights::Packed(&direct)), &mut dense, &Serial).unwrap();
-                for (p, px) in dense.chunks_exact(co).enumerate() {
-                    want[p * ldo..p * ldo + co].copy_from_slice(px);
-                }
-            }
-            let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-            for threads in [1, 2, 3] {
-                let mut got = vec![0.5f32; len];
-                let c = make(ConvWeights::Winograd(&wino));
-                let par: &dyn Parallel = if threads == 1 { &Serial } else { &ScopedThreads(threads) };
+            for m in [2, 4] {
+                let wino = pack(target, &wt, co, ci, m).unwrap();
+                let wino: Vec<&PackedB> = wino.iter().collect();
+                let make = |weights| conv::Conv {
+                    window: &window,
+                    batch: case.batch,
+                    in_channels: ci,
+                    out_channels: co,
+                    groups: 1,
+                    x: &x,
+                    weights,
+                    bias: case.bias.then_some(&bias[..]),
+                    activation: case.act,
+                    residual: (case.residual && !case.onto).then_some(&res[..]),
+                    after: if case.residual {
+                        Activation::Relu
+                    } else {
+                        Activation::None
+                    },
+                };
+                let len = conv::strided_len(pixels, ldo, co).unwrap();
+                let mut want = vec![0.5f32; len];
                 if case.onto {
-                    got.copy_from_slice(&res);
-                    conv::conv_onto(isa, &c, &mut got, par).unwrap();
+                    want.copy_from_slice(&res);
+                    conv::conv_onto(isa, &make(ConvWeights::Packed(&direct)), &mut want, &Serial).unwrap();
+                } else if ldo == co {
+                    conv::conv(isa, &make(ConvWeights::Packed(&direct)), &mut want, &Serial).unwrap();
                 } else {
-                    conv::conv_strided(isa, &c, &mut got, ldo, par).unwrap();
+                    // The reference writes dense pixels; spread them out.
+                    let mut dense = vec![0.0f32; pixels * co];
+                    conv::conv(isa, &make(ConvWeights::Packed(&direct)), &mut dense, &Serial).unwrap();
+                    for (p, px) in dense.chunks_exact(co).enumerate() {
+                        want[p * ldo..p * ldo + co].copy_from_slice(px);
+                    }
                 }
-                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!(
+                let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+                for threads in [1, 2, 3] {
+                    let mut got = vec![0.5f32; len];
+                    let c = make(ConvWeights::Winograd(&wino));
+                    let par: &dyn Parallel = if threads == 1 { &Serial } else { &ScopedThreads(threads) };
+                    if case.onto {
+                        got.copy_from_slice(&res);
+                        conv::conv_onto(isa, &c, &mut got, par).unwrap();
+                    } else {
+                        conv::conv_strided(isa, &c, &mut got, ldo, par).unwrap();
+                    }
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert!(
                         (g - w).abs() <= 2e-6 * scale * (ci as f32).sqrt(),
-                        "{target} {threads} threads, value {i}: {g} vs {w} (h {} w {} pad {:?} {ci}->{co})",
+                        "{target} F({m}, 3) {threads} threads, value {i}: {g} vs {w} (h {} w {} pad {:?} {ci}->{co})",
                         case.h,
                         case.w,
                         case.pad
                     );
+                    }
                 }
             }
         }
@@ -602,9 +768,13 @@ mod tests {
             w: w.w,
         };
         assert!(!eligible(&strided, 8, 16, 1));
-        assert!(pack(Target::Generic, &[0.0; 10], 2, 2).is_err());
+        assert!(pack(Target::Generic, &[0.0; 10], 2, 2, 2).is_err());
+        assert!(
+            pack(Target::Generic, &values(8 * 8 * 9, 0), 8, 8, 3).is_err(),
+            "F(3x3, 3x3)"
+        );
         // Weights for other channels fail the convolution's checks, not the kernel.
-        let wino = pack(Target::Generic, &values(8 * 8 * 9, 0), 8, 8).unwrap();
+        let wino = pack(Target::Generic, &values(8 * 8 * 9, 0), 8, 8, 2).unwrap();
         let wino: Vec<&PackedB> = wino.iter().collect();
         let x = values(64 * 16, 1);
         let c = conv::Conv {

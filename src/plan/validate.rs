@@ -360,7 +360,9 @@ fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
         ConvWeightsRef::Depthwise(_) => g == ci && ci == co && s.get(1).copied() == w.taps().checked_mul(ci),
         ConvWeightsRef::Winograd(ids) => {
             crate::kernels::winograd::eligible(w, ci, co, g)
-                && packed_as(ids, crate::kernels::winograd::POSITIONS, Some(ci), co)
+                && [2, 4]
+                    .iter()
+                    .any(|&m| packed_as(ids, crate::kernels::winograd::positions(m), Some(ci), co))
         }
     };
     let mut rest = s[1 + usize::from(matches!(c.weights, ConvWeightsRef::Depthwise(_)))..]
