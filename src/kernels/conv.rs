@@ -7,7 +7,7 @@
 //! - pointwise (1×1, stride 1, no padding): the input *is* the GEMM's A
 //!   (`M = N·H·W` rows of `Ci` values), no copy;
 //! - depthwise (`groups == Ci == Co`): [`super::depthwise`];
-//! - weights transformed for Winograd F(2×2, 3×3) (the compiler's choice
+//! - weights transformed for Winograd F(2×2, 3×3) or F(4×4, 3×3) (the compiler's choice
 //!   for wide 3×3 stride-1 convolutions on AVX2): [`super::winograd`];
 //! - otherwise im2col, a block of output pixels at a time: each pixel's
 //!   row holds its `kh·kw` taps, each a contiguous run of the group's
@@ -37,7 +37,8 @@ pub enum ConvWeights<'a> {
     /// Depthwise, tap-major `[kh·kw, C]` ([`depthwise_weights`]).
     Depthwise(&'a [f32]),
     /// A 3×3 stride-1 convolution's weights transformed for
-    /// [`super::winograd`]: its 16 packed `[Ci, Co]` matrices.
+    /// [`super::winograd`]: its 16 (F(2×2)) or 36 (F(4×4)) packed `[Ci, Co]`
+    /// matrices.
     Winograd(&'a [&'a PackedB]),
 }
 
