@@ -435,6 +435,16 @@ fn scale(s: f32, mut x: Lanes) -> Lanes {
     x
 }
 
+/// Column `j` of `R` rows of `C` lanes each (a plain loop: see [`add`]).
+#[inline(always)]
+fn column<const R: usize, const C: usize>(m: &[[Lanes; C]; R], j: usize) -> [Lanes; R] {
+    let mut c = [[0.0; LANES]; R];
+    for (v, row) in c.iter_mut().zip(m) {
+        *v = row[j];
+    }
+    c
+}
+
 #[inline(always)]
 fn load(src: &[f32]) -> Lanes {
     let mut v = [0.0; LANES];
@@ -470,18 +480,10 @@ fn input_transform<T: Tile<M, N>, const M: usize, const N: usize>(
             }
             let mut cols = [[[0.0; LANES]; N]; N];
             for (j, col) in cols.iter_mut().enumerate() {
-                let mut c = [[0.0; LANES]; N];
-                for (i, v) in c.iter_mut().enumerate() {
-                    *v = d[i][j];
-                }
-                *col = T::input_rows(c);
+                *col = T::input_rows(column(&d, j));
             }
             for i in 0..N {
-                let mut c = [[0.0; LANES]; N];
-                for (j, v) in c.iter_mut().enumerate() {
-                    *v = cols[j][i];
-                }
-                for (j, vals) in T::input_rows(c).iter().enumerate() {
+                for (j, vals) in T::input_rows(column(&cols, i)).iter().enumerate() {
                     v[((i * N + j) * count + k) * ci + c0..][..LANES].copy_from_slice(vals);
                 }
             }
@@ -517,11 +519,7 @@ fn output_transform<T: Tile<M, N>, const M: usize, const N: usize>(
                 *col = T::output_rows(c);
             }
             for i in 0..M {
-                let mut c = [[0.0; LANES]; N];
-                for (q, v) in c.iter_mut().enumerate() {
-                    *v = cols[q][i];
-                }
-                for (j, vals) in T::output_rows(c).iter().enumerate() {
+                for (j, vals) in T::output_rows(column(&cols, i)).iter().enumerate() {
                     pixels[(i * M + j) * co + c0..][..LANES].copy_from_slice(vals);
                 }
             }
