@@ -8,7 +8,7 @@
 //!   GEMM B matrices `[Ci, Co]`, one per position ([`pack`]); the count
 //!   tells the kernel which variant it runs ([`tile_size`] chooses).
 //! - At run time, for a chunk of tiles that stays in L2: the input patches
-//!   are transformed (`V = Bᵀ d B`) into 16 matrices `[tiles, Ci]`, the 16
+//!   are transformed (`V = Bᵀ d B`) into 16 (36) matrices `[tiles, Ci]`, the
 //!   products `M = V · U` run on the packed GEMM, and the output transform
 //!   (`Y = Aᵀ M A`) gives each tile's 2×2 pixels, to which the epilogue
 //!   (bias, activation, residual, activation after) is applied as they are
