@@ -261,14 +261,15 @@ fn conv_tiles<T: Tile<M, N>, const M: usize, const N: usize>(
         cols: w.w.output.div_ceil(M),
     };
     let image = w.output_pixels() * ldo;
-    // Whole tile rows per task: one task per image on one thread, else
-    // about two per thread.
-    let tasks_per_image = if par.threads() > 1 {
-        (2 * par.threads()).div_ceil(c.batch).min(grid.rows)
-    } else {
-        1
-    };
-    let rows_per_task = grid.rows.div_ceil(tasks_per_image.max(1));
+    // Runs of whole tile rows per task: the length whose tasks load the
+    // busiest thread least, the longest of those (fewest tasks, longest
+    // GEMMs). About two tasks per thread had cut F(4×4)'s 14 tile rows at
+    // 56² as 4 + 4 + 4 + 2, one thread computing 8 of them.
+    let threads = par.threads().max(1);
+    let busiest = |r: usize| (c.batch * grid.rows.div_ceil(r)).div_ceil(threads) * r;
+    let rows_per_task = (1..=grid.rows.max(1))
+        .min_by_key(|&r| (busiest(r), std::cmp::Reverse(r)))
+        .unwrap_or(1);
     let block = rows_per_task * M * w.w.output * ldo;
     let run = Run::<T, M, N> {
         isa,
