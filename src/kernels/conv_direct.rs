@@ -1334,81 +1334,53 @@ mod x86 {
                 let y = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(alpha), v), _mm256_set1_ps(beta));
                 clamp(y, 0.0, 1.0)
             };
-            let fix = |v: __m256| match t.act {
-                None => v,
-                Some(RegAct::Clamp(lo, hi)) => clamp(v, lo, hi),
-                _ if !ANY => v,
-                Some(RegAct::HardSigmoid(alpha, beta)) => hard_sigmoid(v, alpha, beta),
-                Some(RegAct::HardSwish) => _mm256_mul_ps(v, hard_sigmoid(v, 1.0 / 6.0, 0.5)),
-                Some(RegAct::Silu) => avx2_math::silu8_store(v),
-                Some(RegAct::Sigmoid) => avx2_math::sigmoid8_store(v),
-            };
             // The residual's tile rows (`tile` checked their length),
             // or C's own, each read before the store that overwrites it.
-            let res = residual_rows(t, c);
-            let plus = |v: __m256, at: usize, n: usize| match res {
-                Some(r) => _mm256_add_ps(v, avx2::load(r.add(at), n)),
-                None => v,
-            };
+            let res = residual_rows(t, c).map(|r| (r, t.res_ld));
             // The clamp after the residual, in registers too.
             let (after_lo, after_hi) = t.after.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
             let last = |v: __m256| if AFTER { clamp(v, after_lo, after_hi) } else { v };
-            if nc == 16 {
-                // A whole panel, the common tile: the activation chosen
-                // once per tile and no lane masks, so that the 2·MR
-                // vectors' epilogues overlap (per vector, the branches cost
-                // a 1×1 16→32 layer with HardSwish at 112² 12%).
-                let (bias, res) = ((bias0, bias1), res.map(|r| (r, t.res_ld)));
-                match t.act {
-                    Some(RegAct::Clamp(lo, hi)) => {
-                        store_whole::<MR>(acc, bias, res, (c, ldc), |v| clamp(v, lo, hi), last)
-                    }
-                    Some(RegAct::HardSigmoid(alpha, beta)) if ANY => {
-                        store_whole::<MR>(acc, bias, res, (c, ldc), |v| hard_sigmoid(v, alpha, beta), last)
-                    }
-                    Some(RegAct::HardSwish) if ANY => store_whole::<MR>(
-                        acc,
-                        bias,
-                        res,
-                        (c, ldc),
-                        |v| _mm256_mul_ps(v, hard_sigmoid(v, 1.0 / 6.0, 0.5)),
-                        last,
-                    ),
-                    Some(RegAct::Silu) if ANY => {
-                        store_whole::<MR>(acc, bias, res, (c, ldc), |v| avx2_math::silu8_store(v), last)
-                    }
-                    Some(RegAct::Sigmoid) if ANY => {
-                        store_whole::<MR>(acc, bias, res, (c, ldc), |v| avx2_math::sigmoid8_store(v), last)
-                    }
-                    _ => store_whole::<MR>(acc, bias, res, (c, ldc), |v| v, last),
+            // The activation is chosen once per tile, not per vector: the
+            // branches had cost a 1×1 16→32 layer with HardSwish at 112² 12%.
+            let (bias, out) = ((bias0, bias1), (c, ldc, nc));
+            match t.act {
+                Some(RegAct::Clamp(lo, hi)) => store_rows::<MR>(acc, bias, res, out, |v| clamp(v, lo, hi), last),
+                Some(RegAct::HardSigmoid(alpha, beta)) if ANY => {
+                    store_rows::<MR>(acc, bias, res, out, |v| hard_sigmoid(v, alpha, beta), last)
                 }
-                return;
-            }
-            for (i, acc) in acc.iter().enumerate() {
-                let row = c.add(i * ldc);
-                avx2::store(row, n0, last(plus(fix(_mm256_add_ps(acc[0], bias0)), i * t.res_ld, n0)));
-                if nc > 8 {
-                    let v1 = last(plus(fix(_mm256_add_ps(acc[1], bias1)), i * t.res_ld + 8, n1));
-                    avx2::store(row.add(8), n1, v1);
+                Some(RegAct::HardSwish) if ANY => store_rows::<MR>(
+                    acc,
+                    bias,
+                    res,
+                    out,
+                    |v| _mm256_mul_ps(v, hard_sigmoid(v, 1.0 / 6.0, 0.5)),
+                    last,
+                ),
+                Some(RegAct::Silu) if ANY => store_rows::<MR>(acc, bias, res, out, |v| avx2_math::silu8_store(v), last),
+                Some(RegAct::Sigmoid) if ANY => {
+                    store_rows::<MR>(acc, bias, res, out, |v| avx2_math::sigmoid8_store(v), last)
                 }
+                _ => store_rows::<MR>(acc, bias, res, out, |v| v, last),
             }
         }
     }
 
-    /// Stores `MR` rows of 16 values, `last(fix(acc + bias) + residual)`,
-    /// `ldc` apart from `c`; the residual's rows `res_ld` apart (read before
-    /// the store, which may overwrite them).
+    /// Stores `MR` rows of `nc <= 16` values, `last(fix(acc + bias) +
+    /// residual)`, `ldc` apart from `c`; the residual's rows `res_ld` apart
+    /// (read before the store, which may overwrite them). A whole panel
+    /// (`nc == 16`, the common tile) without lane masks, so that the 2·MR
+    /// vectors' epilogues overlap.
     ///
     /// # Safety
-    /// AVX2 and FMA; `c.add(i * ldc + j)`, `i < MR`, `j < 16`, writable, and
+    /// AVX2 and FMA; `c.add(i * ldc + j)`, `i < MR`, `j < nc`, writable, and
     /// the residual's `r.add(i * res_ld + j)` readable.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn store_whole<const MR: usize>(
+    unsafe fn store_rows<const MR: usize>(
         acc: [[__m256; 2]; MR],
         (bias0, bias1): (__m256, __m256),
         res: Option<(*const f32, usize)>,
-        (c, ldc): (*mut f32, usize),
+        (c, ldc, nc): (*mut f32, usize, usize),
         fix: impl Fn(__m256) -> __m256,
         last: impl Fn(__m256) -> __m256,
     ) {
@@ -1416,19 +1388,38 @@ mod x86 {
         unsafe {
             let row = |i: usize| c.add(i * ldc);
             match res {
-                None => {
+                None if nc == 16 => {
                     for (i, acc) in acc.iter().enumerate() {
                         _mm256_storeu_ps(row(i), last(fix(_mm256_add_ps(acc[0], bias0))));
                         _mm256_storeu_ps(row(i).add(8), last(fix(_mm256_add_ps(acc[1], bias1))));
                     }
                 }
-                Some((r, res_ld)) => {
+                Some((r, res_ld)) if nc == 16 => {
                     for (i, acc) in acc.iter().enumerate() {
                         let r = r.add(i * res_ld);
                         let v0 = _mm256_add_ps(fix(_mm256_add_ps(acc[0], bias0)), _mm256_loadu_ps(r));
                         let v1 = _mm256_add_ps(fix(_mm256_add_ps(acc[1], bias1)), _mm256_loadu_ps(r.add(8)));
                         _mm256_storeu_ps(row(i), last(v0));
                         _mm256_storeu_ps(row(i).add(8), last(v1));
+                    }
+                }
+                _ => {
+                    let (n0, n1) = (nc, nc.saturating_sub(8));
+                    let plus = |v: __m256, at: usize, n: usize| match res {
+                        Some((r, _)) => _mm256_add_ps(v, avx2::load(r.add(at), n)),
+                        None => v,
+                    };
+                    let res_ld = res.map_or(0, |(_, ld)| ld);
+                    for (i, acc) in acc.iter().enumerate() {
+                        avx2::store(
+                            row(i),
+                            n0,
+                            last(plus(fix(_mm256_add_ps(acc[0], bias0)), i * res_ld, n0)),
+                        );
+                        if nc > 8 {
+                            let v1 = last(plus(fix(_mm256_add_ps(acc[1], bias1)), i * res_ld + 8, n1));
+                            avx2::store(row(i).add(8), n1, v1);
+                        }
                     }
                 }
             }
