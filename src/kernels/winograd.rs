@@ -30,10 +30,8 @@ use super::Isa;
 use crate::error::{Error, Result};
 use crate::target::Target;
 
-/// Positions of F(2×2, 3×3)'s 4×4 transformed tile: one GEMM each.
-pub const POSITIONS: usize = 16;
-/// Positions of F(4×4, 3×3)'s 6×6 transformed tile.
-pub const POSITIONS_F4: usize = 36;
+/// The output tile sides kiln runs: F(2×2, 3×3) and F(4×4, 3×3).
+pub const TILE_SIZES: [usize; 2] = [2, 4];
 
 /// The output tile's side for a convolution that [`pays`]: 4
 /// (F(4×4, 3×3), 36 products per 16 pixels instead of 16 per 4) where
@@ -50,8 +48,9 @@ pub fn tile_size(w: &Window) -> usize {
     }
 }
 
-/// The packs' count for output tiles of `m`×`m`: `(m + 2)²`.
-pub fn positions(m: usize) -> usize {
+/// The packs' count for output tiles of `m`×`m`: `(m + 2)²` positions of
+/// the transformed tile, one GEMM each.
+pub const fn positions(m: usize) -> usize {
     (m + 2) * (m + 2)
 }
 
@@ -209,9 +208,9 @@ impl Tile<4, 6> for F4 {
 }
 
 /// Whether `packs` are this convolution's: [`positions`]`(m)` of `[ci,
-/// co]` for `m` 2 or 4.
+/// co]` for `m` in [`TILE_SIZES`].
 pub fn packs_fit(packs: &[&PackedB], ci: usize, co: usize) -> bool {
-    [POSITIONS, POSITIONS_F4].contains(&packs.len()) && packs.iter().all(|p| p.k() == ci && p.n() == co)
+    TILE_SIZES.iter().any(|&m| positions(m) == packs.len()) && packs.iter().all(|p| p.k() == ci && p.n() == co)
 }
 
 /// Most values a chunk's transformed input and products hold together:
@@ -242,7 +241,7 @@ pub fn conv(
     par: &dyn Parallel,
 ) -> Result<()> {
     match packs.len() {
-        POSITIONS_F4 => conv_tiles::<F4, 4, 6>(isa, c, packs, y, (ldo, onto), par),
+        n if n == positions(4) => conv_tiles::<F4, 4, 6>(isa, c, packs, y, (ldo, onto), par),
         _ => conv_tiles::<F2, 2, 4>(isa, c, packs, y, (ldo, onto), par),
     }
 }

@@ -360,7 +360,7 @@ fn conv_fits(p: &Program, c: &super::ConvStep, s: &[usize], d: usize) -> bool {
         ConvWeightsRef::Depthwise(_) => g == ci && ci == co && s.get(1).copied() == w.taps().checked_mul(ci),
         ConvWeightsRef::Winograd(ids) => {
             crate::kernels::winograd::eligible(w, ci, co, g)
-                && [2, 4]
+                && crate::kernels::winograd::TILE_SIZES
                     .iter()
                     .any(|&m| packed_as(ids, crate::kernels::winograd::positions(m), Some(ci), co))
         }
