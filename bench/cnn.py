@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CNN latency: kiln (defaults) / ORT's CPU EP (issue #13).
 
-Models: the onnx wheel's light ResNet-50, SqueezeNet and DenseNet-121
+Models: the onnx wheel's light ResNet-50, SqueezeNet, DenseNet-121, Inception v1, AlexNet and ShuffleNet
 (``python/tests/real_corpus.py``, checksummed; static 1x3x224x224, so batch 8
 runs a copy whose input batch dim is set to 8), a MobileNet-v2-style
 depthwise net built here with ``onnx.helper`` (random weights, seed 0:
@@ -60,6 +60,9 @@ CASES = (
     Case("resnet50", "light_resnet50", (224, 224)),
     Case("squeezenet", "light_squeezenet", (224, 224)),
     Case("densenet121", "light_densenet121", (224, 224)),
+    Case("inception_v1", "light_inception_v1", (224, 224)),
+    Case("alexnet", "light_bvlc_alexnet", (224, 224)),
+    Case("shufflenet", "light_shufflenet", (224, 224)),
     Case("mobilenet", "mobilenet", (224, 224)),
     Case("yolov8n_320", "yolov8n", (320, 320)),
     Case("yolov8n_640", "yolov8n", (640, 640)),
@@ -111,9 +114,18 @@ def mobilenet_model() -> onnx.ModelProto:
 
 def with_batch(path: str, batch: int, out: str) -> str:
     """A copy of a static-batch model whose input batch dim is ``batch``
-    (intermediate and output shapes cleared for ORT to infer again)."""
+    (intermediate and output shapes cleared for ORT to infer again, and
+    the leading 1 of constant ``Reshape`` targets — ResNet-50's ``{1,
+    2048}`` classifier input, ShuffleNet's channel shuffles — set to it)."""
     m = onnx.load(path)
     inits = {i.name for i in m.graph.initializer}
+    targets = {n.input[1] for n in m.graph.node if n.op_type == "Reshape"}
+    for i, t in enumerate(m.graph.initializer):
+        if t.name in targets:
+            shape = numpy_helper.to_array(t).copy()
+            if shape.ndim == 1 and len(shape) >= 2 and shape[0] == 1:
+                shape[0] = batch
+                m.graph.initializer[i].CopyFrom(numpy_helper.from_array(shape, t.name))
     for i in m.graph.input:
         if i.name not in inits:
             i.type.tensor_type.shape.dim[0].dim_value = batch

@@ -210,7 +210,7 @@ def test_real_models_keep_only_paying_partitions(key, kiln_dev):
     names, want = tu.run_cpu(path, feeds)
     run = tu.run_kiln(path, kiln_dev, feeds, options=COST)
     tu.assert_outputs_close(names, want, run.outputs, rtol=spec.rtol, atol=spec.atol)
-    anchors = ANCHORS | ({"Conv", "ConvTranspose"} if key in GATED_CNNS and gates_pay(kiln_dev) else set())
+    anchors = ANCHORS | ({"Conv", "ConvTranspose"} if convs_pay(key, kiln_dev) else set())
     for ep, nodes in run.assignment:
         if ep == KILN:
             ops = {op for _, op in nodes}
@@ -226,18 +226,31 @@ GATED_CNNS = {"yolov8n", "ppocr_det", "ppocr_rec", "ppocr_cls"}
 def gates_pay(device) -> bool:
     """Whether rule 4 claims a gated network's convolutions for ``device``'s target."""
     return kiln.device_target(device) in ("x86_64-avx2", "x86_64-avx512")
-RELU_CNNS = {"light_resnet50", "light_squeezenet", "light_densenet121", "light_inception_v1", "light_shufflenet"}
+
+
+# ReLU networks by the share of their convolutions' multiply-adds in dense k x k convolutions (3+
+# taps, 16+ input channels per group): rule 4 claims the dense ones (ResNet-50 0.45, SqueezeNet
+# 0.54, DenseNet-121 0.44, Inception v1 0.69) for AVX2, where kiln's Winograd kernels run them
+# faster than ORT, and leaves ShuffleNet (0.00: depthwise and 1 x 1 group-3 convolutions) to ORT.
+DENSE_CNNS = {"light_resnet50", "light_squeezenet", "light_densenet121", "light_inception_v1", "light_bvlc_alexnet"}
+RELU_CNNS = DENSE_CNNS | {"light_shufflenet"}
+
+
+def convs_pay(key, device) -> bool:
+    """Whether rule 4 claims network ``key``'s convolutions for ``device``'s target."""
+    target = kiln.device_target(device)
+    return (key in GATED_CNNS and gates_pay(device)) or (key in DENSE_CNNS and target == "x86_64-avx2")
 
 
 @pytest.mark.parametrize("key", sorted(GATED_CNNS | RELU_CNNS))
-def test_gated_cnns_run_in_kiln_and_relu_cnns_in_ort(key, kiln_dev):
+def test_cnns_claimed_by_rule_4(key, kiln_dev):
     """Rule 4 by default: every convolution of a gated network runs in kiln, in one or two
-    partitions, on an AVX2 or AVX-512 host; a ReLU network's convolutions stay with ORT, which
-    fuses their activations too."""
+    partitions, on an AVX2 or AVX-512 host, and so do a dense ReLU network's on an AVX2 host;
+    other ReLU networks' convolutions stay with ORT, which fuses their activations too."""
     path, _, feeds = corpus_case(key)
     run = tu.run_kiln(path, kiln_dev, feeds, options=COST)
     convs = {"Conv", "ConvTranspose"}
-    if key in GATED_CNNS and gates_pay(kiln_dev):
+    if convs_pay(key, kiln_dev):
         assert not convs & set(ops_on(run, CPU)), f"{key}: {sorted(set(ops_on(run, CPU)))} left to ORT"
         assert 1 <= run.subgraphs_on(KILN) <= 2
     else:
@@ -245,15 +258,52 @@ def test_gated_cnns_run_in_kiln_and_relu_cnns_in_ort(key, kiln_dev):
 
 
 def hardswish_convs(tmp_path):
-    """Four 3x3 convolutions, each followed by a HardSwish op (PP-LCNet's form), symbolic H and W."""
+    """PP-LCNet's form, symbolic H and W: twice a depthwise 3x3 and a 1x1 convolution of 16
+    channels, each followed by a HardSwish op (no dense k x k convolution: rule 4's ReLU case does
+    not apply)."""
     nodes, inits, x = [], [], "x"
     for k in range(4):
-        inits += [_w(f"w{k}", [16, 16, 3, 3], k), _w(f"b{k}", [16], 10 + k)]
-        nodes += [helper.make_node("Conv", [x, f"w{k}", f"b{k}"], [f"c{k}"], pads=[1, 1, 1, 1]),
+        kernel, attrs = ([16, 1, 3, 3], {"group": 16, "pads": [1, 1, 1, 1]}) if k % 2 == 0 else ([16, 16, 1, 1], {})
+        inits += [_w(f"w{k}", kernel, k), _w(f"b{k}", [16], 10 + k)]
+        nodes += [helper.make_node("Conv", [x, f"w{k}", f"b{k}"], [f"c{k}"], **attrs),
                   helper.make_node("HardSwish", [f"c{k}"], [f"a{k}"])]
         x = f"a{k}"
     return _save(tmp_path, "hardswish_convs", nodes, [_vi("x", [1, 16, "h", "w"])], [_vi(x, None)], inits,
                  opset=17)
+
+
+def relu_convs(tmp_path):
+    """Four 3x3 ReLU convolutions of 32 channels, symbolic H and W: all their work is dense."""
+    nodes, inits, x = [], [], "x"
+    for k in range(4):
+        inits += [_w(f"w{k}", [32, 32, 3, 3], k), _w(f"b{k}", [32], 10 + k)]
+        nodes += [helper.make_node("Conv", [x, f"w{k}", f"b{k}"], [f"c{k}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{k}"], [f"a{k}"])]
+        x = f"a{k}"
+    return _save(tmp_path, "relu_convs", nodes, [_vi("x", [1, 32, "h", "w"])], [_vi(x, None)], inits, opset=17)
+
+
+def compile_for(tmp_path, path, target):
+    """``kiln compile`` of ``path`` for ``target`` in a process of its own (compiling for another
+    target registers kiln's virtual devices): the process and the output folder."""
+    out = tmp_path / f"{os.path.basename(path)}-{target}"
+    os.mkdir(out)
+    code = "import sys; from onnxruntime_ep_kiln.cli import main; sys.exit(main(sys.argv[1:]))"
+    p = subprocess.run([sys.executable, "-c", code, "compile", path, "-o", str(out), "--target", target],
+                       capture_output=True, text=True, timeout=300)
+    return p, out
+
+
+def assert_all_in_kiln(p, out, path):
+    assert p.returncode == 0, p.stdout + p.stderr
+    ctx = out / (os.path.splitext(os.path.basename(path))[0] + "_ctx.onnx")
+    ops = [n.op_type for n in onnx.load(str(ctx), load_external_data=False).graph.node]
+    assert "EPContext" in ops and not {"Conv", "ConvTranspose"} & set(ops), ops
+
+
+def assert_nothing_compiled(p, out):
+    assert p.returncode == 1 and "compiled nothing" in p.stderr, p.stdout + p.stderr
+    assert os.listdir(out) == []
 
 
 def test_gated_rule_follows_the_compile_target(tmp_path):
@@ -261,28 +311,18 @@ def test_gated_rule_follows_the_compile_target(tmp_path):
     cls (HardSwish as products x * f(x), which ORT cannot fuse) goes into kiln's EPContext nodes for
     AVX-512 and for AVX2; a network gated by HardSwish ops, which ORT fuses into its convolutions,
     only for AVX-512 (with the AVX2 kernels such a network, PP-LCNet, was not faster than ORT), and
-    for AVX2 kiln claims nothing of it and says so. (The ``kiln`` command in a process of its own:
-    compiling for another target registers kiln's virtual devices.)"""
+    for AVX2 kiln claims nothing of it and says so."""
     cls, _, _ = corpus_case("ppocr_cls")
     fused = hardswish_convs(tmp_path)
-
-    def compile_for(path, target):
-        out = tmp_path / f"{os.path.basename(path)}-{target}"
-        os.mkdir(out)
-        code = "import sys; from onnxruntime_ep_kiln.cli import main; sys.exit(main(sys.argv[1:]))"
-        p = subprocess.run([sys.executable, "-c", code, "compile", path, "-o", str(out), "--target", target],
-                           capture_output=True, text=True, timeout=300)
-        return p, out
-
-    def assert_all_in_kiln(p, out, path):
-        assert p.returncode == 0, p.stdout + p.stderr
-        ctx = out / (os.path.splitext(os.path.basename(path))[0] + "_ctx.onnx")
-        ops = [n.op_type for n in onnx.load(str(ctx), load_external_data=False).graph.node]
-        assert "EPContext" in ops and not {"Conv", "ConvTranspose"} & set(ops), ops
-
     for target in ("x86_64-avx512", "x86_64-avx2"):
-        assert_all_in_kiln(*compile_for(cls, target), cls)
-    assert_all_in_kiln(*compile_for(fused, "x86_64-avx512"), fused)
-    p, out = compile_for(fused, "x86_64-avx2")
-    assert p.returncode == 1 and "compiled nothing" in p.stderr, p.stdout + p.stderr
-    assert os.listdir(out) == []
+        assert_all_in_kiln(*compile_for(tmp_path, cls, target), cls)
+    assert_all_in_kiln(*compile_for(tmp_path, fused, "x86_64-avx512"), fused)
+    assert_nothing_compiled(*compile_for(tmp_path, fused, "x86_64-avx2"))
+
+
+def test_dense_rule_follows_the_compile_target(tmp_path):
+    """Rule 4 for ReLU networks: dense 3x3 convolutions go into kiln's EPContext nodes for AVX2
+    (Winograd), and stay with ORT for AVX-512 (no Winograd there: ResNet-50 ran slower than ORT)."""
+    path = relu_convs(tmp_path)
+    assert_all_in_kiln(*compile_for(tmp_path, path, "x86_64-avx2"), path)
+    assert_nothing_compiled(*compile_for(tmp_path, path, "x86_64-avx512"))

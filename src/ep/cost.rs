@@ -22,10 +22,11 @@
 //!    least 2^20 elements (memory-bound even for one row), or `LSTM`/`GRU`
 //!    of hidden size 512 or more (smaller ones ran slower than ORT's).
 //! 4. `Conv` and `ConvTranspose` stay with ORT, unless the network gates
-//!    its convolutions: kiln's direct convolution runs most layers at
-//!    MLAS's speed (`bench/conv.py`), but ReLU networks (ResNet-50,
-//!    SqueezeNet) and batch-8 MobileNet are up to 1.23× slower whole, since
-//!    ORT fuses their activations as well as kiln does. Where at least a
+//!    its convolutions or (on AVX2) most of its work is in dense k×k
+//!    convolutions: kiln's direct convolution runs most layers at MLAS's
+//!    speed (`bench/conv.py`), and ORT fuses a ReLU as well as kiln does
+//!    (with the AVX-512 kernels ResNet-50 ran 1.21× and SqueezeNet 1.04×
+//!    slower whole; batch-8 MobileNet 1.14–1.35× on AVX2). Where at least a
 //!    quarter of the convolutions (and 4 or more) feed a *gated* activation
 //!    `x · f(x)` (SiLU, HardSwish written as `x · HardSigmoid(x)` or
 //!    `x · Clip(x + 3, 0, 6) / 6`, Mish), ORT runs each as separate passes
@@ -41,6 +42,21 @@
 //!    (Zen 3, one thread, 2026-12-01: YOLOv8n, a YOLOX, PP-OCRv4 det/rec,
 //!    PP-OCR cls). The generic target has no direct convolution: there
 //!    convolutions stay with ORT.
+//!
+//!    On AVX2 the convolutions of an ungated (ReLU) network are anchors
+//!    too where at least [`MIN_DENSE_SHARE`] of its convolution
+//!    multiply-adds are in *dense* 2-D k×k convolutions (more than one tap,
+//!    [`MIN_GROUP_CHANNELS`]+ input channels per group): kiln's Winograd and
+//!    direct kernels run those faster than ORT, its 1×1 and depthwise ones
+//!    at about ORT's speed. Forced, one thread, Zen 3 (2026-12-01), kiln /
+//!    CPU EP with the dense share in brackets: VGG-19 0.43 (1.00), ZFNet
+//!    0.53 (0.88), Inception v1 0.52 (0.69), v2 0.69 (0.70), AlexNet 0.71
+//!    (0.83 with its two-group layers), DenseNet-121 0.83 (0.44), ResNet-50
+//!    0.86 (0.45), SqueezeNet 0.93 (0.54); left to ORT: ShuffleNet 1.09
+//!    and a MobileNet-v2-style net 1.01–1.05 (both 0.00: their only k×k
+//!    convolutions are depthwise, or the 3-channel stem). The AVX-512 kernels
+//!    have no Winograd and ran ResNet-50 1.21× slower than ORT
+//!    (Emerald Rapids): there ReLU networks stay with ORT.
 //!
 //! Op types in the `force_ops` option are exempt from all four.
 
@@ -60,6 +76,14 @@ const MIN_WEIGHT: i64 = 64 * 64;
 /// memory-bound, where kiln's packed layout streams faster than ORT's
 /// (AlexNet's and ZFNet's classifier layers).
 const STREAMED_WEIGHT: i64 = 1 << 20;
+
+/// Rule 4 on AVX2: the share of a network's convolution multiply-adds in
+/// dense k×k convolutions from which they run in kiln ungated. The measured
+/// networks fall far on either side: 0.44–1.00 faster in kiln, 0.00 not.
+const MIN_DENSE_SHARE: f64 = 0.3;
+/// Input channels per group from which a k×k convolution counts as dense:
+/// AlexNet's two groups of 48–192, not depthwise or ShuffleNet's few.
+const MIN_GROUP_CHANNELS: i64 = 16;
 
 /// Partitions a gated network's convolutions may fall into (rule 4): the
 /// backbone, and e.g. a detection head cut off by an op kiln does not run.
@@ -139,6 +163,11 @@ pub struct CostRule<'a> {
     gated_convs: bool,
     /// Rule 4 applies to the target (AVX2, AVX-512).
     gates_pay: bool,
+    /// Rule 4 on AVX2: the share of the convolutions' multiply-adds in
+    /// dense k×k ones, if the graph has convolutions of known weights.
+    dense_share: Option<f64>,
+    /// Rule 4 counts dense convolutions on the target (AVX2).
+    dense_pays: bool,
 }
 
 /// The gated activations rule 4 counts.
@@ -176,9 +205,55 @@ impl<'a> CostRule<'a> {
             fused_into_ort: vec![false; desc.nodes.len()],
             gated_convs: false,
             gates_pay: target != Target::Generic,
+            dense_share: None,
+            dense_pays: target == Target::Avx2,
         };
         rule.gated_convs = rule.gates_convolutions(Gates::of(target));
+        rule.dense_share = rule.dense_share();
         rule
+    }
+
+    /// Rule 4: the network's convolutions are anchors on this target.
+    fn convs_pay(&self) -> bool {
+        (self.gated_convs && self.gates_pay) || (self.dense_pays && self.dense())
+    }
+
+    fn dense(&self) -> bool {
+        self.dense_share.is_some_and(|s| s >= MIN_DENSE_SHARE)
+    }
+
+    /// The share of the convolutions' multiply-adds in dense k×k 2-D
+    /// convolutions. Each counts its multiply-adds per output pixel times
+    /// its output pixels, or per output pixel alone for every convolution
+    /// when some output's size is unknown (symbolic image sizes).
+    fn dense_share(&self) -> Option<f64> {
+        let convs: Vec<(bool, i64, Option<i64>)> = (0..self.desc.nodes.len())
+            .filter(|&i| CONVOLUTIONS.contains(&self.desc.nodes[i].op_type.as_str()))
+            .filter_map(|i| self.conv_work(&self.desc.nodes[i]))
+            .collect();
+        let all_sized = convs.iter().all(|c| c.2.is_some());
+        let macs = |&(_, per_pixel, pixels): &(bool, i64, Option<i64>)| {
+            per_pixel as f64 * if all_sized { pixels.unwrap_or(1) as f64 } else { 1.0 }
+        };
+        // Folds from +0.0: an empty f64 sum is -0.0, printed "-0%".
+        let total = convs.iter().map(macs).fold(0.0, |a, b| a + b);
+        let dense = convs.iter().filter(|c| c.0).map(macs).fold(0.0, |a, b| a + b);
+        (total > 0.0).then(|| dense / total)
+    }
+
+    /// A convolution's `(dense, multiply-adds per output pixel, output
+    /// pixels if known)`, from its constant weight's shape.
+    fn conv_work(&self, node: &NodeDesc) -> Option<(bool, i64, Option<i64>)> {
+        let w = node.inputs.get(1).filter(|w| self.constant_like(w, 4))?;
+        let dims = self.known_dims(w)?;
+        let per_pixel: i64 = dims.iter().product();
+        let taps: i64 = dims.get(2..)?.iter().product();
+        let dense = node.op_type == "Conv" && dims.len() == 4 && taps > 1 && dims[1] >= MIN_GROUP_CHANNELS;
+        let out = node.outputs.first().and_then(|y| self.desc.values.get(y)?.dims.clone());
+        let pixels = out
+            .filter(|d| d.len() == dims.len() && d[2..].iter().all(|&x| x >= 0))
+            .map(|d| d[2..].iter().product());
+        Some((dense, per_pixel, pixels))
     }
 
     /// Rule 4's test: at least a quarter of the convolutions, and 4 or
@@ -304,25 +379,39 @@ impl<'a> CostRule<'a> {
     fn convolutions(&self, parts: &[Vec<usize>]) -> Vec<(usize, String)> {
         let is_conv = |i: usize| CONVOLUTIONS.contains(&self.desc.nodes[i].op_type.as_str());
         let with_convs = parts.iter().filter(|p| p.iter().any(|&i| is_conv(i))).count();
-        if self.gated_convs && self.gates_pay && with_convs <= MAX_CONV_PARTITIONS {
+        if self.convs_pay() && with_convs <= MAX_CONV_PARTITIONS {
             return Vec::new();
         }
-        let why = if self.gated_convs && !self.gates_pay {
-            "left to ORT by the cost rule: without AVX2 kiln's convolutions are not faster than ORT's, \
-             gated activations included (force_ops=Conv,ConvTranspose or claim=all runs them in kiln)"
-        } else if self.gated_convs {
-            "left to ORT by the cost rule: the network's convolutions fall into more than 2 partitions \
-             (force_ops=Conv,ConvTranspose or claim=all runs them in kiln)"
-        } else {
-            "left to ORT by the cost rule: kiln's convolutions are not faster than ORT's where ORT fuses their \
-             activations (force_ops=Conv,ConvTranspose or claim=all runs them in kiln)"
-        };
+        let why = format!(
+            "left to ORT by the cost rule: {} (force_ops=Conv,ConvTranspose or claim=all runs them in kiln)",
+            self.convs_verdict()
+        );
         parts
             .iter()
             .flatten()
             .filter(|&&i| !self.forced(i) && is_conv(i))
-            .map(|&i| (i, why.to_string()))
+            .map(|&i| (i, why.clone()))
             .collect()
+    }
+
+    /// Why rule 4 leaves the convolutions to ORT.
+    fn convs_verdict(&self) -> String {
+        if self.convs_pay() {
+            return "the network's convolutions fall into more than 2 partitions".into();
+        }
+        if self.gated_convs && !self.gates_pay {
+            return "without AVX2 kiln's convolutions are not faster than ORT's, gated activations included".into();
+        }
+        match self.dense_share.filter(|_| self.dense_pays) {
+            Some(share) => format!(
+                "the network's convolutions are mostly 1×1, depthwise or narrow-grouped ({:.0}% of their \
+                 multiply-adds in dense k×k convolutions, kiln needs {:.0}%), which kiln runs at about ORT's \
+                 speed, and ORT fuses their activations as well",
+                share * 100.0,
+                MIN_DENSE_SHARE * 100.0
+            ),
+            None => "kiln's convolutions are not faster than ORT's where ORT fuses their activations".into(),
+        }
     }
 
     /// Rule 2: claimed nodes ORT would fuse into the ORT-run op before them.
@@ -365,7 +454,7 @@ impl<'a> CostRule<'a> {
         let node = &self.desc.nodes[i];
         match node.op_type.as_str() {
             "MatMul" | "Gemm" => self.pays_as_gemm(node),
-            op if CONVOLUTIONS.contains(&op) => self.gated_convs && self.gates_pay,
+            op if CONVOLUTIONS.contains(&op) => self.convs_pay(),
             op => RECURRENT.contains(&op) && self.recurrent_pays(node),
         }
     }

@@ -319,6 +319,79 @@ fn gates_count_by_target() {
     }
 }
 
+/// ReLU convolutions `(weight dims, output h×w)` in a chain, with the
+/// output sizes known (`hw > 0`) or symbolic.
+fn relu_convs(layers: &[([i64; 4], i64)]) -> (GraphDesc, HashMap<String, TensorValue>) {
+    let mut nodes = Vec::new();
+    let mut values: Vec<(String, Vec<i64>)> = Vec::new();
+    for (k, &(w, hw)) in layers.iter().enumerate() {
+        let x = if k == 0 { "x".to_string() } else { format!("a{}", k - 1) };
+        nodes.push(node("Conv", &[&x, &format!("w{k}")], &[&format!("c{k}")]));
+        nodes.extend(relu(k));
+        values.push((format!("w{k}"), w.to_vec()));
+        let hw = if hw > 0 { hw } else { -1 };
+        values.push((format!("c{k}"), vec![1, w[0], hw, hw]));
+    }
+    let refs: Vec<(&str, &[i64])> = values.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
+    let names: Vec<&str> = (0..layers.len()).map(|k| refs[2 * k].0).collect();
+    (graph(nodes, &refs), weights(&names))
+}
+
+#[test]
+fn dense_relu_networks_run_in_kiln_on_avx2() {
+    // ResNet-like: 3x3 convolutions carry half the work beside 1x1 ones.
+    let resnet = [
+        ([256, 64, 1, 1], 56),
+        ([64, 64, 3, 3], 56),
+        ([64, 256, 1, 1], 56),
+        ([256, 64, 1, 1], 56),
+    ];
+    // MobileNet-like: depthwise 3x3 (one channel per group) and 1x1.
+    let mobile = [
+        ([32, 1, 3, 3], 112),
+        ([64, 32, 1, 1], 112),
+        ([64, 1, 3, 3], 56),
+        ([128, 64, 1, 1], 56),
+    ];
+    // The stem's 3 input channels are not a dense convolution either.
+    let stem = [
+        ([32, 3, 3, 3], 112),
+        ([64, 32, 1, 1], 112),
+        ([64, 64, 1, 1], 112),
+        ([64, 64, 1, 1], 112),
+    ];
+    for symbolic in [false, true] {
+        let sized = |l: &[([i64; 4], i64)]| -> Vec<([i64; 4], i64)> {
+            l.iter().map(|&(w, hw)| (w, if symbolic { 0 } else { hw })).collect()
+        };
+        let (g, c) = relu_convs(&sized(&resnet));
+        let (_, left, why) = convs_left(&g, &c, Target::Avx2);
+        assert!(left.is_empty(), "{left:?}: {why}");
+        // No Winograd in the AVX-512 kernels: ResNet-50 ran slower than ORT.
+        let (convs, left, why) = convs_left(&g, &c, Target::Avx512);
+        assert_eq!(left, convs);
+        assert!(why.contains("where ORT fuses their activations"), "{why}");
+        for net in [&mobile[..], &stem[..]] {
+            let (g, c) = relu_convs(&sized(net));
+            let (convs, left, why) = convs_left(&g, &c, Target::Avx2);
+            assert_eq!(left, convs);
+            assert!(
+                why.contains("(0% of their multiply-adds in dense k×k") && why.contains("needs 30%"),
+                "{why}"
+            );
+        }
+    }
+    // Known sizes weigh by pixels: one dense layer at 7x7 beside 1x1 ones at
+    // 56x56 is an eighth of the work; per pixel alone, nine tenths.
+    let deep = [([64, 64, 1, 1], 56), ([64, 64, 3, 3], 7)];
+    let (g, c) = relu_convs(&deep);
+    let (convs, left, why) = convs_left(&g, &c, Target::Avx2);
+    assert_eq!(left, convs);
+    assert!(why.contains("(12% of their"), "{why}");
+    let (g, c) = relu_convs(&deep.map(|(w, _)| (w, 0)));
+    assert!(convs_left(&g, &c, Target::Avx2).1.is_empty());
+}
+
 #[test]
 fn recurrent_layers_are_anchors_from_hidden_512() {
     for (op, gates) in [("LSTM", 4), ("GRU", 3)] {
