@@ -19,6 +19,7 @@
 //! each tile is in cache.
 
 use std::cell::RefCell;
+use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::depthwise::{depthwise, Depthwise};
@@ -527,6 +528,71 @@ pub fn reference(c: &Conv<'_>, onnx_w: &[f32], y: &mut [f32]) {
                 activate(c.after, &mut y[base..base + co]);
             }
         }
+    }
+}
+
+/// The output, shared by the tasks that each write their own block of rows
+/// × output channels, as raw parts: one task's block interleaves with
+/// another's pixel by pixel, so no task may hold a `&mut` spanning it
+/// (the direct and Winograd convolutions' tasks cut by channels).
+pub(super) struct Out<'a> {
+    /// Read by the direct kernels that store through raw pointers, after
+    /// checking their tile's extent against `len`.
+    pub ptr: *mut f32,
+    pub len: usize,
+    /// Values between consecutive output pixels.
+    pub ldo: usize,
+    /// The output holds the residual on entry ([`conv_onto`]).
+    pub onto: bool,
+    _y: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: an `Out` is an exclusive borrow of f32 values, like `&mut [f32]`;
+// the tasks that share it write disjoint elements (`rows` gives each its
+// own rows × panels) through `Out::run`.
+#[allow(unsafe_code)]
+unsafe impl Sync for Out<'_> {}
+
+impl<'a> Out<'a> {
+    pub fn new(y: &'a mut [f32], ldo: usize, onto: bool) -> Out<'a> {
+        Out {
+            ptr: y.as_mut_ptr(),
+            len: y.len(),
+            ldo,
+            onto,
+            _y: PhantomData,
+        }
+    }
+
+    /// Values between the residual's pixels: the output's own when it
+    /// holds the residual, else the residual buffer's dense `co`.
+    pub fn res_ld(&self, co: usize) -> usize {
+        if self.onto {
+            self.ldo
+        } else {
+            co
+        }
+    }
+
+    /// Where the residual value of output element `at` (pixel `at / ldo`,
+    /// channel `at % ldo`) is, its pixels `res_ld` apart.
+    pub fn res_at(&self, at: usize, co: usize) -> usize {
+        at / self.ldo * self.res_ld(co) + at % self.ldo
+    }
+
+    /// The `len` elements from `at`.
+    ///
+    /// # Safety
+    /// The calling task owns them (they are in its rows × panels), and no
+    /// other reference to them lives while the result does.
+    #[allow(unsafe_code, clippy::mut_from_ref)]
+    pub unsafe fn run(&self, at: usize, len: usize) -> &mut [f32] {
+        assert!(
+            at.checked_add(len).is_some_and(|end| end <= self.len),
+            "output run out of bounds"
+        );
+        // SAFETY: in bounds (checked), exclusive (the caller's contract).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
     }
 }
 

@@ -30,11 +30,10 @@
 //! (im2col + GEMM: 44–87%).
 
 use std::cell::RefCell;
-use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::activate_isa;
-use super::conv::{is_pointwise, Conv};
+use super::conv::{is_pointwise, Conv, Out};
 use super::gemm::{by_rows, prefetch_share, Activation, Blocking, PackedB};
 use super::parallel::Parallel;
 use super::spatial::{Axis, Window};
@@ -352,68 +351,6 @@ fn split(
 /// Part `i` of `n` near-equal parts of `0..len`.
 fn share(len: usize, n: usize, i: usize) -> Range<usize> {
     i * len / n..(i + 1) * len / n
-}
-
-/// The output, shared by the tasks that each write their own block of rows
-/// × output channels, as raw parts: one task's block interleaves with
-/// another's pixel by pixel, so no task may hold a `&mut` spanning it.
-struct Out<'a> {
-    ptr: *mut f32,
-    len: usize,
-    /// Values between consecutive output pixels.
-    ldo: usize,
-    /// The output holds the residual on entry ([`conv_onto`]).
-    onto: bool,
-    _y: PhantomData<&'a mut [f32]>,
-}
-
-// SAFETY: an `Out` is an exclusive borrow of f32 values, like `&mut [f32]`;
-// the tasks that share it write disjoint elements (`rows` gives each its
-// own rows × panels) through `Out::run`.
-#[allow(unsafe_code)]
-unsafe impl Sync for Out<'_> {}
-
-impl<'a> Out<'a> {
-    fn new(y: &'a mut [f32], ldo: usize, onto: bool) -> Out<'a> {
-        Out {
-            ptr: y.as_mut_ptr(),
-            len: y.len(),
-            ldo,
-            onto,
-            _y: PhantomData,
-        }
-    }
-
-    /// Values between the residual's pixels: the output's own when it
-    /// holds the residual, else the residual buffer's dense `co`.
-    fn res_ld(&self, co: usize) -> usize {
-        if self.onto {
-            self.ldo
-        } else {
-            co
-        }
-    }
-
-    /// Where the residual value of output element `at` (pixel `at / ldo`,
-    /// channel `at % ldo`) is, its pixels `res_ld` apart.
-    fn res_at(&self, at: usize, co: usize) -> usize {
-        at / self.ldo * self.res_ld(co) + at % self.ldo
-    }
-
-    /// The `len` elements from `at`.
-    ///
-    /// # Safety
-    /// The calling task owns them (they are in its rows × panels), and no
-    /// other reference to them lives while the result does.
-    #[allow(unsafe_code, clippy::mut_from_ref)]
-    unsafe fn run(&self, at: usize, len: usize) -> &mut [f32] {
-        assert!(
-            at.checked_add(len).is_some_and(|end| end <= self.len),
-            "output run out of bounds"
-        );
-        // SAFETY: in bounds (checked), exclusive (the caller's contract).
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
-    }
 }
 
 thread_local! {

@@ -21,10 +21,11 @@
 //! Which convolutions use it is [`pays`]'s rule.
 
 use std::cell::RefCell;
+use std::sync::Mutex;
 
-use super::conv::Conv;
+use super::conv::{Conv, Out};
 use super::gemm::{self, activate, Epilogue, PackedB};
-use super::parallel::{try_for_each_block, Blocks, Parallel, Serial};
+use super::parallel::{Parallel, Serial};
 use super::spatial::{Axis, Window};
 use super::Isa;
 use crate::error::{Error, Result};
@@ -227,6 +228,12 @@ const CHUNK_VALUES: usize = 1 << 16;
 /// 56² × 64 F(4×4) 1.73 → 2.01× (48 was no better).
 const MIN_CHUNK_TILES: usize = 24;
 
+/// Packed weights from which a convolution's weights come from memory at
+/// every run, not the caches (a Zen 3 has 512 KiB of L2 per core and an
+/// L3 shared with other tenants on a VM): then two threads each streaming
+/// all of them costs more than cutting the channels between them.
+const STREAMED_WEIGHT_BYTES: usize = 4 << 20;
+
 /// The convolution into `y` (output pixels `ldo` values apart), with
 /// `c.residual`, or with `y`'s own values as the residual if `onto`.
 /// The caller checked the sizes (`conv::check`) and that the window is
@@ -259,32 +266,110 @@ fn conv_tiles<T: Tile<M, N>, const M: usize, const N: usize>(
         rows: w.h.output.div_ceil(M),
         cols: w.w.output.div_ceil(M),
     };
-    let image = w.output_pixels() * ldo;
-    // Runs of whole tile rows per task: the length whose tasks load the
-    // busiest thread least, the longest of those (fewest tasks, longest
-    // GEMMs). About two tasks per thread had cut F(4×4)'s 14 tile rows at
-    // 56² as 4 + 4 + 4 + 2, one thread computing 8 of them.
-    let threads = par.threads().max(1);
-    let busiest = |r: usize| (c.batch * grid.rows.div_ceil(r)).div_ceil(threads) * r;
-    let rows_per_task = (1..=grid.rows.max(1))
-        .min_by_key(|&r| (busiest(r), std::cmp::Reverse(r)))
-        .unwrap_or(1);
-    let block = rows_per_task * M * w.w.output * ldo;
+    let nr = packs.first().map_or(LANES, |p| p.nr());
+    let weights = packs.iter().map(|p| p.data().byte_len()).sum();
+    let panels = (c.out_channels.div_ceil(nr), nr);
+    let split = Split::choose(c.batch, grid, panels, weights, par.threads());
     let run = Run::<T, M, N> {
         isa,
         c,
         packs,
-        ldo,
-        onto,
         grid,
         tile: std::marker::PhantomData,
     };
-    try_for_each_block(par, y, Blocks::new(y.len(), image, block), &|i, out| {
-        let per_image = grid.rows.div_ceil(rows_per_task);
-        let (n, first) = (i / per_image, i % per_image * rows_per_task);
-        let rows = first..(first + rows_per_task).min(grid.rows);
-        super::with_thread_buffer(&SCRATCH, |buf| run.tile_rows(n, rows, out, buf))
-    })
+    let out = Out::new(y, ldo, onto);
+    let failed = Mutex::new(None);
+    par.for_each(split.tasks(), &|i| {
+        let (n, rows, panels) = split.task(i);
+        let chans = panels.start * nr..(panels.end * nr).min(c.out_channels);
+        let task = Task { n, rows, panels, chans };
+        if let Err(e) = super::with_thread_buffer(&SCRATCH, |buf| run.tile_rows(&task, &out, buf)) {
+            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// How a convolution's tiles are cut into tasks: runs of `rows_per_task`
+/// tile rows of one image, times `groups` runs of weight panels (output
+/// channels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Split {
+    batch: usize,
+    tile_rows: usize,
+    rows_per_task: usize,
+    panels: usize,
+    groups: usize,
+}
+
+impl Split {
+    /// Runs of whole tile rows per task: the length whose tasks load the
+    /// busiest thread least, the longest of those (fewest tasks, longest
+    /// GEMMs; about two tasks per thread had cut F(4×4)'s 14 tile rows at
+    /// 56² as 4 + 4 + 4 + 2, one thread computing 8 of them).
+    ///
+    /// Every task streams all the weights it multiplies by: where those
+    /// come from memory ([`STREAMED_WEIGHT_BYTES`]) and a thread gets
+    /// fewer than two chunks of tiles ([`MIN_CHUNK_TILES`]), the threads
+    /// share the output channels instead (`nr`-wide panels in whole
+    /// vectors of the transforms), each image whole: each streams its
+    /// share of the weights, and transforms the input all of them read.
+    /// ResNet-50's 14² × 256 layers (F(4×4), 16 tiles, 9 MiB of weights),
+    /// two threads, Zen 3: 0.94–1.20 → 0.71–0.86 ms. Not with weights
+    /// that stay in the caches: SqueezeNet's 13² × 48–64 → 192–256 (1.3
+    /// and 2.4 MiB) and ResNet-50's 28² × 128 (2.4 MiB, 7 tile rows cut
+    /// 4 + 3) ran 0–10% slower cut by channels (their input transformed
+    /// twice).
+    fn choose(batch: usize, grid: Grid, (panels, nr): (usize, usize), weights: usize, threads: usize) -> Split {
+        let threads = threads.max(1);
+        let busiest = |r: usize| (batch * grid.rows.div_ceil(r)).div_ceil(threads) * r;
+        let rows_per_task = (1..=grid.rows.max(1))
+            .min_by_key(|&r| (busiest(r), std::cmp::Reverse(r)))
+            .unwrap_or(1);
+        let by_rows = Split {
+            batch,
+            tile_rows: grid.rows,
+            rows_per_task,
+            panels,
+            groups: 1,
+        };
+        let few_tiles = busiest(rows_per_task) * grid.cols < 2 * MIN_CHUNK_TILES;
+        let streamed = weights >= STREAMED_WEIGHT_BYTES || cut_channels_always();
+        if threads == 1 || !few_tiles || !streamed || panels < threads || !nr.is_multiple_of(LANES) {
+            return by_rows;
+        }
+        Split {
+            rows_per_task: grid.rows.max(1),
+            groups: threads,
+            ..by_rows
+        }
+    }
+
+    fn tasks(&self) -> usize {
+        self.batch * self.tile_rows.div_ceil(self.rows_per_task) * self.groups
+    }
+
+    /// Task `i`'s image, tile rows and weight panels.
+    fn task(&self, i: usize) -> (usize, std::ops::Range<usize>, std::ops::Range<usize>) {
+        let (i, g) = (i / self.groups, i % self.groups);
+        let per_image = self.tile_rows.div_ceil(self.rows_per_task);
+        let (n, first) = (i / per_image, i % per_image * self.rows_per_task);
+        let rows = first..(first + self.rows_per_task).min(self.tile_rows);
+        let panels = g * self.panels / self.groups..(g + 1) * self.panels / self.groups;
+        (n, rows, panels)
+    }
+}
+
+/// One task's share: tile rows `rows` of image `n`, output channels
+/// `chans` (weight panels `panels`).
+struct Task {
+    n: usize,
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+    chans: std::ops::Range<usize>,
 }
 
 thread_local! {
@@ -294,7 +379,7 @@ thread_local! {
 }
 
 /// The grid of output tiles of one image.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Grid {
     rows: usize,
     cols: usize,
@@ -305,39 +390,48 @@ struct Run<'a, T, const M: usize, const N: usize> {
     isa: Isa,
     c: &'a Conv<'a>,
     packs: &'a [&'a PackedB],
-    ldo: usize,
-    onto: bool,
     grid: Grid,
     tile: std::marker::PhantomData<fn() -> T>,
 }
 
 impl<T: Tile<M, N>, const M: usize, const N: usize> Run<'_, T, M, N> {
-    /// Tile rows `rows` of image `n` into `out`, the output from the first
-    /// of those rows' pixels on.
-    fn tile_rows(&self, n: usize, rows: std::ops::Range<usize>, out: &mut [f32], buf: &mut Vec<f32>) -> Result<()> {
-        let (ci, co) = (self.c.in_channels, self.c.out_channels);
-        let tiles = rows.len() * self.grid.cols;
+    /// Task `task`'s tiles and channels into `out`.
+    fn tile_rows(&self, task: &Task, out: &Out<'_>, buf: &mut Vec<f32>) -> Result<()> {
+        let (ci, cw) = (self.c.in_channels, task.chans.len());
+        let tiles = task.rows.len() * self.grid.cols;
         let positions = N * N;
-        let chunk = (CHUNK_VALUES / (positions * (ci + co)))
+        let chunk = (CHUNK_VALUES / (positions * (ci + cw)))
             .max(MIN_CHUNK_TILES)
             .min(tiles.max(1));
-        let need = positions * chunk * (ci + co) + M * M * co;
+        let need = positions * chunk * (ci + cw) + M * M * cw;
         if buf.len() < need {
             buf.resize(need, 0.0);
         }
         let (v, rest) = buf.split_at_mut(positions * chunk * ci);
-        let (m, pixel) = rest.split_at_mut(positions * chunk * co);
-        let first = rows.start * self.grid.cols;
+        let (m, pixel) = rest.split_at_mut(positions * chunk * cw);
+        let first = task.rows.start * self.grid.cols;
         for start in (first..first + tiles).step_by(chunk) {
             let t = start..(start + chunk).min(first + tiles);
-            let (v, m) = (&mut v[..positions * t.len() * ci], &mut m[..positions * t.len() * co]);
-            self.input(n, t.clone(), v);
+            let (v, m) = (&mut v[..positions * t.len() * ci], &mut m[..positions * t.len() * cw]);
+            self.input(task.n, t.clone(), v);
             for (p, pack) in self.packs.iter().enumerate() {
                 let a = &v[p * t.len() * ci..][..t.len() * ci];
-                let dst = &mut m[p * t.len() * co..][..t.len() * co];
-                gemm::gemm_packed(self.isa, t.len(), a, ci, pack, dst, co, &Epilogue::default(), &Serial)?;
+                let dst = &mut m[p * t.len() * cw..][..t.len() * cw];
+                let epi = Epilogue::default();
+                gemm::gemm_packed_panels(
+                    self.isa,
+                    t.len(),
+                    a,
+                    ci,
+                    pack,
+                    task.panels.clone(),
+                    dst,
+                    cw,
+                    &epi,
+                    &Serial,
+                )?;
             }
-            self.output(n, t, rows.start, m, out, &mut pixel[..M * M * co]);
+            self.output(task, t, m, out, &mut pixel[..M * M * cw]);
         }
         Ok(())
     }
@@ -358,18 +452,18 @@ impl<T: Tile<M, N>, const M: usize, const N: usize> Run<'_, T, M, N> {
         input_transform(self, n, t, v)
     }
 
-    /// The output transform of tiles `t` from `m` (`[N·N][t.len()][co]`)
-    /// with the epilogue, into `out` (from tile row `row0`'s first pixel).
-    fn output(&self, n: usize, t: std::ops::Range<usize>, row0: usize, m: &[f32], out: &mut [f32], pixel: &mut [f32]) {
+    /// The output transform of tiles `t` from `m` (`[N·N][t.len()][cw]`,
+    /// the task's `cw` channels) with the epilogue, into `out`.
+    fn output(&self, task: &Task, t: std::ops::Range<usize>, m: &[f32], out: &Out<'_>, pixel: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if self.isa.target() != Target::Generic {
             // SAFETY: as in `input`.
             #[allow(unsafe_code)]
             unsafe {
-                return output_avx2(self, n, t, row0, m, out, pixel);
+                return output_avx2(self, task, t, m, out, pixel);
             }
         }
-        output_transform(self, n, t, row0, m, out, pixel)
+        output_transform(self, task, t, m, out, pixel)
     }
 }
 
@@ -388,14 +482,13 @@ fn input_avx2<T: Tile<M, N>, const M: usize, const N: usize>(
 #[target_feature(enable = "avx2,fma")]
 fn output_avx2<T: Tile<M, N>, const M: usize, const N: usize>(
     r: &Run<'_, T, M, N>,
-    n: usize,
+    task: &Task,
     t: std::ops::Range<usize>,
-    row0: usize,
     m: &[f32],
-    out: &mut [f32],
+    out: &Out<'_>,
     pixel: &mut [f32],
 ) {
-    output_transform(r, n, t, row0, m, out, pixel)
+    output_transform(r, task, t, m, out, pixel)
 }
 
 type Lanes = [f32; LANES];
@@ -494,21 +587,20 @@ fn input_transform<T: Tile<M, N>, const M: usize, const N: usize>(
 #[inline(always)]
 fn output_transform<T: Tile<M, N>, const M: usize, const N: usize>(
     r: &Run<'_, T, M, N>,
-    n: usize,
+    task: &Task,
     t: std::ops::Range<usize>,
-    row0: usize,
     m: &[f32],
-    out: &mut [f32],
+    out: &Out<'_>,
     pixels: &mut [f32],
 ) {
-    let (w, co, ldo) = (r.c.window, r.c.out_channels, r.ldo);
+    let (w, cw) = (r.c.window, task.chans.len());
     let (oh, ow) = (w.h.output, w.w.output);
     let count = t.len();
     for (k, tile) in t.enumerate() {
         let (ty, tx) = (tile / r.grid.cols, tile % r.grid.cols);
-        // The tile's M×M pixels, `co` values each, into `pixels`.
-        for c0 in (0..co).step_by(LANES) {
-            let g = |p: usize| load(&m[(p * count + k) * co + c0..]);
+        // The tile's M×M pixels, `cw` values each, into `pixels`.
+        for c0 in (0..cw).step_by(LANES) {
+            let g = |p: usize| load(&m[(p * count + k) * cw + c0..]);
             // Aᵀ · M (M × N), column by column, then its rows times A.
             let mut cols = [[[0.0; LANES]; M]; N];
             for (q, col) in cols.iter_mut().enumerate() {
@@ -520,55 +612,83 @@ fn output_transform<T: Tile<M, N>, const M: usize, const N: usize>(
             }
             for i in 0..M {
                 for (j, vals) in T::output_rows(column(&cols, i)).iter().enumerate() {
-                    pixels[(i * M + j) * co + c0..][..LANES].copy_from_slice(vals);
+                    pixels[(i * M + j) * cw + c0..][..LANES].copy_from_slice(vals);
                 }
             }
         }
         // The tile's pixels inside the image: (index in `pixels`, output
-        // pixel of the batch, offset in `out`).
+        // pixel of the batch).
         let inside = (0..M * M).filter_map(|q| {
             let (oy, ox) = (M * ty + q / M, M * tx + q % M);
-            (oy < oh && ox < ow).then(|| (q, (n * oh + oy) * ow + ox, ((oy - M * row0) * ow + ox) * ldo))
+            (oy < oh && ox < ow).then(|| (q, (task.n * oh + oy) * ow + ox))
         });
-        finish_tile(r, pixels, inside, out);
+        finish_tile(r, task, pixels, inside, out);
     }
 }
 
 /// `out`'s pixels = `after(act(pixel + bias) + residual)` for a tile's
-/// `pixels` (4 × `co`; the residual `out`'s own values with `onto`): each
-/// activation over the whole tile at once, the residual and the store
-/// only for the pixels `inside` the image.
+/// `pixels` (M × M × the task's channels; the residual `out`'s own values
+/// with `onto`): each activation over the whole tile at once, the residual
+/// and the store only for the pixels `inside` the image.
 #[inline(always)]
 fn finish_tile<T, const M: usize, const N: usize>(
     r: &Run<'_, T, M, N>,
+    task: &Task,
     pixels: &mut [f32],
-    inside: impl Iterator<Item = (usize, usize, usize)> + Clone,
-    out: &mut [f32],
+    inside: impl Iterator<Item = (usize, usize)> + Clone,
+    out: &Out<'_>,
 ) {
-    let (c, co) = (r.c, r.c.out_channels);
+    let (c, co, chans) = (r.c, r.c.out_channels, task.chans.clone());
+    let cw = chans.len();
     if let Some(b) = c.bias {
-        for px in pixels.chunks_exact_mut(co) {
-            px.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+        for px in pixels.chunks_exact_mut(cw) {
+            px.iter_mut().zip(&b[chans.clone()]).for_each(|(v, b)| *v += b);
         }
     }
     activate(c.activation, pixels);
-    for (q, p, at) in inside.clone() {
-        let px = &mut pixels[q * co..][..co];
-        if r.onto {
-            px.iter_mut().zip(&out[at..at + co]).for_each(|(v, r)| *v += r);
+    // The task's run of output pixel `p`: channels `chans`.
+    let at = |p: usize| p * out.ldo + chans.start;
+    #[allow(unsafe_code)]
+    for (q, p) in inside.clone() {
+        let px = &mut pixels[q * cw..][..cw];
+        if out.onto {
+            // SAFETY: the task owns channels `chans` of its tiles' pixels
+            // (`Split::task` gives other tasks other tile rows or other
+            // panels), and the reference ends with this block.
+            let own = unsafe { out.run(at(p), cw) };
+            px.iter_mut().zip(own.iter()).for_each(|(v, r)| *v += r);
         } else if let Some(res) = c.residual {
-            px.iter_mut().zip(&res[p * co..][..co]).for_each(|(v, r)| *v += r);
+            px.iter_mut()
+                .zip(&res[p * co + chans.start..][..cw])
+                .for_each(|(v, r)| *v += r);
         }
     }
     activate(c.after, pixels);
-    for (q, _, at) in inside {
-        out[at..at + co].copy_from_slice(&pixels[q * co..][..co]);
+    #[allow(unsafe_code)]
+    for (q, p) in inside {
+        // SAFETY: as above.
+        let dst = unsafe { out.run(at(p), cw) };
+        dst.copy_from_slice(&pixels[q * cw..][..cw]);
     }
+}
+
+/// Whether a test switched on cutting small convolutions by channels too.
+fn cut_channels_always() -> bool {
+    #[cfg(test)]
+    return tests::CUT_CHANNELS.get();
+    #[cfg(not(test))]
+    false
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// Set by a test on its thread: `Split::choose` cuts by channels
+        /// whatever the weights' size (the tests' weights are small).
+        pub static CUT_CHANNELS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
     use crate::kernels::conv::{self, ConvWeights};
     use crate::kernels::gemm::Activation;
     use crate::kernels::parallel::ScopedThreads;
@@ -746,6 +866,62 @@ mod tests {
             ldo_extra: 8,
             ..case(5, 8, 8, 16)
         });
+    }
+
+    #[test]
+    fn matches_with_the_channels_cut_between_threads() {
+        // Few tiles (F(4×4) at 12² and 13²: 9 and 16; F(2×2) at 9×10: 25
+        // for two images) and 2+ weight panels: the threads share the
+        // output channels (`Split::choose`; as if the weights were large).
+        CUT_CHANNELS.set(true);
+        check(&case(13, 13, 16, 48));
+        check(&Case {
+            residual: true,
+            ..case(12, 12, 16, 48)
+        });
+        check(&Case {
+            batch: 2,
+            residual: true,
+            onto: true,
+            ..case(9, 10, 8, 64)
+        });
+        check(&Case {
+            ldo_extra: 8,
+            act: Activation::Silu,
+            ..case(13, 13, 8, 48)
+        });
+        CUT_CHANNELS.set(false);
+    }
+
+    #[test]
+    fn tasks_cut_tile_rows_or_few_tiles_by_channels() {
+        let grid = |side: usize| Grid { rows: side, cols: side };
+        // ResNet-50's 14² × 256 F(4×4) weights: 9 MiB.
+        let big = 36 * 256 * 256 * 4;
+        let split = |batch, g, panels, weights, threads| {
+            let s = Split::choose(batch, g, panels, weights, threads);
+            (s.rows_per_task, s.groups, s.tasks())
+        };
+        // 56² F(4×4): 14 tile rows as 7 + 7.
+        assert_eq!(split(1, grid(14), (4, 16), big, 2), (7, 1, 2));
+        assert_eq!(split(1, grid(14), (4, 16), big, 1), (14, 1, 1));
+        // 14²: 16 tiles, the channels in two; 28²: 7 rows would go 4 + 3.
+        assert_eq!(split(1, grid(4), (16, 16), big, 2), (4, 2, 2));
+        assert_eq!(split(1, grid(7), (16, 16), big, 2), (7, 2, 2));
+        // Not with weights that stay in the caches.
+        assert_eq!(split(1, grid(4), (16, 16), big / 4, 2), (2, 1, 2));
+        // Eight such images are enough tiles to cut by images.
+        assert_eq!(split(8, grid(4), (16, 16), big, 2), (4, 1, 8));
+        // Not with fewer panels than threads, nor panels that cut the
+        // transforms' vectors.
+        assert_eq!(split(1, grid(4), (1, 16), big, 2), (2, 1, 2));
+        assert_eq!(split(1, grid(4), (16, 4), big, 2), (2, 1, 2));
+        let s = Split::choose(2, grid(3), (5, 16), big, 2);
+        let tasks: Vec<_> = (0..s.tasks()).map(|i| s.task(i)).collect();
+        assert_eq!(
+            tasks,
+            [(0, 0..3, 0..2), (0, 0..3, 2..5), (1, 0..3, 0..2), (1, 0..3, 2..5)]
+        );
     }
 
     #[test]

@@ -412,6 +412,33 @@ pub fn gemm_packed(
     gemm_packed_parts(isa, m, a, lda, &[b], c, ldc, epi, par)
 }
 
+/// [`gemm_packed`] with B's columns of panels `panels` only: C (m x the
+/// panels' columns, row stride ldc) = epilogue(A · those columns). A
+/// task's share of a product whose other columns other tasks compute
+/// (a Winograd convolution cut by output channels).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_panels(
+    isa: Isa,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    panels: Range<usize>,
+    c: &mut [f32],
+    ldc: usize,
+    epi: &Epilogue<'_>,
+    par: &dyn Parallel,
+) -> Result<()> {
+    let count = b.n.div_ceil(b.nr);
+    if panels.start > panels.end || panels.end > count {
+        return Err(size_error(format_args!("panels {panels:?} of a B with {count}")));
+    }
+    let mut all = parts_panels(isa, &[b])?;
+    all.parts = [b.panels(panels.start, panels.len()); driver::MAX_PARTS];
+    let n = (panels.end * b.nr).min(b.n) - panels.start * b.nr;
+    product(isa, m, a, lda, (&all, n), c, ldc, epi, par)
+}
+
 /// [`gemm_packed`] with B made of up to three packed matrices side by side
 /// (the same K; all but the last with whole panels): one product for Q, K
 /// and V's projections, A read (or packed) once for all three.
@@ -428,8 +455,24 @@ pub fn gemm_packed_parts(
     par: &dyn Parallel,
 ) -> Result<()> {
     let panels = parts_panels(isa, parts)?;
-    let k = panels.height;
     let n = parts.iter().map(|p| p.n).sum();
+    product(isa, m, a, lda, (&panels, n), c, ldc, epi, par)
+}
+
+/// C (m x n) = epilogue(A · the `n` columns of `panels`).
+#[allow(clippy::too_many_arguments)]
+fn product(
+    isa: Isa,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    (panels, n): (&BPanels<'_>, usize),
+    c: &mut [f32],
+    ldc: usize,
+    epi: &Epilogue<'_>,
+    par: &dyn Parallel,
+) -> Result<()> {
+    let k = panels.height;
     check_matrix("A", a.len(), m, k, lda, false)?;
     let mut view = CView::new(c, m, n, ldc).map_err(|e| e.context("gemm output C"))?;
     let epi = Epi::new(epi, m, n)?;
@@ -451,9 +494,9 @@ pub fn gemm_packed_parts(
     let (row_parts, col_parts) = split_work(m, n, k, blk, par.threads(), gemv);
     run_tasks(&mut view, row_parts, col_parts, par, &|v: &mut CView<'_>| {
         if gemv {
-            kernels::gemv(isa, a.data, &panels, v, &epi)
+            kernels::gemv(isa, a.data, panels, v, &epi)
         } else {
-            kernels::blocked(isa, a, &panels, v, 0..k, (blk.mc, kc), true, true, &epi)
+            kernels::blocked(isa, a, panels, v, 0..k, (blk.mc, kc), true, true, &epi)
         }
     });
     Ok(())
