@@ -125,15 +125,39 @@ pub fn try_for_each_block<T: Send>(
     blocks: Blocks,
     f: &(dyn Fn(usize, &mut [T]) -> crate::error::Result<()> + Sync),
 ) -> crate::error::Result<()> {
-    let failed = Mutex::new(None);
-    for_each_block(par, data, blocks, &|i, block| {
-        if let Err(e) = f(i, block) {
-            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+    let failed = Failed::default();
+    for_each_block(par, data, blocks, &|i, block| failed.keep(f(i, block)));
+    failed.result()
+}
+
+/// `par.for_each` for tasks that can fail: returns an error a task
+/// returned (the last one stored if several fail).
+pub fn try_for_each(
+    par: &dyn Parallel,
+    n: usize,
+    f: &(dyn Fn(usize) -> crate::error::Result<()> + Sync),
+) -> crate::error::Result<()> {
+    let failed = Failed::default();
+    par.for_each(n, &|i| failed.keep(f(i)));
+    failed.result()
+}
+
+/// The error of a failed task, kept for the caller.
+#[derive(Default)]
+struct Failed(Mutex<Option<crate::error::Error>>);
+
+impl Failed {
+    fn keep(&self, r: crate::error::Result<()>) {
+        if let Err(e) = r {
+            *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
         }
-    });
-    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
+    }
+
+    fn result(self) -> crate::error::Result<()> {
+        match self.0.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 
@@ -233,6 +257,17 @@ mod tests {
                 _ => Ok(()),
             });
             assert!(err.unwrap_err().to_string().contains("task 1 failed"));
+            let ran = AtomicU64::new(0);
+            let err = try_for_each(par, 4, &|i| {
+                ran.fetch_add(1, Ordering::Relaxed);
+                match i {
+                    2 => Err(crate::error::Error::runtime("task 2 failed")),
+                    _ => Ok(()),
+                }
+            });
+            assert!(err.unwrap_err().to_string().contains("task 2 failed"));
+            assert_eq!(ran.load(Ordering::Relaxed), 4, "the other tasks still run");
+            assert!(try_for_each(par, 3, &|_| Ok(())).is_ok());
         }
     }
 

@@ -21,11 +21,10 @@
 //! Which convolutions use it is [`pays`]'s rule.
 
 use std::cell::RefCell;
-use std::sync::Mutex;
 
 use super::conv::{Conv, Out};
 use super::gemm::{self, activate, Epilogue, PackedB};
-use super::parallel::{Parallel, Serial};
+use super::parallel::{try_for_each, Parallel, Serial};
 use super::spatial::{Axis, Window};
 use super::Isa;
 use crate::error::{Error, Result};
@@ -278,19 +277,12 @@ fn conv_tiles<T: Tile<M, N>, const M: usize, const N: usize>(
         tile: std::marker::PhantomData,
     };
     let out = Out::new(y, ldo, onto);
-    let failed = Mutex::new(None);
-    par.for_each(split.tasks(), &|i| {
+    try_for_each(par, split.tasks(), &|i| {
         let (n, rows, panels) = split.task(i);
         let chans = panels.start * nr..(panels.end * nr).min(c.out_channels);
         let task = Task { n, rows, panels, chans };
-        if let Err(e) = super::with_thread_buffer(&SCRATCH, |buf| run.tile_rows(&task, &out, buf)) {
-            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-        }
-    });
-    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+        super::with_thread_buffer(&SCRATCH, |buf| run.tile_rows(&task, &out, buf))
+    })
 }
 
 /// How a convolution's tiles are cut into tasks: runs of `rows_per_task`
@@ -318,7 +310,7 @@ impl Split {
     /// vectors of the transforms), each image whole: each streams its
     /// share of the weights, and transforms the input all of them read.
     /// ResNet-50's 14² × 256 layers (F(4×4), 16 tiles, 9 MiB of weights),
-    /// two threads, Zen 3: 0.94–1.20 → 0.71–0.86 ms. Not with weights
+    /// two threads, Zen 3: 0.89–1.20 → 0.69–0.86 ms. Not with weights
     /// that stay in the caches: SqueezeNet's 13² × 48–64 → 192–256 (1.3
     /// and 2.4 MiB) and ResNet-50's 28² × 128 (2.4 MiB, 7 tile rows cut
     /// 4 + 3) ran 0–10% slower cut by channels (their input transformed
