@@ -76,19 +76,27 @@ pub fn eligible(w: &Window, ci: usize, co: usize, groups: usize) -> bool {
 /// ResNet-50's 3×3 layers 1.13–1.38× faster at 56² × 64, 1.6× at 28² ×
 /// 128, 1.4× at 14² × 256; 20² × 64 1.25×, 13² × 64 → 256 1.31×, 27² ×
 /// 32 → 128 1.22×, 56² × 128 → 32 1.36×. Not where it loses: few tiles
-/// (7² × 512: 0.6–0.7×, its 16/9 more weight bytes are read for 16 tiles),
+/// (7² × 512 with chunks of 3–8 tiles: 0.6–0.7×, its 16/9 more weight bytes
+/// read for 16 tiles; see below),
 /// or narrow channels (32 → 32 at 40² and 80² 0.83–0.88×, 16 → 64 0.9×:
 /// the transforms cost more than the products save). AVX-512 has not been
 /// measured: its direct convolution stays.
 ///
 /// F(4×4, 3×3) pays from fewer channels: 32 → 32 at 40² and 80² 1.43× and
 /// 1.40× (F(2×2) 0.88×, 0.84×); 16 → 64 at 55² only 1.08×.
+///
+/// Since chunks hold at least [`MIN_CHUNK_TILES`] tiles, few tiles with
+/// 512 channels pay too: 7² × 512 F(2×2) kernel alone 1.22× the direct
+/// convolution's speed, ResNet-50's two such layers 2.49 → 1.75 ms at one
+/// thread and 1.29 → 0.95 ms at two (cut by channels, `Split::choose`),
+/// the model 78.5 → 75.6 and 44.1 → 43.2 ms (Zen 3, step timer). Narrower
+/// layers at 7² were not measured.
 pub fn pays(target: Target, w: &Window, ci: usize, co: usize, groups: usize) -> bool {
     target == Target::Avx2
         && eligible(w, ci, co, groups)
         && ci.min(co) >= 32
         && (ci + co >= 128 || tile_size(w) == 4)
-        && w.output_pixels() >= 12 * 12
+        && (w.output_pixels() >= 12 * 12 || ci.min(co) >= 512)
 }
 
 /// ONNX weights `[co, ci, 3, 3]` transformed (`G g Gᵀ`) for output tiles
@@ -914,6 +922,19 @@ mod tests {
             tasks,
             [(0, 0..3, 0..2), (0, 0..3, 2..5), (1, 0..3, 0..2), (1, 0..3, 2..5)]
         );
+    }
+
+    #[test]
+    fn pays_from_12x12_pixels_or_512_channels() {
+        let square = |side| Window {
+            h: axis(side, (1, 1)),
+            w: axis(side, (1, 1)),
+        };
+        assert!(pays(Target::Avx2, &square(14), 256, 256, 1));
+        assert!(!pays(Target::Avx2, &square(7), 256, 256, 1), "7² × 256: not measured");
+        assert!(pays(Target::Avx2, &square(7), 512, 512, 1), "ResNet-50's 7² × 512");
+        assert!(!pays(Target::Avx512, &square(7), 512, 512, 1));
+        assert!(!pays(Target::Avx2, &square(56), 16, 64, 1), "narrow");
     }
 
     #[test]
