@@ -548,8 +548,9 @@ pub(super) struct Out<'a> {
 }
 
 // SAFETY: an `Out` is an exclusive borrow of f32 values, like `&mut [f32]`;
-// the tasks that share it write disjoint elements (`rows` gives each its
-// own rows × panels) through `Out::run`.
+// the tasks that share it write disjoint elements through `Out::run`
+// (`conv_direct::rows` gives each its own rows × panels,
+// `winograd::Split::task` its own tile rows × panels).
 #[allow(unsafe_code)]
 unsafe impl Sync for Out<'_> {}
 

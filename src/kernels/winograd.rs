@@ -410,6 +410,7 @@ impl<T: Tile<M, N>, const M: usize, const N: usize> Run<'_, T, M, N> {
         let (v, rest) = buf.split_at_mut(positions * chunk * ci);
         let (m, pixel) = rest.split_at_mut(positions * chunk * cw);
         let first = task.rows.start * self.grid.cols;
+        let epi = Epilogue::default();
         for start in (first..first + tiles).step_by(chunk) {
             let t = start..(start + chunk).min(first + tiles);
             let (v, m) = (&mut v[..positions * t.len() * ci], &mut m[..positions * t.len() * cw]);
@@ -417,7 +418,6 @@ impl<T: Tile<M, N>, const M: usize, const N: usize> Run<'_, T, M, N> {
             for (p, pack) in self.packs.iter().enumerate() {
                 let a = &v[p * t.len() * ci..][..t.len() * ci];
                 let dst = &mut m[p * t.len() * cw..][..t.len() * cw];
-                let epi = Epilogue::default();
                 gemm::gemm_packed_panels(
                     self.isa,
                     t.len(),
@@ -924,12 +924,16 @@ mod tests {
         );
     }
 
-    #[test]
-    fn pays_from_12x12_pixels_or_512_channels() {
-        let square = |side| Window {
+    /// A `side`² input, 3×3 with pads of 1 (the same size out).
+    fn square(side: usize) -> Window {
+        Window {
             h: axis(side, (1, 1)),
             w: axis(side, (1, 1)),
-        };
+        }
+    }
+
+    #[test]
+    fn pays_from_12x12_pixels_or_512_channels() {
         assert!(pays(Target::Avx2, &square(14), 256, 256, 1));
         assert!(!pays(Target::Avx2, &square(7), 256, 256, 1), "7² × 256: not measured");
         assert!(pays(Target::Avx2, &square(7), 512, 512, 1), "ResNet-50's 7² × 512");
@@ -939,10 +943,7 @@ mod tests {
 
     #[test]
     fn rejects_what_it_cannot_run() {
-        let w = Window {
-            h: axis(8, (1, 1)),
-            w: axis(8, (1, 1)),
-        };
+        let w = square(8);
         assert!(eligible(&w, 8, 16, 1));
         assert!(!eligible(&w, 12, 16, 1), "channels not in whole vectors");
         assert!(!eligible(&w, 8, 16, 2), "groups");
