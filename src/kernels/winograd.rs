@@ -79,8 +79,7 @@ pub fn eligible(w: &Window, ci: usize, co: usize, groups: usize) -> bool {
 /// (7² × 512 with chunks of 3–8 tiles: 0.6–0.7×, its 16/9 more weight bytes
 /// read for 16 tiles; see below),
 /// or narrow channels (32 → 32 at 40² and 80² 0.83–0.88×, 16 → 64 0.9×:
-/// the transforms cost more than the products save). AVX-512 has not been
-/// measured: its direct convolution stays.
+/// the transforms cost more than the products save).
 ///
 /// F(4×4, 3×3) pays from fewer channels: 32 → 32 at 40² and 80² 1.43× and
 /// 1.40× (F(2×2) 0.88×, 0.84×); 16 → 64 at 55² only 1.08×.
@@ -91,8 +90,20 @@ pub fn eligible(w: &Window, ci: usize, co: usize, groups: usize) -> bool {
 /// thread and 1.29 → 0.95 ms at two (cut by channels, `Split::choose`),
 /// the model 78.5 → 75.6 and 44.1 → 43.2 ms (Zen 3, step timer). Narrower
 /// layers at 7² were not measured.
+///
+/// AVX-512 (Zen 5, `bench/conv.py` shapes against ORT, kiln's direct
+/// convolution at 93–98% of the FMA peak): the same rule pays 1.3–2.3× at
+/// one thread (64² … 512² channels, 7² to 80² pixels; 32 → 128 at 27²
+/// 1.28×), but not into 32 output channels: 128 → 32 at 56², 28², 14²
+/// 0.86×, 0.94×, 0.69× the direct convolution's speed (DenseNet's 3×3
+/// layers), its products two vectors wide for transforms as wide as ever.
 pub fn pays(target: Target, w: &Window, ci: usize, co: usize, groups: usize) -> bool {
-    target == Target::Avx2
+    let wide_enough = match target {
+        Target::Avx2 => true,
+        Target::Avx512 => co >= 48,
+        Target::Generic => false,
+    };
+    wide_enough
         && eligible(w, ci, co, groups)
         && ci.min(co) >= 32
         && (ci + co >= 128 || tile_size(w) == 4)
@@ -937,7 +948,14 @@ mod tests {
         assert!(pays(Target::Avx2, &square(14), 256, 256, 1));
         assert!(!pays(Target::Avx2, &square(7), 256, 256, 1), "7² × 256: not measured");
         assert!(pays(Target::Avx2, &square(7), 512, 512, 1), "ResNet-50's 7² × 512");
-        assert!(!pays(Target::Avx512, &square(7), 512, 512, 1));
+        assert!(pays(Target::Avx512, &square(7), 512, 512, 1));
+        assert!(pays(Target::Avx512, &square(27), 32, 128, 1));
+        assert!(
+            !pays(Target::Avx512, &square(56), 128, 32, 1),
+            "into 32 channels on AVX-512"
+        );
+        assert!(pays(Target::Avx2, &square(56), 128, 32, 1));
+        assert!(!pays(Target::Generic, &square(14), 256, 256, 1));
         assert!(!pays(Target::Avx2, &square(56), 16, 64, 1), "narrow");
     }
 

@@ -338,7 +338,7 @@ fn relu_convs(layers: &[([i64; 4], i64)]) -> (GraphDesc, HashMap<String, TensorV
 }
 
 #[test]
-fn dense_relu_networks_run_in_kiln_on_avx2() {
+fn dense_relu_networks_run_in_kiln() {
     // ResNet-like: 3x3 convolutions carry half the work beside 1x1 ones.
     let resnet = [
         ([256, 64, 1, 1], 56),
@@ -367,10 +367,18 @@ fn dense_relu_networks_run_in_kiln_on_avx2() {
         let (g, c) = relu_convs(&sized(&resnet));
         let (_, left, why) = convs_left(&g, &c, Target::Avx2);
         assert!(left.is_empty(), "{left:?}: {why}");
-        // No Winograd in the AVX-512 kernels: ResNet-50 ran slower than ORT.
+        // AVX-512 needs 60%: ResNet-50 ran slower than ORT on an Emerald Rapids.
         let (convs, left, why) = convs_left(&g, &c, Target::Avx512);
         assert_eq!(left, convs);
-        assert!(why.contains("where ORT fuses their activations"), "{why}");
+        assert!(why.contains("needs 60%") && why.contains("force_ops=Conv"), "{why}");
+        // VGG-like: all of it dense.
+        let (g, c) = relu_convs(&sized(&[([64, 64, 3, 3], 56), ([128, 64, 3, 3], 28)]));
+        for target in [Target::Avx2, Target::Avx512] {
+            let (_, left, why) = convs_left(&g, &c, target);
+            assert!(left.is_empty(), "{target}: {left:?}: {why}");
+        }
+        let (convs, left, _) = convs_left(&g, &c, Target::Generic);
+        assert_eq!(left, convs);
         for net in [&mobile[..], &stem[..]] {
             let (g, c) = relu_convs(&sized(net));
             let (convs, left, why) = convs_left(&g, &c, Target::Avx2);
