@@ -86,7 +86,7 @@ __all__ = [
 ]
 
 #: The EP options kiln reads (``src/ep/options.rs``); see docs/options.md.
-OPTION_KEYS = ("target", "disabled_ops", "claim", "force_ops", "context_storage", "shape_cache")
+OPTION_KEYS = ("target", "disabled_ops", "claim", "force_ops", "context_storage", "shape_cache", "winograd")
 #: Session config entries kiln reads, each ``0`` or ``1``.
 SESSION_FLAGS = ("ep.context_enable", "ep.context_embed_mode", "ep.share_ep_contexts",
                  "ep.stop_share_ep_contexts", "session.compile_only")
@@ -333,7 +333,7 @@ def session_options(options: Optional[Mapping[str, str]] = None, *, device=None,
     """A ``SessionOptions`` with kiln appended (``add_provider_for_devices``).
 
     ``options``: kiln's EP options (``target``, ``disabled_ops``, ``claim``,
-    ``force_ops``, ``context_storage``, ``shape_cache``; docs/options.md), checked
+    ``force_ops``, ``context_storage``, ``shape_cache``, ``winograd``; docs/options.md), checked
     by kiln's own parser first (:func:`check_options`): a bad key or value raises
     :class:`KilnOptionError` here. ``device``: a kiln ``OrtEpDevice``; default
     :func:`device_for` ``(target)``, which registers kiln if needed. ``config``:
@@ -356,8 +356,8 @@ def create_session(model, device=None, options: Optional[Dict[str, str]] = None,
                    sess_options: Optional["ort.SessionOptions"] = None, **kwargs) -> "ort.InferenceSession":
     """An InferenceSession on a kiln device (default: :func:`host_device`).
 
-    ``options`` are kiln's EP options (``target``, ``disabled_ops``, ``context_storage``,
-    ``shape_cache``; see docs/options.md). Unlike a
+    ``options`` are kiln's EP options (``target``, ``disabled_ops``, ``claim``, ``force_ops``,
+    ``context_storage``, ``shape_cache``, ``winograd``; see docs/options.md). Unlike a
     plain ``ort.InferenceSession``, errors from kiln are raised: ORT's Python
     wrapper otherwise catches a failed EP creation (e.g. a bad option), prints
     "EP Error ... Falling back" and silently runs everything on the CPU EP.

@@ -286,9 +286,9 @@ def test_devices(installed):
     for t in TARGETS:
         assert f"target={t}" in text
     assert "this CPU: sse2" in text and "best kiln target x86_64-" in text
-    for key in ("target", "disabled_ops", "claim", "force_ops", "context_storage", "shape_cache"):
+    for key in ("target", "disabled_ops", "claim", "force_ops", "context_storage", "shape_cache", "winograd"):
         assert f"  {key} " in text
-    assert "cost, all" in text and "map, copy" in text
+    assert "cost, all" in text and "map, copy" in text and "on, off" in text
     d = json.loads(ok(kiln(installed, "devices", "--json")).stdout)
     assert d["library"].startswith(installed.site)
     assert sorted(x["target"] for x in d["devices"]) == sorted(TARGETS)

@@ -577,3 +577,38 @@ def test_winograd_convolutions_match_the_cpu_ep(threads, tmp_path, kiln_dev):
         assert "Conv+Bias x1" in notes, notes
     else:
         assert "Winograd" not in notes, notes
+
+
+@pytest.mark.skipif(tu.host_target() not in ("x86_64-avx2", "x86_64-avx512"),
+                    reason="the generic target runs no convolution as Winograd's, so there is nothing to turn off")
+def test_winograd_off_keeps_the_direct_convolution(tmp_path, kiln_dev):
+    """`winograd=off` compiles every 3x3 convolution direct: no Winograd step in a static
+    partition's notes, and a shape-generic partition compiled with it into an EPContext model
+    keeps the choice when loaded without the option (GenericInfo.no_winograd): its outputs are
+    bit for bit those of the static direct compile, which Winograd's roundings are not."""
+    off = {**CLAIM_ALL, "winograd": "off"}
+    static = _save(_winograd_model([1, 64, 16, 16]), tmp_path, "static")
+    feeds = {"x": _rand((1, 64, 16, 16), 90)}
+    notes, outs = {}, {}
+    for name, opts in (("on", CLAIM_ALL), ("off", off)):
+        data = tu.compile_model(static, kiln_dev, embed=True, to="bytes", options=opts)
+        notes[name] = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+        ctx = tmp_path / f"static_{name}_ctx.onnx"
+        ctx.write_bytes(data)
+        (outs[name],) = tu.run_fully_on_kiln(str(ctx), kiln_dev, feeds, options=CLAIM_ALL).outputs
+    assert "(Winograd)" in notes["on"], notes["on"]
+    assert "Winograd" not in notes["off"] and "Conv+Bias+Relu x1" in notes["off"], notes["off"]
+
+    generic = _save(_winograd_model(["n", 64, "h", "w"]), tmp_path, "generic")
+    ctx = tmp_path / "generic_off_ctx.onnx"
+    data = tu.compile_model(generic, kiln_dev, embed=True, to="bytes", options=off)
+    generic_notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    assert "shape-generic" in generic_notes and "; winograd off" in generic_notes, generic_notes
+    ctx.write_bytes(data)
+    (loaded,) = tu.run_fully_on_kiln(str(ctx), kiln_dev, feeds, options=CLAIM_ALL).outputs
+    (plain,) = tu.run_fully_on_kiln(generic, kiln_dev, feeds, options=CLAIM_ALL).outputs
+    np.testing.assert_array_equal(loaded, outs["off"])
+    np.testing.assert_array_equal(plain, outs["on"])
+    assert not np.array_equal(outs["on"], outs["off"])
+    _, (want,) = tu.run_cpu(generic, feeds)
+    np.testing.assert_allclose(loaded, want, rtol=RTOL, atol=ATOL)

@@ -239,6 +239,7 @@ fn fused_on(g: &Graph, passes: Passes, ins: &[Vec<f32>]) -> usize {
             layout: false,
             epilogue: false,
             chain: false,
+            winograd: true,
         },
     )
     .unwrap();

@@ -12,6 +12,7 @@ const NO_PASSES: Passes = Passes {
     layout: false,
     epilogue: false,
     chain: false,
+    winograd: true,
 };
 
 fn axis(input: usize, kernel: usize, pad: usize) -> Axis {

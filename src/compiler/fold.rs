@@ -111,7 +111,7 @@ pub fn eval_op(op: &Op, inputs: &[&Tensor], outputs: &[TensorType]) -> Result<Ve
     m.add_node("fold", op.clone(), ins, outs.clone());
     m.outputs = outs.clone();
     m.validate()?;
-    let program = lower::lower(&m, Target::Generic, &alias::fold_aliases(&m), None)?;
+    let program = lower::lower(&m, Target::Generic, &alias::fold_aliases(&m), None, false)?;
     let mut results: Vec<Tensor> = outputs.iter().map(|ty| Tensor::filled(ty, 0.0)).collect();
     let mut views: Vec<TensorMut<'_>> = results
         .iter_mut()

@@ -62,6 +62,9 @@ pub struct GenericGraph {
     pub constants: Vec<NamedConstant>,
     pub packed: Vec<PackedConstant>,
     pub target: Target,
+    /// Whether its specialisations may run 3×3 convolutions as Winograd's
+    /// (the `winograd` option when it was compiled).
+    pub winograd: bool,
 }
 
 /// GEMM weights packed ahead of lowering, found again by the identity of
@@ -168,6 +171,7 @@ impl GenericGraph {
             constants,
             packed,
             target,
+            winograd: true,
         })
     }
 
@@ -448,7 +452,7 @@ impl Specializer {
         }
         let source = Source { g, index: &self.index };
         let ir = crate::compiler::import(&desc, &source)?;
-        let mut p = super::compile_with_packs(&ir, g.target, &self.packs)?;
+        let mut p = super::compile_with_packs(&ir, g.target, &self.packs, g.winograd)?;
         p.share_scratch(self.scratch.clone());
         Ok(p)
     }
@@ -557,7 +561,8 @@ impl GenericGraph {
 
     /// One line for logs, EPContext notes and tools, e.g. `shape-generic for
     /// x86_64-avx2 over batch, seq; ops MatMul x1, Relu x1; 2 nodes; 1
-    /// constant(s) of 64 bytes; 1 packed weight(s) of 128 bytes`.
+    /// constant(s) of 64 bytes; 1 packed weight(s) of 128 bytes`, and
+    /// `; winograd off` if compiled so.
     pub fn summary(&self) -> String {
         let mut symbols: Vec<String> = Vec::new();
         for name in &self.desc.inputs {
@@ -576,7 +581,7 @@ impl GenericGraph {
         }
         let ops: Vec<String> = ops.iter().map(|(op, n)| format!("{op} x{n}")).collect();
         format!(
-            "shape-generic for {} over {}; ops {}; {} nodes; {} constant(s) of {} bytes; {} packed weight(s) of {} bytes",
+            "shape-generic for {} over {}; ops {}; {} nodes; {} constant(s) of {} bytes; {} packed weight(s) of {} bytes{}",
             self.target,
             if symbols.is_empty() {
                 "no dims".to_string()
@@ -589,6 +594,7 @@ impl GenericGraph {
             self.constants.iter().map(|c| c.data.byte_len()).sum::<usize>(),
             self.packed.len(),
             self.packed.iter().map(|p| p.data.byte_len()).sum::<usize>(),
+            if self.winograd { "" } else { "; winograd off" },
         )
     }
 

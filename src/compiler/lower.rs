@@ -62,7 +62,13 @@ struct ConcatSlice {
 }
 
 /// Builds the program for a validated, optimised graph.
-pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded, packs: Option<&PackedWeights>) -> Result<Program> {
+pub(crate) fn lower(
+    graph: &Graph,
+    target: Target,
+    folded: &Folded,
+    packs: Option<&PackedWeights>,
+    winograd: bool,
+) -> Result<Program> {
     let mut homes = vec![None; graph.values.len()];
     let copies = assign_io_homes(graph, &folded.rep, &mut homes);
     let (slices, filled) = concat_slices(graph, folded, &homes, target);
@@ -72,6 +78,7 @@ pub(crate) fn lower(graph: &Graph, target: Target, folded: &Folded, packs: Optio
     let mut ctx = Lowering {
         graph,
         target,
+        allow_winograd: winograd,
         homes: &homes,
         filled: &filled,
         rep: &folded.rep,
@@ -364,6 +371,8 @@ fn is_depthwise(ci: usize, groups: usize, w: &[usize]) -> bool {
 struct Lowering<'g> {
     graph: &'g Graph,
     target: Target,
+    /// Whether convolutions may run as Winograd's (the `winograd` option).
+    allow_winograd: bool,
     /// Outputs of the convolutions that run as Winograd's (the op counts say so).
     winograd: HashSet<ValueId>,
     homes: &'g [Option<Home>],
@@ -930,7 +939,7 @@ impl Lowering<'_> {
             .cloned()
             .ok_or_else(|| internal("Conv weights are not a constant"))?;
         let (g, taps) = (attrs.groups, attrs.window.taps());
-        let weights = if winograd::pays(self.target, &attrs.window, ci, co, g) {
+        let weights = if self.allow_winograd && winograd::pays(self.target, &attrs.window, ci, co, g) {
             let (target, m) = (self.target, winograd::tile_size(&attrs.window));
             let make = || -> Result<Vec<Weight>> {
                 let packs = winograd::pack(target, w.as_slice(), co, ci, m)?;

@@ -74,6 +74,9 @@ pub struct Passes {
     pub epilogue: bool,
     /// Elementwise chains into one op ([`chain`]).
     pub chain: bool,
+    /// 3×3 convolutions as Winograd's where `kernels::winograd::pays` says
+    /// so (the `winograd` option; off keeps the direct convolution's roundings).
+    pub winograd: bool,
 }
 
 impl Default for Passes {
@@ -84,6 +87,7 @@ impl Default for Passes {
             layout: true,
             epilogue: true,
             chain: true,
+            winograd: true,
         }
     }
 }
@@ -99,9 +103,14 @@ pub fn compile_with(graph: &Graph, target: Target, passes: Passes) -> Result<Pro
     compile_impl(graph, target, passes, None)
 }
 
-/// [`compile`] reusing GEMM weights packed beforehand (see [`generic`]).
-pub fn compile_with_packs(graph: &Graph, target: Target, packs: &PackedWeights) -> Result<Program> {
-    compile_impl(graph, target, Passes::default(), Some(packs))
+/// [`compile`] reusing GEMM weights packed beforehand (see [`generic`]),
+/// with or without Winograd convolutions.
+pub fn compile_with_packs(graph: &Graph, target: Target, packs: &PackedWeights, winograd: bool) -> Result<Program> {
+    let passes = Passes {
+        winograd,
+        ..Passes::default()
+    };
+    compile_impl(graph, target, passes, Some(packs))
 }
 
 fn compile_impl(graph: &Graph, target: Target, passes: Passes, packs: Option<&PackedWeights>) -> Result<Program> {
@@ -109,7 +118,7 @@ fn compile_impl(graph: &Graph, target: Target, passes: Passes, packs: Option<&Pa
     let ctx = |e: crate::error::Error| e.context(format_args!("graph '{}'", graph.name));
     let g = optimise(graph, passes).map_err(ctx)?;
     let folded = alias::fold_aliases(&g);
-    lower::lower(&g, target, &folded, packs).map_err(ctx)
+    lower::lower(&g, target, &folded, packs, passes.winograd).map_err(ctx)
 }
 
 /// The graph after the IR passes (before lowering).

@@ -100,6 +100,7 @@ const NO_PASSES: Passes = Passes {
     layout: false,
     epilogue: false,
     chain: false,
+    winograd: true,
 };
 
 /// Compiles with and without the optional passes on every runnable target

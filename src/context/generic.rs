@@ -54,6 +54,7 @@ pub(crate) fn generic_info(g: &GenericGraph, constant_ids: &[u32], packed_ids: &
                 conv_group: p.conv_group.map(|g| g as u64),
             })
             .collect(),
+        no_winograd: !g.winograd,
     }
 }
 
@@ -120,6 +121,7 @@ pub(crate) fn generic_graph(info: &proto::GenericInfo, target: Target, weights: 
         constants,
         packed,
         target,
+        winograd: !info.no_winograd,
     };
     check_weights(&g)?;
     Ok(g)

@@ -78,6 +78,7 @@ pub(super) fn generic_of(d: &D, target: Target, symbolic: bool) -> GenericGraph 
         constants,
         packed,
         target,
+        winograd: true,
     }
 }
 
@@ -89,7 +90,7 @@ pub(super) fn assert_same_desc(got: &GraphDesc, want: &GraphDesc) {
 }
 
 pub(super) fn assert_same_generic(got: &GenericGraph, want: &GenericGraph) {
-    assert_eq!(got.target, want.target);
+    assert_eq!((got.target, got.winograd), (want.target, want.winograd));
     assert_same_desc(&got.desc, &want.desc);
     assert_eq!(got.constants.len(), want.constants.len());
     for (g, w) in got.constants.iter().zip(&want.constants) {
@@ -151,7 +152,12 @@ fn generic_graphs_round_trip_beside_programs() {
             fused_layernorm: false,
         });
         let want_bert = generic_of(&bert, target, true);
-        let want_odd = GenericGraph { target, ..odd_desc() };
+        // "odd" was compiled with winograd=off (the record's no_winograd).
+        let want_odd = GenericGraph {
+            target,
+            winograd: false,
+            ..odd_desc()
+        };
         let want_odd = GenericGraph {
             packed: generic_of(&mlp(), target, true).packed,
             ..want_odd
@@ -188,6 +194,11 @@ fn generic_graphs_round_trip_beside_programs() {
             "{text}"
         );
         assert!(text.contains("MatMul x"), "{text}");
+        assert_eq!(
+            text.matches("; winograd off").count(),
+            1,
+            "only 'odd' was compiled so: {text}"
+        );
     }
 }
 

@@ -330,6 +330,8 @@ fn generic_graph(desc: GraphDesc, weights: &[RandomWeight], target: Target) -> G
         constants,
         packed,
         target,
+        // Both values of the option, as the drawn weights fall.
+        winograd: weights.len().is_multiple_of(2),
     }
 }
 

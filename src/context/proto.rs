@@ -95,6 +95,11 @@ pub struct GenericInfo {
     pub constants: Vec<NamedWeight>,
     #[prost(message, repeated, tag = "6")]
     pub packed: Vec<PackedWeight>,
+    /// Compiled with the `winograd=off` option: specialisations keep the
+    /// direct convolution. Absent (false) before; readers that predate it
+    /// ignore it and use Winograd where it pays.
+    #[prost(bool, tag = "7")]
+    pub no_winograd: bool,
 }
 
 /// An ONNX node (`ir::NodeDesc`).

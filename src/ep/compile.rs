@@ -230,7 +230,12 @@ fn compile_graph(ep: &KilnEp, graph: Graph<'_>, fused: Node<'_>) -> Result<Execu
         return Ok(exe);
     }
     let ir = compiler::import(&desc, &constants).map_err(context)?;
-    let program = compiler::compile(&ir, ep.target).map_err(|e| e.context(format!("compiling '{name}'")))?;
+    let passes = compiler::Passes {
+        winograd: ep.config.kiln.winograd,
+        ..compiler::Passes::default()
+    };
+    let program =
+        compiler::compile_with(&ir, ep.target, passes).map_err(|e| e.context(format!("compiling '{name}'")))?;
     stats::partition_compiled(nodes.len());
     ep.logger.info(|| {
         format!(
@@ -263,7 +268,8 @@ fn compile_generic(
             node.name, node.op_type
         )));
     }
-    let generic = GenericGraph::build(desc, constants, ep.target)?;
+    let mut generic = GenericGraph::build(desc, constants, ep.target)?;
+    generic.winograd = ep.config.kiln.winograd;
     ep.logger.info(|| {
         format!(
             "compiled partition '{name}' ({nodes} nodes) for {}: {}",

@@ -12,7 +12,7 @@ pub const OPTION_PREFIX: &str = "ep.kilnexecutionprovider.";
 
 /// kiln's options, as a user passes them to `add_provider_for_devices` or
 /// `SessionOptionsAppendExecutionProvider_V2`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KilnOptions {
     /// Compile for this target instead of the selected device's.
     pub target: Option<Target>,
@@ -28,6 +28,38 @@ pub struct KilnOptions {
     /// How many input shape signatures each shape-generic partition keeps a
     /// program for (`None`: the default, 8).
     pub shape_cache: Option<usize>,
+    /// Whether 3×3 convolutions may run as Winograd's (`winograd`, default
+    /// on): off keeps the direct convolution's roundings, at its speed.
+    pub winograd: bool,
+}
+
+impl Default for KilnOptions {
+    fn default() -> Self {
+        KilnOptions {
+            target: None,
+            disabled_ops: Vec::new(),
+            claim: ClaimPolicy::default(),
+            force_ops: Vec::new(),
+            context_storage: ContextStorage::default(),
+            shape_cache: None,
+            winograd: true,
+        }
+    }
+}
+
+/// `winograd`'s values.
+const ON_OFF: [&str; 2] = ["on", "off"];
+
+fn parse_on_off(value: &str) -> Option<bool> {
+    match value.trim() {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    }
+}
+
+fn on_off() -> String {
+    ON_OFF.join(", ")
 }
 
 /// The largest `shape_cache` kiln accepts.
@@ -111,6 +143,10 @@ pub const OPTIONS: &[OptionSpec] = &[
         key: "shape_cache",
         accepts: shape_cache_values,
     },
+    OptionSpec {
+        key: "winograd",
+        accepts: on_off,
+    },
 ];
 
 fn shape_cache_values() -> String {
@@ -171,6 +207,7 @@ impl KilnOptions {
                 "shape_cache" => {
                     options.shape_cache = Some(parse_shape_cache(value).ok_or_else(|| bad_value(name, value))?)
                 }
+                "winograd" => options.winograd = parse_on_off(value).ok_or_else(|| bad_value(name, value))?,
                 _ => return Err(unknown_option(name)),
             }
         }
@@ -264,6 +301,20 @@ mod tests {
         let c = parse(&[]).unwrap();
         assert_eq!(c.kiln, KilnOptions::default());
         assert!(c.context.embed_mode && !c.context.enable && !c.compile_only);
+    }
+
+    #[test]
+    fn winograd_is_on_unless_turned_off() {
+        assert!(parse(&[]).unwrap().kiln.winograd);
+        let on = parse(&[("ep.kilnexecutionprovider.winograd", " on ")]).unwrap();
+        let off = parse(&[("ep.kilnexecutionprovider.winograd", "off")]).unwrap();
+        assert!(on.kiln.winograd && !off.kiln.winograd);
+        let e = parse(&[("ep.kilnexecutionprovider.winograd", "0")]).unwrap_err();
+        assert!(
+            e.message.contains("'winograd'") && e.message.contains("accepted values: on, off"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
