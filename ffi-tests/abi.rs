@@ -323,6 +323,7 @@ fn cdylib_exports_only_kiln_symbols() {
         "ReleaseEpFactory",
         "kiln_ep_check_options",
         "kiln_ep_inspect_context",
+        "kiln_ep_last_left_out",
         "kiln_ep_stats",
     ]
     .into_iter()

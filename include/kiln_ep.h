@@ -85,6 +85,18 @@ OrtStatus *ReleaseEpFactory(OrtEpFactory *factory);
 // `out` must be NULL or point to `out_size` writable bytes.
 size_t kiln_ep_stats(struct KilnStats *out, size_t out_size);
 
+// What the last GetCapability that ran on the calling thread left to
+// other EPs, summed up by op type and reason as kiln's INFO log line does
+// (`"12 x Conv: left to ORT by the cost rule: ..."`, pairs joined by
+// `"; "`); empty when it left nothing or none ran on this thread. ORT runs
+// GetCapability on the thread that creates or compiles a session, so a
+// caller asks on that thread after it. Writes into `out` as `snprintf`
+// does and returns the summary's full length.
+//
+// # Safety
+// `out` must be NULL or point to `out_size` writable bytes.
+size_t kiln_ep_last_left_out(char *out, size_t out_size);
+
 // Describes a kiln context binary (`<model>_kiln.bin`, or the bytes of an
 // embedded EPContext node) as one JSON object, read by kiln's own context
 // reader: format version, kiln version, target, graphs, weights, whether the

@@ -1,6 +1,7 @@
 //! Process-wide counters of what kiln did, readable from C, Python (ctypes)
 //! and tests through the exported `kiln_ep_stats`: proof that kiln, not the
-//! CPU EP, ran a model.
+//! CPU EP, ran a model. Also, per thread, what the last GetCapability left to
+//! other EPs and why (`kiln_ep_last_left_out`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -164,4 +165,24 @@ pub fn snapshot() -> KilnStats {
         pool_rendezvous: RENDEZVOUS.load(Ordering::Relaxed),
         pool_rendezvous_joined: RENDEZVOUS_JOINED.load(Ordering::Relaxed),
     }
+}
+
+thread_local! {
+    /// What the last GetCapability on this thread left to other EPs, summed
+    /// up by op and reason (see [`set_left_out`]).
+    static LEFT_OUT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Records GetCapability's summary of the nodes it left to other EPs
+/// (`"3 x Conv: reason; 1 x Relu: reason"`, empty for none) for
+/// [`left_out`]. Per thread: ORT runs GetCapability on the thread that
+/// creates (or compiles) the session, so concurrent sessions on other
+/// threads do not overwrite a caller's answer.
+pub fn set_left_out(summary: String) {
+    LEFT_OUT.with(|s| *s.borrow_mut() = summary);
+}
+
+/// The summary [`set_left_out`] last recorded on this thread.
+pub fn left_out() -> String {
+    LEFT_OUT.with(|s| s.borrow().clone())
 }

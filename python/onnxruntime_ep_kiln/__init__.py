@@ -83,6 +83,7 @@ __all__ = [
     "device_target",
     "is_virtual",
     "stats",
+    "last_left_out",
 ]
 
 #: The EP options kiln reads (``src/ep/options.rs``); see docs/options.md.
@@ -411,6 +412,15 @@ def _library_in_use() -> str:
     with _lock:
         paths = list(_registered.values())
     return paths[-1] if paths else get_library_path()
+
+
+def last_left_out(library_path: Optional[str] = None) -> str:
+    """What kiln's last GetCapability on this thread left to other EPs, by op type and reason,
+    as its INFO log line sums it up: ``"12 x Conv: left to ORT by the cost rule: ..."``, pairs
+    joined by ``"; "``; empty when it left nothing. ORT runs GetCapability on the thread that
+    creates or compiles a session, so ask right after that, on the same thread."""
+    from . import _native
+    return _native.last_left_out(os.path.abspath(library_path or _library_in_use()))
 
 
 def _stats_function(path: str):

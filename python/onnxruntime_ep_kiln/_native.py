@@ -64,3 +64,18 @@ def inspect_context(path: str, *, file: Optional[str] = None, data: Optional[byt
             break
         size = n + 1  # the JSON did not fit: ask again with room for all of it
     return json.loads(out.raw[:n].decode("utf-8"))
+
+
+def last_left_out(path: str) -> str:
+    """``kiln_ep_last_left_out``: what the last GetCapability on this thread left to other EPs,
+    by op type and reason (``"12 x Conv: left to ORT by the cost rule: ..."``); empty if nothing."""
+    fn = _export(path, "kiln_ep_last_left_out")
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_size_t
+    size = 4096
+    while True:
+        out = ctypes.create_string_buffer(size)
+        n = fn(out, size)
+        if n < size:
+            return out.raw[:n].decode("utf-8", "replace")
+        size = n + 1

@@ -235,9 +235,10 @@ def _compile_each(models, outputs, tmp, dev, embed, options, config, prefix, res
         _compile_one(m, tmp_out, dev, embed=embed, options=options, config=cfg)
         parts = _delta(before, "partitions_compiled")
         if parts == 0:
-            raise kiln.KilnError(f"kiln compiled nothing from '{m}': none of its nodes is one kiln claims "
-                                 "(`kiln --verbose compile` logs why it left each node; see `kiln devices` for the "
-                                 "options; claim=all claims every node kiln can run)")
+            why = kiln.last_left_out()
+            raise kiln.KilnError(f"kiln compiled nothing from '{m}': none of its nodes is one kiln claims"
+                                 f"{' (' + why + ')' if why else ''}; see `kiln devices` for the options "
+                                 "(claim=all claims every node kiln can run)")
         result.bytes_shared += _delta(before, "context_bytes_deduplicated")
         result.models.append(CompiledModel(m, tmp_out, os.path.getsize(tmp_out), parts,
                                            _delta(before, "nodes_compiled"), time.perf_counter() - t0))

@@ -6,6 +6,7 @@ into its own Conv/GEMM stay with ORT; ``force_ops`` and ``claim=all`` override.
 
 Each case runs against the real runtime: ORT's assignment info says who ran
 what, outputs are compared with the CPU EP alone."""
+import ctypes
 import os
 import subprocess
 import sys
@@ -80,13 +81,27 @@ def test_elementwise_graph_is_left_to_ort_by_default(kiln_dev, tmp_path):
 
 
 def test_the_default_is_the_cost_rule(kiln_dev, tmp_path):
-    """Without any option (not even the tests' claim=all) the rule applies."""
+    """Without any option (not even the tests' claim=all) the rule applies, and
+    kiln.last_left_out() (the C export kiln_ep_last_left_out) says why, per op type;
+    after a session kiln claims whole, it is empty."""
     so = ort.SessionOptions()
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     so.add_provider_for_devices([kiln_dev], {})
-    sess = ort.InferenceSession(elementwise_model(tmp_path), so, enable_fallback=0)
+    path = elementwise_model(tmp_path)
+    sess = ort.InferenceSession(path, so, enable_fallback=0)
     on_kiln = [n for sg in sess.get_provider_graph_assignment_info() if sg.ep_name == KILN for n in sg.get_nodes()]
     assert on_kiln == []
+    why = kiln.last_left_out()
+    for op in ("Add", "Relu", "Tanh"):
+        assert f"1 x {op}: left to ORT by the cost rule: " in why, why
+    # The export copies as snprintf does: a short buffer gets a NUL-terminated prefix and the full length.
+    export = kiln._native.cdll(kiln._library_in_use()).kiln_ep_last_left_out
+    export.restype = ctypes.c_size_t
+    short = ctypes.create_string_buffer(b"\xff" * 8)
+    assert export(short, ctypes.c_size_t(8)) == len(why.encode())
+    assert short.raw[:8] == why.encode()[:7] + b"\0"  # the 9th byte is the buffer's own NUL
+    tu.check_against_cpu(path, kiln_dev, options={"claim": "all"})
+    assert kiln.last_left_out() == ""
 
 
 def test_a_matmul_block_over_a_symbolic_sequence_is_claimed_whole(kiln_dev, tmp_path):
@@ -336,6 +351,6 @@ def test_dense_rule_follows_the_compile_target(tmp_path):
     for target in ("x86_64-avx2", "x86_64-avx512"):
         assert_all_in_kiln(*compile_for(tmp_path, dense, target), dense)
     assert_all_in_kiln(*compile_for(tmp_path, mixed, "x86_64-avx2"), mixed)
-    p, out = compile_for(tmp_path, mixed, "x86_64-avx512", "--verbose")
+    p, out = compile_for(tmp_path, mixed, "x86_64-avx512")
     assert_nothing_compiled(p, out)
     assert "(56% of their multiply-adds in dense k×k convolutions, kiln needs 60%" in p.stdout + p.stderr

@@ -189,8 +189,8 @@ fn agreed_partitions(
     }
 }
 
-/// One INFO line summing up what kiln left to other EPs and why; the
-/// details per node at VERBOSE.
+/// One INFO line summing up what kiln left to other EPs and why (also kept
+/// for `kiln_ep_last_left_out`); the details per node at VERBOSE.
 fn log_left_out(ep: &KilnEp, nodes: &[Node<'_>], verdicts: &[std::result::Result<(), String>], is_context: &[bool]) {
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     for ((node, verdict), &ctx) in nodes.iter().zip(verdicts).zip(is_context) {
@@ -201,13 +201,12 @@ fn log_left_out(ep: &KilnEp, nodes: &[Node<'_>], verdicts: &[std::result::Result
             *reasons.entry(format!("{op}: {reason}")).or_default() += 1;
         }
     }
-    if reasons.is_empty() {
-        return;
+    let parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} x {r}")).collect();
+    let summary = parts.join("; ");
+    if !summary.is_empty() {
+        ep.logger.info(|| format!("nodes left to other EPs: {summary}"));
     }
-    ep.logger.info(|| {
-        let parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} x {r}")).collect();
-        format!("nodes left to other EPs: {}", parts.join("; "))
-    });
+    crate::stats::set_left_out(summary);
 }
 
 /// kiln claims an EPContext node only when its `source` names kiln; other

@@ -102,6 +102,23 @@ pub unsafe extern "C" fn kiln_ep_stats(out: *mut KilnStats, out_size: usize) -> 
     size
 }
 
+/// What the last GetCapability that ran on the calling thread left to
+/// other EPs, summed up by op type and reason as kiln's INFO log line does
+/// (`"12 x Conv: left to ORT by the cost rule: ..."`, pairs joined by
+/// `"; "`); empty when it left nothing or none ran on this thread. ORT runs
+/// GetCapability on the thread that creates or compiles a session, so a
+/// caller asks on that thread after it. Writes into `out` as `snprintf`
+/// does and returns the summary's full length.
+///
+/// # Safety
+/// `out` must be NULL or point to `out_size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_ep_last_left_out(out: *mut c_char, out_size: usize) -> usize {
+    let summary = stats::left_out();
+    // SAFETY: `out` is NULL or has `out_size` writable bytes (contract).
+    unsafe { write_text(&summary, out, out_size) }
+}
+
 /// Copies `text` into `out` like `snprintf`: at most `out_size - 1` bytes and
 /// a NUL (nothing when `out` is NULL or `out_size` is 0); returns the full
 /// length of `text` in bytes, so a caller whose buffer was too small retries
