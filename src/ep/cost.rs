@@ -85,7 +85,9 @@ const MIN_DENSE_SHARE: f64 = 0.3;
 /// ran at 0.46–0.79× the CPU EP (Inception v1/v2, AlexNet, ZFNet, VGG-19),
 /// ResNet-50 and DenseNet-121 (0.45, 0.44) at 0.86–0.94×, but SqueezeNet
 /// (0.54) at 1.01–1.07×, and on an Emerald Rapids (before AVX-512 had
-/// Winograd) ResNet-50 at 1.14–1.21× and SqueezeNet at 1.04–1.12×.
+/// Winograd) ResNet-50 at 1.14–1.21× and SqueezeNet at 1.04–1.12×. A Zen 4
+/// agreed: ResNet-50 0.90–0.93×, SqueezeNet 0.99–1.12× forced, Inception v1
+/// and AlexNet 0.62–0.76× claimed by this rule.
 const MIN_DENSE_SHARE_AVX512: f64 = 0.6;
 /// Input channels per group from which a k×k convolution counts as dense:
 /// AlexNet's two groups of 48–192, not depthwise or ShuffleNet's few.
@@ -378,7 +380,7 @@ impl<'a> CostRule<'a> {
             // One wording for every such partition, so the INFO summary counts them together.
             let why = format!(
                 "left to ORT by the cost rule: its partition has no work kiln runs faster than ORT \
-                 (a MatMul/Gemm with a constant weight of {MIN_COLS}+ columns over {MIN_ROWS}+ rows, a Conv with a constant weight, LSTM or GRU of hidden size {MIN_RECURRENT_HIDDEN}+)"
+                 (a MatMul/Gemm with a constant weight of {MIN_COLS}+ columns over {MIN_ROWS}+ rows, the convolutions of a gated or mostly dense network, LSTM or GRU of hidden size {MIN_RECURRENT_HIDDEN}+)"
             );
             out.extend(part.iter().map(|&i| (i, why.clone())));
         }
