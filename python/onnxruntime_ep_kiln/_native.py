@@ -56,14 +56,19 @@ def inspect_context(path: str, *, file: Optional[str] = None, data: Optional[byt
     fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
     fn.restype = ctypes.c_size_t
     c_path = os.fsencode(file) if file is not None else None
+    return json.loads(_text(lambda out, size: fn(c_path, data, len(data) if data is not None else 0, out, size)))
+
+
+def _text(write) -> str:
+    """The text an export copies as ``snprintf`` does: ``write(buffer, size)`` returns the
+    text's full length, so a buffer too small is replaced by one with room for all of it."""
     size = 4096
     while True:
         out = ctypes.create_string_buffer(size)
-        n = fn(c_path, data, len(data) if data is not None else 0, out, size)
+        n = write(out, size)
         if n < size:
-            break
-        size = n + 1  # the JSON did not fit: ask again with room for all of it
-    return json.loads(out.raw[:n].decode("utf-8"))
+            return out.raw[:n].decode("utf-8")
+        size = n + 1
 
 
 def last_left_out(path: str) -> str:
@@ -72,10 +77,4 @@ def last_left_out(path: str) -> str:
     fn = _export(path, "kiln_ep_last_left_out")
     fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     fn.restype = ctypes.c_size_t
-    size = 4096
-    while True:
-        out = ctypes.create_string_buffer(size)
-        n = fn(out, size)
-        if n < size:
-            return out.raw[:n].decode("utf-8", "replace")
-        size = n + 1
+    return _text(fn)

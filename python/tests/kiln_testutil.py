@@ -429,12 +429,16 @@ def ep_context_nodes(model) -> list:
     return [n for n in m.graph.node if n.op_type == "EPContext"]
 
 
-def compiled_notes(model, device, options=None) -> List[str]:
-    """The ``notes`` of each EPContext node kiln compiles ``model`` (path or bytes)
-    into through the compile API, e.g. "MatMul+Bias x2, Chain(Mul+Add) x1; 3 steps; ..."."""
-    data = compile_model(model, device, embed=True, to="bytes", options=options)
-    notes = [attrs_of(n).get("notes", b"") for n in ep_context_nodes(data)]
+def notes_of(model) -> List[str]:
+    """The ``notes`` of each EPContext node of a compiled model (path, bytes or ModelProto),
+    e.g. "MatMul+Bias x2, Chain(Mul+Add) x1; 3 steps; ..."."""
+    notes = [attrs_of(n).get("notes", b"") for n in ep_context_nodes(model)]
     return [x.decode() if isinstance(x, bytes) else str(x) for x in notes]
+
+
+def compiled_notes(model, device, options=None) -> List[str]:
+    """:func:`notes_of` what kiln compiles ``model`` (path or bytes) into through the compile API."""
+    return notes_of(compile_model(model, device, embed=True, to="bytes", options=options))
 
 
 def note_ops(notes: str) -> List[str]:

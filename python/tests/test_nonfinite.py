@@ -554,7 +554,7 @@ FUSED = [c for c in CASES if c.fused]
 def test_patterns_are_fused(case: Case, kiln_dev):
     """The pattern cases test kiln's fused kernels: the compiled program says so."""
     data = tu.compile_model(case.model, kiln_dev, embed=True, to="bytes")
-    notes = " | ".join(str(tu.attrs_of(n).get("notes", b""), "utf-8") for n in tu.ep_context_nodes(data))
+    notes = " | ".join(tu.notes_of(data))
     assert case.fused in notes, f"{case.name}: kiln compiled {notes!r}, expected a fused {case.fused}"
     assert "; 1 steps;" in notes, f"{case.name}: the pattern did not become one step: {notes!r}"
 

@@ -249,7 +249,7 @@ def _notes(model, dev, tmp_path):
     for v in list(static.graph.input) + list(static.graph.output):
         v.type.tensor_type.shape.dim[0].dim_value = 7
     data = tu.compile_model(static.SerializeToString(), dev, embed=True, to="bytes", options=ALL)
-    return data, " | ".join(str(tu.attrs_of(n).get("notes", b""), "utf-8") for n in tu.ep_context_nodes(data))
+    return data, " | ".join(tu.notes_of(data))
 
 
 FUSED = [("Silu", "MatMul+Bias+Silu"), ("HardSwish", "MatMul+Bias+HardSwish"),
@@ -297,7 +297,7 @@ def test_silu_alone_is_one_step(kiln_dev, tmp_path):
     _check(m, [{"x": _data(s, 40 + i)} for i, s in enumerate(SIZES)], kiln_dev, tmp_path, exact=False, atol=2.5e-6)
     static = _model(m.graph.node, [("x", [1, 3, 4, 5])], [("y", [1, 3, 4, 5])])
     data = tu.compile_model(static.SerializeToString(), kiln_dev, embed=True, to="bytes", options=ALL)
-    notes = " | ".join(str(tu.attrs_of(n).get("notes", b""), "utf-8") for n in tu.ep_context_nodes(data))
+    notes = " | ".join(tu.notes_of(data))
     assert "Silu x1; 1 steps;" in notes, notes
 
 

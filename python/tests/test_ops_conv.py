@@ -245,7 +245,7 @@ def test_activation_after_the_residual(scale_shift, act, after, fused, depthwise
     static = _fusion_model(scale_shift, act, True, depthwise, after=after, stem=True)
     path = _save(static, tmp_path, "static")
     data = tu.compile_model(path, kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
-    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    notes = " | ".join(tu.notes_of(data))
     assert fused in notes and "Add" not in notes.replace(fused, ""), notes
     ctx = os.path.join(str(tmp_path), "after_ctx.onnx")
     with open(ctx, "wb") as f:
@@ -311,7 +311,7 @@ def test_hardswish_written_with_clip_fuses(tail, tmp_path, kiln_dev):
     static = _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 9, 10])],
                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
     data = tu.compile_model(_save(static, tmp_path, "static"), kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
-    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    notes = " | ".join(tu.notes_of(data))
     assert "Conv+Bias+HardSwish x1" in notes and "Clip" not in notes, notes
 
 
@@ -375,7 +375,7 @@ def _in_place_notes(make, cin, sizes, seed, name, tmp_path, kiln_dev, threads, s
     _, want = tu.run_cpu(static, feeds[0])
     for w, a in zip(want, loaded.outputs):
         close(a, w)
-    return " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    return " | ".join(tu.notes_of(data))
 
 
 def _c2f_model(dims, shared=False):
@@ -532,7 +532,7 @@ def test_conv1d_over_h_block_is_one_step(threads, tmp_path, kiln_dev):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     static = _save(_conv1d_over_h_model([2, 37]), tmp_path, "conv1d_h_static")
     data = tu.compile_model(static, kiln_dev, embed=True, to="bytes", options=CLAIM_ALL)
-    notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    notes = " | ".join(tu.notes_of(data))
     assert "Conv+Bias+Gelu(tanh) x1" in notes and "; 1 steps;" in notes, notes
     ctx = os.path.join(str(tmp_path), "conv1d_h_ctx.onnx")
     with open(ctx, "wb") as f:
@@ -592,7 +592,7 @@ def test_winograd_off_keeps_the_direct_convolution(tmp_path, kiln_dev):
     notes, outs = {}, {}
     for name, opts in (("on", CLAIM_ALL), ("off", off)):
         data = tu.compile_model(static, kiln_dev, embed=True, to="bytes", options=opts)
-        notes[name] = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+        notes[name] = " | ".join(tu.notes_of(data))
         ctx = tmp_path / f"static_{name}_ctx.onnx"
         ctx.write_bytes(data)
         (outs[name],) = tu.run_fully_on_kiln(str(ctx), kiln_dev, feeds, options=CLAIM_ALL).outputs
@@ -602,7 +602,7 @@ def test_winograd_off_keeps_the_direct_convolution(tmp_path, kiln_dev):
     generic = _save(_winograd_model(["n", 64, "h", "w"]), tmp_path, "generic")
     ctx = tmp_path / "generic_off_ctx.onnx"
     data = tu.compile_model(generic, kiln_dev, embed=True, to="bytes", options=off)
-    generic_notes = " | ".join(str(tu.attrs_of(n).get("notes", b"")) for n in tu.ep_context_nodes(data))
+    generic_notes = " | ".join(tu.notes_of(data))
     assert "shape-generic" in generic_notes and "; winograd off" in generic_notes, generic_notes
     ctx.write_bytes(data)
     (loaded,) = tu.run_fully_on_kiln(str(ctx), kiln_dev, feeds, options=CLAIM_ALL).outputs
