@@ -13,7 +13,10 @@
 //! its per-column bias); any other mask is added, rows are normalised by the
 //! softmax row kernel, and the GEMM multiplies them by V straight into the
 //! output's columns of that head. No `[batch, heads, seq, seq]` buffer
-//! exists: at sequence 512 a block is 32 query rows.
+//! exists: at sequence 512 a block is 32 query rows. Up to
+//! [`attention_short::SHORT_KEYS`] keys, a head's two products are too small
+//! for the GEMM's fixed costs, and `attention_short`'s vector loops run the
+//! block's heads instead (the same definition, its own roundings).
 //!
 //! The numerics are those of the unfused steps (same GEMM, same softmax),
 //! so results match them to rounding.
@@ -21,6 +24,7 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
+use super::attention_short::{self, ShortBlock};
 use super::gemm::{self, Bias, Epilogue, PackedB};
 use super::parallel::{try_for_each_block, Blocks, Parallel, Serial};
 use super::Isa;
@@ -157,7 +161,7 @@ pub fn attention(
     let chunks = Blocks::new(dst.len(), shape.q_len * width, rows * width);
     // Many query blocks per batch read the same heads' K and V: pack them
     // once instead of once per block (see [`PREPACK_BLOCKS`]).
-    let packed = if per_batch >= PREPACK_BLOCKS {
+    let packed = if per_batch >= PREPACK_BLOCKS && !short_keys(shape) {
         Some(PackedHeads::pack(isa, shape, x, par)?)
     } else {
         None
@@ -306,6 +310,11 @@ fn check<'a>(shape: &AttentionShape, qkv: Qkv<'a>, mask: Option<Mask<'_>>, dst: 
     }
 }
 
+/// Whether [`attention_short`]'s loops run the heads instead of two GEMMs each.
+fn short_keys(shape: &AttentionShape) -> bool {
+    shape.kv_len <= attention_short::SHORT_KEYS
+}
+
 /// One task: query rows `row0..` (as many as `out` holds) of batch `b`, all heads.
 #[allow(clippy::too_many_arguments)]
 fn block(
@@ -318,6 +327,25 @@ fn block(
     packed: Option<&PackedHeads>,
     out: &mut [f32],
 ) -> Result<()> {
+    if short_keys(shape) {
+        let len = attention_short::scratch_len(shape);
+        let mut buf = gemm::take_scratch(&SCORES, len);
+        let scratch = &mut bytemuck::cast_slice_mut::<u8, f32>(buf.bytes_mut())[..len];
+        let blk = ShortBlock {
+            isa,
+            shape,
+            q: x.q,
+            k: x.k,
+            v: x.v,
+            ld: x.ld,
+            mask,
+            b,
+            row0,
+        };
+        super::short_heads_isa(isa, &blk, scratch, out);
+        gemm::put_scratch(&SCORES, buf);
+        return Ok(());
+    }
     let (width, n) = (shape.width(), shape.kv_len);
     let rows = out.len() / width;
     let mut buf = gemm::take_scratch(&SCORES, 2 * rows * n);
@@ -565,6 +593,47 @@ mod tests {
                 run(shape, mask);
             }
         }
+    }
+
+    #[test]
+    fn short_keys_match_the_definition() {
+        // Up to 32 keys run attention_short's loops: a whole chunk of keys,
+        // a chunk and a part, two whole ones; head sizes with a tail of
+        // columns (40, 5) and without (64); more query rows than keys, in
+        // groups of 4 and a rest; a query row alone.
+        let shapes = [
+            (2, 3, 16, 16, 32),
+            (1, 2, 24, 24, 40),
+            (2, 2, 32, 32, 64),
+            (1, 3, 37, 12, 5),
+            (3, 1, 1, 20, 16),
+        ];
+        for (batch, heads, q_len, kv_len, head_dim) in shapes {
+            let shape = AttentionShape {
+                batch,
+                heads,
+                q_len,
+                kv_len,
+                head_dim,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            };
+            assert!(short_keys(&shape), "{shape:?}");
+            for mask in [0, 1, 2] {
+                run(shape, mask);
+            }
+        }
+        let longer = AttentionShape {
+            kv_len: attention_short::SHORT_KEYS + 1,
+            ..AttentionShape {
+                batch: 1,
+                heads: 1,
+                q_len: 1,
+                kv_len: 1,
+                head_dim: 1,
+                scale: 1.0,
+            }
+        };
+        assert!(!short_keys(&longer));
     }
 
     #[test]

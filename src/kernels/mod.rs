@@ -11,6 +11,7 @@
 //! ([`gemm`]) parallelises itself.
 
 pub mod attention;
+mod attention_short;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx2;
@@ -489,6 +490,7 @@ isa_kernels! {
     // build ran SiLU at a third of a convolution's speed.
     fn activate_isa(act: gemm::Activation, row: &mut [f32]) => gemm::activate_with::<Madd>;
     fn softmax_isa(len: usize, inner: usize, shift: bool, src: &[f32], dst: &mut [f32]) => norm::softmax::<Madd>;
+    fn short_heads_isa(blk: &attention_short::ShortBlock<'_>, scratch: &mut [f32], out: &mut [f32]) => attention_short::short_heads::<Madd>;
     fn embed_rows_isa(shape: &embed::EmbedShape<'_>, terms: &[embed::Term<'_>], scale: &[f32], bias: Option<&[f32]>, first: usize, dst: &mut [f32]) => embed::embed_rows;
     fn layer_norm_isa(len: usize, epsilon: f32, decomposed: bool, src: &[f32], scale: &[f32], bias: Option<&[f32]>, dst: &mut [f32]) => norm::layer_norm;
     fn reduce_isa(kind: ReduceKind, len: usize, inner: usize, src: &[f32], dst: &mut [f32]) => norm::reduce;
