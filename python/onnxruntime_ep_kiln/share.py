@@ -240,6 +240,7 @@ def compile_group(models: Sequence[str], output_dir: str, device, *,
     written: List[str] = []
     start = stats(library_path)
     first_compiled: Optional[str] = None
+    left_out: List[str] = []  # per model kiln claimed nothing of: why (its GetCapability summary)
     err = None
     try:
         for i, m in enumerate(models):
@@ -270,6 +271,9 @@ def compile_group(models: Sequence[str], output_dir: str, device, *,
             parts = after["partitions_compiled"] - before["partitions_compiled"]
             if parts and first_compiled is None:
                 first_compiled = m
+            if not parts:
+                # ORT ran GetCapability on this thread, for this model.
+                left_out.append(f"{os.path.basename(m)}: {kiln.last_left_out(library_path) or 'no nodes'}")
             report.models.append(ModelResult(m, out, os.path.getsize(out), parts, initializer_bytes(m),
                                              after["nodes_compiled"] - before["nodes_compiled"]))
             if log:
@@ -280,7 +284,7 @@ def compile_group(models: Sequence[str], output_dir: str, device, *,
         so = None
         gc.collect()
     if err is None and first_compiled is None:
-        err = "kiln compiled nothing from any model; there is nothing to share"
+        err = f"kiln compiled nothing from any model ({'; '.join(left_out)}); there is nothing to share"
     if err is None:
         binary = os.path.join(output_dir, f"{_stem(first_compiled)}_kiln.bin")
         if not os.path.isfile(binary):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -140,7 +141,7 @@ def test_last_model_kiln_claims_nothing_still_ends_the_group(lib_path, three, tm
 
 
 @pytest.mark.parametrize("case", ["missing model", "duplicate stem", "bad option", "managed config",
-                                  "bad target", "no models", "bad library", "same model twice"])
+                                  "bad target", "no models", "bad library", "same model twice", "nothing claimed"])
 def test_error_paths(lib_path, three, tmp_path, models, case):
     out = tmp_path / "out"
     a, b = three[0]["path"], three[1]["path"]
@@ -148,6 +149,8 @@ def test_error_paths(lib_path, three, tmp_path, models, case):
     other.mkdir()
     dup = str(other / "alpha.onnx")
     tu.make_share_model(dup, 5)
+    lonely = str(other / "lonely.onnx")
+    shutil.copy(models["unsupported"], lonely)
     args, needles, status = {
         "missing model": ([a, tmp_path / "nope.onnx"], ["nope.onnx", "does not exist"], 1),
         "duplicate stem": ([a, dup], ["alpha_ctx.onnx"], 1),
@@ -157,6 +160,10 @@ def test_error_paths(lib_path, three, tmp_path, models, case):
         "no models": ([], ["models"], 2),
         "bad library": ([a, "--library", tmp_path / "libnope.so"], ["libnope.so"], 1),
         "same model twice": ([a, b, "--config", "ep.context_node_name_prefix=same_"], [], 0),
+        # the error says why, per model: what kiln's GetCapability left to ORT
+        "nothing claimed": ([models["unsupported"], lonely],
+                            ["compiled nothing from any model", "unsupported.onnx: ", "lonely.onnx: ",
+                             "1 x Atan: kiln does not implement Atan"], 1),
     }[case]
     proc = run_tool(*args, "--output-dir", out, lib=lib_path)
     if status == 0:  # one prefix for every model is harmless when the models differ
