@@ -580,18 +580,22 @@ mod tests {
             (1, 4, 77, 77, 32),
             (2, 2, 33, 33, 8),
         ];
-        for (batch, heads, q_len, kv_len, head_dim) in shapes {
-            let shape = AttentionShape {
-                batch,
-                heads,
-                q_len,
-                kv_len,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-            };
+        for shape in shapes.map(scaled) {
             for mask in [0, 1, 2] {
                 run(shape, mask);
             }
+        }
+    }
+
+    /// `(batch, heads, q_len, kv_len, head_dim)` with the usual 1/√head_dim scale.
+    fn scaled((batch, heads, q_len, kv_len, head_dim): (usize, usize, usize, usize, usize)) -> AttentionShape {
+        AttentionShape {
+            batch,
+            heads,
+            q_len,
+            kv_len,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
         }
     }
 
@@ -608,32 +612,13 @@ mod tests {
             (1, 3, 37, 12, 5),
             (3, 1, 1, 20, 16),
         ];
-        for (batch, heads, q_len, kv_len, head_dim) in shapes {
-            let shape = AttentionShape {
-                batch,
-                heads,
-                q_len,
-                kv_len,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-            };
+        for shape in shapes.map(scaled) {
             assert!(short_keys(&shape), "{shape:?}");
             for mask in [0, 1, 2] {
                 run(shape, mask);
             }
         }
-        let longer = AttentionShape {
-            kv_len: attention_short::SHORT_KEYS + 1,
-            ..AttentionShape {
-                batch: 1,
-                heads: 1,
-                q_len: 1,
-                kv_len: 1,
-                head_dim: 1,
-                scale: 1.0,
-            }
-        };
-        assert!(!short_keys(&longer));
+        assert!(!short_keys(&scaled((1, 1, 1, attention_short::SHORT_KEYS + 1, 1))));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 use super::attention::{AttentionShape, Mask};
 use super::math::{self, MulAdd};
+use super::norm::combine;
 use super::transpose::{self, Transpose2};
 use super::Isa;
 
@@ -156,7 +157,7 @@ fn softmax_row<F: MulAdd>(row: &mut [f32], n: usize, scale: f32, mask: Option<&[
             *t = if x > *t { x } else { *t };
         }
     }
-    let max = tree(top, |a, b| if b > a { b } else { a });
+    let max = combine(top, |a, b| if b > a { b } else { a });
     let mut sums = [0.0f32; LANES];
     for c in row.chunks_exact_mut(LANES) {
         for (s, x) in sums.iter_mut().zip(c) {
@@ -164,7 +165,7 @@ fn softmax_row<F: MulAdd>(row: &mut [f32], n: usize, scale: f32, mask: Option<&[
             *s += *x;
         }
     }
-    let r = 1.0 / tree(sums, |a, b| a + b);
+    let r = 1.0 / combine(sums, |a, b| a + b);
     row.iter_mut().for_each(|x| *x *= r);
 }
 
@@ -198,17 +199,4 @@ fn times_v<F: MulAdd>(pt: &[[f32; GROUP]], group: usize, v: &[f32], ld: usize, d
             o[r * ldo + t] = x;
         }
     }
-}
-
-/// `op` over the lanes pairwise, halving each step (shuffles, not a chain of 15).
-#[inline(always)]
-fn tree(mut x: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
-    let mut width = LANES / 2;
-    while width > 0 {
-        for i in 0..width {
-            x[i] = op(x[i], x[i + width]);
-        }
-        width /= 2;
-    }
-    x[0]
 }

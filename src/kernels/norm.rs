@@ -168,7 +168,7 @@ fn sum_squares(x: &[f32]) -> f32 {
 
 /// Pairwise combination of the lanes.
 #[inline(always)]
-fn combine(mut acc: [f32; LANES], f: impl Fn(f32, f32) -> f32) -> f32 {
+pub(super) fn combine(mut acc: [f32; LANES], f: impl Fn(f32, f32) -> f32) -> f32 {
     let mut width = LANES / 2;
     while width > 0 {
         for i in 0..width {
