@@ -172,7 +172,6 @@ fn softmax_row<F: MulAdd>(row: &mut [f32], n: usize, scale: f32, mask: Option<&[
 /// `o[r·ldo + t] = Σ_j pt[j][r] · v[j·ld + t]` for the group's rows, `LANES`
 /// columns at a time in local accumulators, the last `d % LANES` one by
 /// one. `pt` holds the probabilities transposed (see [`transpose_group`]).
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn times_v<F: MulAdd>(pt: &[[f32; GROUP]], group: usize, v: &[f32], ld: usize, d: usize, o: &mut [f32], ldo: usize) {
     let whole = d / LANES * LANES;
