@@ -133,11 +133,11 @@ pub enum Qkv<'a> {
 /// Q, K and V as row-major matrices with row stride `ld`, each slice from
 /// its first element.
 #[derive(Clone, Copy)]
-struct Rows<'a> {
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    ld: usize,
+pub(super) struct Rows<'a> {
+    pub(super) q: &'a [f32],
+    pub(super) k: &'a [f32],
+    pub(super) v: &'a [f32],
+    pub(super) ld: usize,
 }
 
 /// `dst = softmax(scale · Q·Kᵀ + mask) · V` per batch and head (see the
@@ -334,10 +334,7 @@ fn block(
         let blk = ShortBlock {
             isa,
             shape,
-            q: x.q,
-            k: x.k,
-            v: x.v,
-            ld: x.ld,
+            x,
             mask,
             b,
             row0,

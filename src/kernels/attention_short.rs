@@ -11,7 +11,7 @@
 //! target; the loops run over [`LANES`]-value chunks that the compiler
 //! turns into vector FMAs (one zmm, two ymm).
 
-use super::attention::{AttentionShape, Mask};
+use super::attention::{AttentionShape, Mask, Rows};
 use super::math::{self, MulAdd};
 use super::norm::combine;
 use super::transpose::{self, Transpose2};
@@ -28,14 +28,11 @@ const GROUP: usize = 4;
 const LANES: usize = 16;
 
 /// One task's view: batch `b`, query rows `row0..` (as many as the output
-/// block holds), Q, K and V rows `ld` apart.
+/// block holds) of Q, K and V's rows `x`.
 pub(crate) struct ShortBlock<'a> {
     pub isa: Isa,
     pub shape: &'a AttentionShape,
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
-    pub ld: usize,
+    pub x: Rows<'a>,
     pub mask: Option<Mask<'a>>,
     pub b: usize,
     pub row0: usize,
@@ -61,14 +58,15 @@ pub(crate) fn short_heads<F: MulAdd>(blk: &ShortBlock<'_>, scratch: &mut [f32], 
     // Columns past the keys stay zero: their scores are computed and ignored.
     kt.fill(0.0);
     let rows = out.len() / width;
-    let kv0 = blk.b * n * blk.ld;
+    let x = blk.x;
+    let kv0 = blk.b * n * x.ld;
     for h in 0..shape.heads {
         let col = h * d;
-        gather_keys(blk.isa, &blk.k[kv0 + col..], blk.ld, n, d, padded, kt);
+        gather_keys(blk.isa, &x.k[kv0 + col..], x.ld, n, d, padded, kt);
         for i0 in (0..rows).step_by(GROUP) {
             let group = GROUP.min(rows - i0);
-            let q0 = (blk.b * shape.q_len + blk.row0 + i0) * blk.ld + col;
-            transpose_group(&blk.q[q0..], blk.ld, group, qt);
+            let q0 = (blk.b * shape.q_len + blk.row0 + i0) * x.ld + col;
+            transpose_group(&x.q[q0..], x.ld, group, qt);
             let s = &mut scores[..group * padded];
             score_rows::<F>(qt, group, kt, padded, s);
             for (r, row) in s.chunks_exact_mut(padded).enumerate() {
@@ -77,7 +75,7 @@ pub(crate) fn short_heads<F: MulAdd>(blk: &ShortBlock<'_>, scratch: &mut [f32], 
             }
             transpose_group(s, padded, group, &mut pt[..n]);
             let o = &mut out[i0 * width + col..];
-            times_v::<F>(&pt[..n], group, &blk.v[kv0 + col..], blk.ld, d, o, width);
+            times_v::<F>(&pt[..n], group, &x.v[kv0 + col..], x.ld, d, o, width);
         }
     }
 }
