@@ -93,6 +93,10 @@ fn cases() -> Vec<Case> {
             generic: false,
             ..case("BERT M=512 768->3072", 512, 3072, 768)
         },
+        case("MiniLM M=128 384->1152", 128, 1152, 384),
+        case("MiniLM M=128 384->1536", 128, 1536, 384),
+        case("MiniLM M=128 1536->384", 128, 384, 1536),
+        case("MiniLM M=1024 384->1536", 1024, 1536, 384),
         // One time step of a recurrent layer (H·Rᵀ, LSTM hidden 100, batch 2).
         case("LSTM step M=2 100->400", 2, 400, 100),
         case("encoder M=128 256->256", 128, 256, 256),
