@@ -56,7 +56,8 @@
 //!    and a MobileNet-v2-style net 1.01–1.05 (both 0.00: their only k×k
 //!    convolutions are depthwise, or the 3-channel stem). On AVX-512 the
 //!    share needed is higher: SqueezeNet (0.54) ran slower than ORT there
-//!    on a Zen 5 and an Emerald Rapids, ResNet-50 (0.45) on the latter.
+//!    on a Zen 5 and an Emerald Rapids, ResNet-50 (0.45) on the latter and
+//!    on an Intel Xeon of family 6 model 167 with the Winograd kernels.
 //!
 //! Op types in the `force_ops` option are exempt from all four.
 
@@ -87,7 +88,9 @@ const MIN_DENSE_SHARE: f64 = 0.3;
 /// (0.54) at 1.01–1.07×, and on an Emerald Rapids (before AVX-512 had
 /// Winograd) ResNet-50 at 1.14–1.21× and SqueezeNet at 1.04–1.12×. A Zen 4
 /// agreed: ResNet-50 0.90–0.93×, SqueezeNet 0.99–1.12× forced, Inception v1
-/// and AlexNet 0.62–0.76× claimed by this rule.
+/// and AlexNet 0.62–0.76× claimed by this rule. An Intel Xeon (family 6
+/// model 167, with Winograd) did not: ResNet-50 1.04–1.05×, SqueezeNet
+/// 1.01–1.06× forced (DenseNet-121 0.84–0.92×).
 const MIN_DENSE_SHARE_AVX512: f64 = 0.6;
 /// Input channels per group from which a k×k convolution counts as dense:
 /// AlexNet's two groups of 48–192, not depthwise or ShuffleNet's few.
