@@ -141,6 +141,8 @@ fn kernel_generic<const MR: usize>(kc: usize, a: &[f32], b: &[f32], tile: &mut T
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86::RowBases;
+#[cfg(target_arch = "x86_64")]
 pub(super) use x86::{Avx2, Avx512};
 
 #[cfg(target_arch = "x86_64")]
@@ -272,8 +274,9 @@ mod x86 {
     /// or 8 row strides ([`ROW_BASE`]). Without it the compiler kept 14
     /// row offsets in registers and spilled some, reloading them from the
     /// stack inside the K loop (in place ran 8-14% slower than packed A on
-    /// an Intel Xeon, family 6 model 167).
-    struct RowBases<const MR: usize> {
+    /// an Intel Xeon, family 6 model 167). The direct convolution's
+    /// 14-pixel tile reads its pixels' rows the same way.
+    pub(crate) struct RowBases<const MR: usize> {
         bases: [*const f32; 5],
         /// The row stride in bytes, opaque to the compiler, so that
         /// `m · stride` stays the index register times a scale of 1-8.
@@ -304,7 +307,7 @@ mod x86 {
         const USED: usize = if MR == 0 { 0 } else { (MR - 1) / 3 + 1 };
 
         #[inline(always)]
-        fn new(a: *const f32, lda: usize) -> Self {
+        pub(crate) fn new(a: *const f32, lda: usize) -> Self {
             let mut stride = lda * size_of::<f32>();
             // SAFETY: an empty template: no instruction, stride passes through unchanged.
             unsafe { std::arch::asm!("/* {0} */", inout(reg) stride, options(pure, nomem, nostack, preserves_flags)) };
@@ -319,7 +322,7 @@ mod x86 {
         /// # Safety
         /// Row `i` has at least `u + 1` readable values from the current position.
         #[inline(always)]
-        unsafe fn get(&self, i: usize, u: usize) -> f32 {
+        pub(crate) unsafe fn get(&self, i: usize, u: usize) -> f32 {
             let (g, m) = ROW_BASE[i];
             // SAFETY: the caller's contract; base g + m strides is row i.
             unsafe { *self.bases[g].byte_add(m * self.stride).add(u) }
@@ -331,7 +334,7 @@ mod x86 {
         #[inline(always)]
         // The asm block only passes the pointer through: it reads nothing.
         #[allow(clippy::pointers_in_nomem_asm_block)]
-        fn advance(&mut self, k: usize) {
+        pub(crate) fn advance(&mut self, k: usize) {
             for b in &mut self.bases[..Self::USED] {
                 let mut p = b.wrapping_add(k);
                 // SAFETY: an empty template: no instruction, p passes through unchanged.

@@ -47,6 +47,8 @@ mod epilogue;
 pub(crate) use epilogue::{activate, activate_with};
 mod kernels;
 pub(crate) use kernels::by_rows;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use kernels::RowBases;
 mod pack;
 #[cfg(test)]
 mod tests;
