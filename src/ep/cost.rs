@@ -89,8 +89,8 @@ const MIN_DENSE_SHARE: f64 = 0.3;
 /// Winograd) ResNet-50 at 1.14–1.21× and SqueezeNet at 1.04–1.12×. A Zen 4
 /// agreed: ResNet-50 0.90–0.93×, SqueezeNet 0.99–1.12× forced, Inception v1
 /// and AlexNet 0.62–0.76× claimed by this rule. An Intel Xeon (family 6
-/// model 167, with Winograd) did not: ResNet-50 1.04–1.05×, SqueezeNet
-/// 1.01–1.06× forced (DenseNet-121 0.84–0.92×).
+/// model 167, with Winograd) did not: ResNet-50 1.03–1.05×, SqueezeNet
+/// 1.00–1.13× forced (DenseNet-121 0.84–0.92×).
 const MIN_DENSE_SHARE_AVX512: f64 = 0.6;
 /// Input channels per group from which a k×k convolution counts as dense:
 /// AlexNet's two groups of 48–192, not depthwise or ShuffleNet's few.
